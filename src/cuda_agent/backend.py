@@ -1,0 +1,299 @@
+"""Execution backends: one object owns the compiler, its flags, the device and the timing method.
+
+`cuda` is the product. `cpu` runs the very same pipeline with C++/OpenMP kernels so that everything can be
+tested on machines without a GPU. Nothing outside this module asks which backend it is talking to.
+
+This module is imported both by the judge (to build) and by its worker processes (to place tensors, flush
+caches and time); torch is imported lazily so the judge's own process never initialises a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+EXTENSION_NAME = "cuda_extension"
+
+
+class BackendError(RuntimeError):
+    """The backend cannot work on this machine (no GPU, no compiler...)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _tool_version(tool: str) -> str:
+    try:
+        out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendError(f"cannot run {tool}: {exc}") from exc
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else tool
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_build_info() -> dict[str, Any]:
+    import torch
+    from torch.utils import cpp_extension
+
+    defines = ["-DTORCH_API_INCLUDE_EXTENSION_H", f"-DTORCH_EXTENSION_NAME={EXTENSION_NAME}"]
+    # pybind11 ABI tags must match torch's own, or tensors cannot cross the module boundary.
+    for getter in ("_get_pybind11_abi_build_flags", "_get_glibcxx_abi_build_flags"):
+        fn = getattr(cpp_extension, getter, None)
+        if fn is not None:
+            defines += list(fn())
+    if not any("GLIBCXX_USE_CXX11_ABI" in d for d in defines):
+        defines.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
+    return {
+        "version": torch.__version__,
+        "includes": list(cpp_extension.include_paths()),
+        "lib_dir": str(Path(torch.__file__).parent / "lib"),
+        "defines": defines,
+    }
+
+
+@dataclass
+class Backend:
+    """Base class; see `CudaBackend` and `CpuBackend`."""
+
+    name: str = "base"
+    device: str = "cpu"
+    kernel_suffix: str = ".cpp"
+    timing_method: str = ""
+    cxx: str = field(default_factory=lambda: os.environ.get("CXX", "g++"))
+
+    # ---- building (judge process) -------------------------------------------------------------
+    def check_toolchain(self) -> None:
+        if shutil.which(self.cxx) is None:
+            raise BackendError(f"C++ compiler '{self.cxx}' not found on PATH")
+
+    def include_flags(self) -> list[str]:
+        info = _torch_build_info()
+        incs = info["includes"] + [sysconfig.get_paths()["include"]]
+        return [f for inc in incs for f in ("-isystem", inc)]
+
+    def binding_flags(self) -> list[str]:
+        """Flags for the torch-facing binding files (and the precompiled header they share)."""
+        return ["-O1", "-std=c++20", "-fPIC", *_torch_build_info()["defines"], *self.include_flags()]
+
+    def pch_header(self) -> str:
+        return "#include <torch/types.h>\n#include <torch/csrc/utils/pybind.h>\n"
+
+    def kernel_command(self, src: str, obj: str) -> list[str]:
+        raise NotImplementedError
+
+    def link_command(self, objs: list[str], out: str, libraries: list[str]) -> list[str]:
+        lib_dir = _torch_build_info()["lib_dir"]
+        libs = ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+        return [self.cxx, "-shared", *objs, "-o", out, f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", *libs,
+                *libraries]
+
+    def extra_libraries(self, sources_text: str) -> list[str]:
+        """Link flags for the few libraries the policy allows, when the sources use them."""
+        return []
+
+    def identity(self) -> str:
+        """Everything that changes object code: part of every build-cache key."""
+        return "|".join([self.name, _tool_version(self.cxx), _torch_build_info()["version"], sys.version])
+
+    # ---- running (worker processes) ----------------------------------------------------------
+    def describe_device(self) -> str:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        pass
+
+    def make_cache_flusher(self) -> Callable[[], None]:
+        raise NotImplementedError
+
+    def measure(self, fn: Callable[[], Any], iters: int, flush: Callable[[], None]) -> dict[str, list[float]]:
+        """Time `iters` calls of fn; returns per-iteration `device_us` and `host_us` lists."""
+        raise NotImplementedError
+
+    def precision_flags(self, allow_tf32: bool) -> dict[str, Any]:
+        """Apply identical precision settings in every process; return them for the verdict."""
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+        torch.backends.cudnn.allow_tf32 = allow_tf32
+        torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
+        return {
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        }
+
+
+@dataclass
+class CpuBackend(Backend):
+    """C++/OpenMP kernels in `kernels/NAME.cpp`; host wall-clock timing; inductor-on-CPU as compile baseline."""
+
+    name: str = "cpu"
+    device: str = "cpu"
+    kernel_suffix: str = ".cpp"
+    timing_method: str = "host wall clock per iteration (perf_counter), cache flushed between iterations"
+
+    def kernel_command(self, src: str, obj: str) -> list[str]:
+        # -march=native is the CPU's "-arch=sm_90": without it gcc leaves even simple loops scalar.
+        return [self.cxx, "-O3", "-march=native", "-std=c++20", "-fPIC", "-fopenmp", *self.include_flags(),
+                "-c", src, "-o", obj]
+
+    def identity(self) -> str:
+        return f"{super().identity()}|{_cpu_signature()}"
+
+    def binding_flags(self) -> list[str]:
+        return [*super().binding_flags(), "-fopenmp"]
+
+    def link_command(self, objs: list[str], out: str, libraries: list[str]) -> list[str]:
+        return [*super().link_command(objs, out, libraries), "-fopenmp"]
+
+    def describe_device(self) -> str:
+        import platform
+
+        return f"cpu:{platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+    def make_cache_flusher(self) -> Callable[[], None]:
+        import torch
+
+        buf = torch.empty(64 * 2**20, dtype=torch.uint8)
+        return lambda: buf.fill_(1)
+
+    def measure(self, fn, iters, flush):
+        import time
+
+        host = []
+        for _ in range(iters):
+            flush()
+            t0 = time.perf_counter()
+            fn()
+            host.append((time.perf_counter() - t0) * 1e6)
+        return {"device_us": list(host), "host_us": host}
+
+
+@dataclass
+class CudaBackend(Backend):
+    """CUDA kernels in `kernels/NAME.cu` built by nvcc for the detected arch; device time from the profiler."""
+
+    name: str = "cuda"
+    device: str = "cuda"
+    kernel_suffix: str = ".cu"
+    timing_method: str = ("per-iteration span of all GPU activity on every stream (torch profiler / CUPTI), "
+                          "L2 flushed between iterations, device-wide sync per iteration")
+    nvcc: str = ""
+    arch: str = ""
+
+    def __post_init__(self) -> None:
+        self.nvcc = self.nvcc or _find_nvcc()
+
+    @property
+    def cuda_home(self) -> Path:
+        return Path(self.nvcc).resolve().parent.parent
+
+    def check_toolchain(self) -> None:
+        super().check_toolchain()
+        if not self.nvcc or not Path(self.nvcc).exists():
+            raise BackendError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
+        if not self.arch:
+            self.arch = detect_cuda_arch()
+
+    def include_flags(self) -> list[str]:
+        return [*super().include_flags(), "-isystem", str(self.cuda_home / "include")]
+
+    def pch_header(self) -> str:
+        return super().pch_header() + "#include <cuda_runtime.h>\n#include <c10/cuda/CUDAStream.h>\n"
+
+    def kernel_command(self, src: str, obj: str) -> list[str]:
+        arch = self.arch or detect_cuda_arch()
+        return [self.nvcc, "-c", src, "-o", obj, "-O3", "--use_fast_math", "-std=c++20",
+                f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xcompiler", "-fPIC",
+                *self.include_flags()]
+
+    def link_command(self, objs, out, libraries):
+        lib64 = self.cuda_home / "lib64"
+        return [*super().link_command(objs, out, libraries), "-lc10_cuda", "-ltorch_cuda", f"-L{lib64}",
+                f"-Wl,-rpath,{lib64}", "-lcudart"]
+
+    def extra_libraries(self, sources_text: str) -> list[str]:
+        libs = []
+        if "cublas" in sources_text:
+            libs += ["-lcublas", "-lcublasLt"]
+        if "cudnn" in sources_text:
+            libs += ["-lcudnn"]
+        return libs
+
+    def identity(self) -> str:
+        return "|".join([super().identity(), _tool_version(self.nvcc), self.arch or detect_cuda_arch()])
+
+    def describe_device(self) -> str:
+        import torch
+
+        return torch.cuda.get_device_name()
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def make_cache_flusher(self) -> Callable[[], None]:
+        import torch
+
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 64 * 2**20
+        buf = torch.empty(max(2 * l2, 128 * 2**20), dtype=torch.uint8, device="cuda")
+        return lambda: buf.fill_(1)
+
+    def measure(self, fn, iters, flush):
+        from .judge.gpu_timing import measure_with_profiler
+
+        return measure_with_profiler(fn, iters, flush)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_signature() -> str:
+    """Model and feature flags of this CPU: objects built with -march=native are only valid here."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))][:2]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def _find_nvcc() -> str:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc") or ""
+
+
+@functools.lru_cache(maxsize=None)
+def detect_cuda_arch() -> str:
+    """The target arch as nvcc spells it ('90a' on Hopper); CUDA_AGENT_ARCH overrides (e.g. to cross-build)."""
+    forced = os.environ.get("CUDA_AGENT_ARCH")
+    if forced:
+        return forced.removeprefix("sm_")
+    cap = ""
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode == 0 and out.stdout.strip():
+            cap = out.stdout.strip().splitlines()[0].strip()
+    if not cap:
+        raise BackendError("no CUDA GPU found (nvidia-smi reports none); use --backend cpu "
+                           "or set CUDA_AGENT_ARCH to cross-compile")
+    major, minor = cap.split(".")
+    arch = f"{major}{minor}"
+    return arch + "a" if arch == "90" else arch  # sm_90a unlocks wgmma/setmaxnreg on Hopper
+
+
+def get_backend(name: str) -> Backend:
+    backends: dict[str, Callable[[], Backend]] = {"cuda": CudaBackend, "cpu": CpuBackend}
+    if name not in backends:
+        raise BackendError(f"unknown backend '{name}' (choose from: {', '.join(backends)})")
+    return backends[name]()

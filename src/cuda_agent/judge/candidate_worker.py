@@ -1,0 +1,138 @@
+"""Candidate worker: loads the candidate, runs it on the judge's inputs under the op audit, then times it.
+
+It never sees reference outputs: it writes what the candidate produced (and the inputs as they were left
+afterwards) for the judge to compare, reports, and waits for the judge's word before timing.
+
+Usage (by the judge): python -m cuda_agent.judge.candidate_worker REQUEST.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..backend import get_backend
+from ..task import import_file
+from .audit import OpAudit
+from .process import Channel
+from .tensors import detach_cpu, leaves, to_device
+from .timing import time_callable
+
+
+class Stop(Exception):
+    """Ends the worker with one event (`load_error` or `verify_error`) and its message."""
+
+    def __init__(self, event: str, error: str):
+        super().__init__(error)
+        self.event = event
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    detail = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")
+    return f"{type(exc).__name__}: {detail[:500]}"
+
+
+def route_load_inline(cache_dir: Path) -> None:
+    """Make `load_inline` build each distinct source once, in the judge's cache (keyed by content)."""
+    from torch.utils import cpp_extension
+
+    original = cpp_extension.load_inline
+
+    def load_inline(name, cpp_sources, cuda_sources=None, functions=None, **kwargs):
+        key = hashlib.sha256(repr((cpp_sources, cuda_sources, functions, sorted(
+            (k, repr(v)) for k, v in kwargs.items() if k not in ("verbose", "build_directory")))).encode())
+        unique = f"{name}_{key.hexdigest()[:16]}"
+        build_dir = cache_dir / unique
+        build_dir.mkdir(parents=True, exist_ok=True)
+        kwargs["build_directory"] = str(build_dir)
+        return original(unique, cpp_sources, cuda_sources, functions, **kwargs)
+
+    cpp_extension.load_inline = load_inline
+
+
+def output_problems(out: Any, inputs: Any) -> list[str]:
+    """Outputs must be plain tensors with their own storage (no proxies, no aliasing of inputs)."""
+    problems = []
+    input_ptrs = {x.untyped_storage().data_ptr() for _, x in leaves(inputs) if isinstance(x, torch.Tensor)}
+    for path, leaf in leaves(out):
+        if isinstance(leaf, torch.Tensor):
+            if type(leaf) is not torch.Tensor:
+                problems.append(f"{path} is a {type(leaf).__name__}, not a plain torch.Tensor")
+            elif leaf.untyped_storage().data_ptr() in input_ptrs and leaf.numel() > 0:
+                problems.append(f"{path} aliases an input tensor's memory")
+        elif not isinstance(leaf, (int, float, bool, type(None))):
+            problems.append(f"{path} is a {type(leaf).__name__}, not a tensor or number")
+    return problems
+
+
+def run(req: dict, chan: Channel) -> None:
+    backend = get_backend(req["backend"])
+    device = backend.device
+    backend.precision_flags(req["allow_tf32"])
+    build_dir = Path(req["build_dir"])
+    if req["kind"] == "single_file":
+        route_load_inline(Path(req["extension_cache"]))
+    try:
+        module = import_file(build_dir / "model_new.py", "model_new")
+        model_cls = getattr(module, "ModelNew")
+    except Exception as exc:
+        raise Stop("load_error", f"loading the candidate failed: {_one_line(exc)}") from exc
+
+    public = Path(req["public_dir"])
+    data = torch.load(public / "inputs.pt", weights_only=True)
+    state = torch.load(public / "state_dict.pt", weights_only=True)
+    try:
+        model = model_cls(*data["init_inputs"]).to(device).eval()
+    except Exception as exc:
+        raise Stop("verify_error", f"ModelNew(*get_init_inputs()) failed: {_one_line(exc)}") from exc
+    try:
+        model.load_state_dict(state, strict=True)
+    except Exception as exc:
+        raise Stop("verify_error", f"ModelNew does not take Model's state dict (strict): {_one_line(exc)}") from exc
+
+    out_dir = Path(req["out_dir"])
+    audit = OpAudit(tuple(req["allowed_ops"]))
+    problems: list[str] = []
+    for trial, cpu_inputs in enumerate(data["inputs"]):
+        inputs = to_device(cpu_inputs, device)
+        try:
+            with torch.no_grad(), audit:
+                out = model(*inputs)
+            backend.synchronize()
+        except Exception as exc:
+            raise Stop("verify_error", f"ModelNew.forward failed on input set {trial}: {_one_line(exc)}") from exc
+        problems += [p for p in output_problems(out, inputs) if p not in problems]
+        torch.save({"outputs": detach_cpu(out), "inputs_after": detach_cpu(inputs)}, out_dir / f"trial{trial}.pt")
+    chan.send("verified", trials=len(data["inputs"]), violations=audit.messages(), problems=problems)
+
+    if chan.receive().get("command") != "time":
+        return
+    inputs = to_device(data["inputs"][0], device)
+    with torch.no_grad():
+        stats = time_callable(lambda: model(*inputs), backend, **req["timing"])
+    chan.send("timed", stats=stats)
+
+
+def main() -> None:
+    req = json.loads(Path(sys.argv[1]).read_text())
+    chan = Channel()
+    try:
+        run(req, chan)
+    except Stop as stop:
+        chan.send(stop.event, error=str(stop))
+    except Exception as exc:
+        traceback.print_exc()
+        chan.send("verify_error", error=f"candidate worker failed: {_one_line(exc)}")
+    chan.send("done")
+
+
+if __name__ == "__main__":
+    main()

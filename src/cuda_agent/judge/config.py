@@ -1,0 +1,78 @@
+"""Judge settings. Defaults follow the CUDA Agent paper (5 trials, atol=rtol=1e-2, 5% speedup threshold)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# Ops a candidate's forward may run through torch: allocation, views, metadata, and initialising fills.
+DEFAULT_ALLOWED_OPS = (
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+    "new_zeros", "zero_", "fill_", "resize_", "set_", "lift_fresh", "detach", "alias", "view", "_unsafe_view",
+    "_reshape_alias", "as_strided", "t", "transpose", "permute", "unsqueeze", "squeeze", "expand", "slice",
+    "select", "split", "split_with_sizes", "unbind", "chunk", "narrow", "diagonal", "unfold", "view_as_real",
+    "view_as_complex", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+    "is_contiguous", "size", "stride", "dim", "numel", "is_same_size", "record_stream",
+)
+# C++ functions in torch::/at:: that only allocate or describe (everything else there is compute).
+DEFAULT_ALLOWED_CXX_CALLS = (
+    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "from_blob", "TensorOptions", "dtype",
+    "device", "requires_grad", "layout", "scalarTypeToTypeMeta", "typeMetaToScalarType", "elementSize",
+    "getCurrentCUDAStream", "getDefaultCUDAStream", "getStreamFromPool", "getCurrentCUDABlasHandle",
+    "getCurrentDeviceProperties", "getDeviceProperties", "current_device", "set_device", "device_count",
+    "OptionalCUDAGuard", "CUDAGuard", "checkAllSameGPU", "IntArrayRef", "get_num_threads", "Device",
+)
+# Header prefixes of libraries other than cuBLAS (GEMM only) and cuDNN (convolution only).
+DEFAULT_FORBIDDEN_INCLUDES = (
+    "cufft", "curand", "cusparse", "cusolver", "cutensor", "cudss", "cutlass", "cute/", "thrust/", "nccl",
+    "npp", "nvshmem", "magma", "mkl", "oneapi/", "dnnl", "Eigen/", "ATen/native/", "ATen/ops/", "torch/nn",
+    "torch/csrc/api/include/torch/nn", "torch/torch.h", "torch/all.h", "c10/cuda/CUDACachingAllocator",
+)
+
+
+@dataclass
+class PolicyConfig:
+    allowed_ops: tuple[str, ...] = DEFAULT_ALLOWED_OPS
+    allowed_cxx_calls: tuple[str, ...] = DEFAULT_ALLOWED_CXX_CALLS
+    forbidden_includes: tuple[str, ...] = DEFAULT_FORBIDDEN_INCLUDES
+    allow_cublas_gemm: bool = True
+    allow_cudnn_conv: bool = True
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("CUDA_AGENT_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cuda-agent"
+
+
+@dataclass
+class JudgeConfig:
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    num_trials: int = 5  # fresh random input sets, seeds drawn by the judge per evaluation
+    seeds: tuple[int, ...] | None = None  # fix them only for reproducing a verdict
+    allow_tf32: bool = False  # applied identically to baselines and candidate
+    speedup_threshold: float = 0.05
+    compile_mode: str = "default"
+    warmup: int = 5
+    min_iters: int = 10
+    max_iters: int = 100
+    target_time_s: float = 0.3  # timed iterations aim for this much total time per model
+    build_timeout_s: float = 900.0
+    run_timeout_s: float = 300.0  # candidate process: load, verify and time
+    reference_timeout_s: float = 900.0  # reference process, including the torch.compile baseline
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    keep_run_dirs: bool = False
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def timing_key(self) -> str:
+        """What changes baseline timings besides task, device and torch version."""
+        return f"tf32={self.allow_tf32};mode={self.compile_mode};warmup={self.warmup};" \
+               f"iters={self.min_iters}-{self.max_iters};target={self.target_time_s};v2"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["cache_dir"] = str(self.cache_dir)
+        return d

@@ -1,0 +1,139 @@
+"""Worker processes and the line protocol between the judge and them.
+
+Each worker is a fresh Python process in its own session (so a timeout kills it and everything it started).
+It talks JSON lines over a private duplicate of its stdout; the real fd 1 and fd 2 go to a log file, so
+whatever the candidate prints cannot forge a message. The judge answers on the worker's stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SIGNAL_HINTS = {
+    signal.SIGSEGV: "segmentation fault",
+    signal.SIGBUS: "bus error",
+    signal.SIGABRT: "abort",
+    signal.SIGFPE: "floating point exception",
+    signal.SIGILL: "illegal instruction",
+    signal.SIGKILL: "killed (out of memory?)",
+}
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds cuda_agent/
+
+
+class WorkerDied(RuntimeError):
+    """The worker ended without the expected message; `str()` is the reason for the verdict."""
+
+
+class WorkerProcess:
+    def __init__(self, module: str, request: dict, run_dir: Path, env: dict[str, str] | None = None):
+        self.log_path = run_dir / f"{module.rsplit('.', 1)[-1]}.log"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        request_path = run_dir / f"{module.rsplit('.', 1)[-1]}.request.json"
+        request_path.write_text(json.dumps(request))
+        full_env = {**os.environ, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full_env.get("PYTHONPATH")]))
+        full_env["PYTHONUNBUFFERED"] = "1"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(request_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._log, cwd=run_dir, env=full_env, start_new_session=True)
+        self._buffer = b""
+        self.started = time.monotonic()
+
+    def receive(self, deadline: float) -> dict[str, Any]:
+        """Next message, or WorkerDied with the reason (crash, exit, timeout)."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise WorkerDied(f"timed out after {time.monotonic() - self.started:.0f}s (killed)")
+            ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise WorkerDied(self._death_reason())
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError as exc:
+            self.kill()
+            raise WorkerDied(f"protocol error from worker: {line[:200]!r}") from exc
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+
+    def _death_reason(self) -> str:
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "closed its channel and hung (killed)"
+        self.kill()  # reap anything it left in its session
+        if code < 0:
+            sig = signal.Signals(-code)
+            return f"crashed with {sig.name} ({SIGNAL_HINTS.get(sig, 'signal')})" + self._tail_hint()
+        return f"exited with code {code}" + self._tail_hint()
+
+    def _tail_hint(self) -> str:
+        tail = self.log_tail(2000).strip().splitlines()
+        return f": {tail[-1][:300]}" if tail else ""
+
+    def log_tail(self, limit: int = 4000) -> str:
+        self._log.flush()
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, self.log_path.stat().st_size - limit))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        self.kill()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream:
+                stream.close()
+        self._log.close()
+
+
+class Channel:
+    """The worker's end: `send` JSON lines to the judge, `receive` its replies."""
+
+    def __init__(self) -> None:
+        self._out = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)  # prints (the candidate's too) go to the log, which the judge attached to fd 2
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+
+    def send(self, event: str, **payload: Any) -> None:
+        self._out.write(json.dumps({"event": event, **payload}, default=str) + "\n")
+        self._out.flush()
+
+    def receive(self) -> dict[str, Any]:
+        line = sys.stdin.readline()
+        return json.loads(line) if line else {"command": "exit"}

@@ -1,0 +1,64 @@
+"""Helpers over nested model inputs/outputs (tensors inside tuples, lists and dicts)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+
+def tree_map(fn: Callable[[Any], Any], obj: Any) -> Any:
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(tree_map(fn, x) for x in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(tree_map(fn, x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: tree_map(fn, v) for k, v in obj.items()}
+    return fn(obj)
+
+
+def leaves(obj: Any, path: str = "output") -> Iterator[tuple[str, Any]]:
+    """Yield (path, leaf) pairs in a stable order."""
+    if isinstance(obj, (list, tuple)):
+        for i, x in enumerate(obj):
+            yield from leaves(x, f"{path}[{i}]")
+    elif isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            yield from leaves(obj[k], f"{path}[{k!r}]")
+    else:
+        yield path, obj
+
+
+def structure(obj: Any) -> str:
+    """A short description of a nested output's shape, for error messages."""
+    import torch
+
+    if isinstance(obj, (list, tuple)):
+        return f"{type(obj).__name__}({', '.join(structure(x) for x in obj)})"
+    if isinstance(obj, dict):
+        return "dict(" + ", ".join(f"{k}={structure(v)}" for k, v in obj.items()) + ")"
+    if isinstance(obj, torch.Tensor):
+        return f"Tensor{list(obj.shape)}:{str(obj.dtype).removeprefix('torch.')}"
+    return type(obj).__name__
+
+
+def to_device(obj: Any, device: str) -> Any:
+    import torch
+
+    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, obj)
+
+
+def clone(obj: Any) -> Any:
+    import torch
+
+    return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, obj)
+
+
+def to_double(obj: Any) -> Any:
+    import torch
+
+    return tree_map(lambda x: x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x, obj)
+
+
+def detach_cpu(obj: Any) -> Any:
+    import torch
+
+    return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, obj)

@@ -1,0 +1,48 @@
+"""The verdict: what the judge concluded about one candidate. Keys are stable (documented in docs/verdict.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Verdict:
+    reward: int
+    compiled: bool
+    correct: bool
+    policy_violations: list[str] = field(default_factory=list)
+    error: str | None = None  # the first failure reason
+    times_us: dict[str, float | None] = field(
+        default_factory=lambda: {"eager": None, "compile": None, "candidate": None})
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    max_abs_error: float | None = None
+    backend: str = ""
+    device: str | None = None
+    torch_version: str = ""
+    # Details beyond the headline keys.
+    max_rel_error: float | None = None
+    error_vs_fp64: dict[str, float | None] = field(
+        default_factory=lambda: {"candidate": None, "eager_fp32": None, "ratio": None})
+    tolerance: dict[str, float] = field(default_factory=dict)
+    precision: dict[str, Any] = field(default_factory=dict)
+    timing: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    task: dict[str, Any] = field(default_factory=dict)
+    candidate: dict[str, Any] = field(default_factory=dict)
+    build: dict[str, Any] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Verdict":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,1 @@
+"""The candidate's side: workspace layout, candidate files, and the incremental build."""

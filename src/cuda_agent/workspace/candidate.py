@@ -1,0 +1,69 @@
+"""A candidate solution, in one of two formats, reduced to the files the judge will use.
+
+- `workspace`: the CUDA-Agent layout. Only `model_new.py` and `kernels/*` are taken; the fixed `binding.cpp`,
+  `binding_registry.h`, `utils/` and `model.py` are the judge's own and never read from the candidate.
+- `single_file`: a KernelBench `.py` defining `ModelNew`, building its kernels with `load_inline`.
+
+The files are read into memory once, so later edits to the candidate's folder cannot change what is judged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KERNEL_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp", ".inl")
+MAX_FILE_BYTES = 4 * 2**20
+
+
+class CandidateError(ValueError):
+    """The candidate path does not exist or is not a recognisable candidate."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: str  # "workspace" | "single_file"
+    origin: Path
+    files: dict[str, bytes] = field(default_factory=dict)  # relative path -> content
+
+    @property
+    def hash(self) -> str:
+        h = hashlib.sha256(self.kind.encode())
+        for rel in sorted(self.files):
+            h.update(rel.encode() + b"\0" + hashlib.sha256(self.files[rel]).digest())
+        return h.hexdigest()
+
+    def text(self) -> dict[str, str]:
+        return {rel: data.decode(errors="replace") for rel, data in self.files.items()}
+
+    def write_to(self, root: Path) -> None:
+        for rel, data in self.files.items():
+            dest = root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+
+
+def load_candidate(path: str | Path) -> Candidate:
+    path = Path(path)
+    if path.is_file():
+        if path.suffix != ".py":
+            raise CandidateError(f"candidate {path}: a single-file solution must be a .py file")
+        return Candidate("single_file", path.resolve(), {"model_new.py": _read(path)})
+    if path.is_dir():
+        files = {}
+        if (path / "model_new.py").is_file():
+            files["model_new.py"] = _read(path / "model_new.py")
+        kernels = path / "kernels"
+        if kernels.is_dir():
+            for f in sorted(kernels.rglob("*")):
+                if f.is_file() and f.suffix in KERNEL_SUFFIXES:
+                    files[str(f.relative_to(path))] = _read(f)
+        return Candidate("workspace", path.resolve(), files)
+    raise CandidateError(f"candidate {path}: no such file or folder")
+
+
+def _read(path: Path) -> bytes:
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise CandidateError(f"candidate file {path} is larger than {MAX_FILE_BYTES // 2**20} MiB")
+    return path.read_bytes()
