@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -46,7 +47,9 @@ def _torch_build_info() -> dict[str, Any]:
     for getter in ("_get_pybind11_abi_build_flags", "_get_glibcxx_abi_build_flags"):
         fn = getattr(cpp_extension, getter, None)
         if fn is not None:
-            defines += list(fn())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                defines += list(fn())
     if not any("GLIBCXX_USE_CXX11_ABI" in d for d in defines):
         defines.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
     return {

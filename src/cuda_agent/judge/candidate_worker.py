@@ -9,6 +9,7 @@ Usage (by the judge): python -m cuda_agent.judge.candidate_worker REQUEST.json
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import sys
 import traceback
@@ -45,15 +46,17 @@ def route_load_inline(cache_dir: Path) -> None:
     from torch.utils import cpp_extension
 
     original = cpp_extension.load_inline
+    signature = inspect.signature(original)
 
-    def load_inline(name, cpp_sources, cuda_sources=None, functions=None, **kwargs):
-        key = hashlib.sha256(repr((cpp_sources, cuda_sources, functions, sorted(
-            (k, repr(v)) for k, v in kwargs.items() if k not in ("verbose", "build_directory")))).encode())
-        unique = f"{name}_{key.hexdigest()[:16]}"
+    def load_inline(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        params = {k: v for k, v in bound.arguments.items() if k not in ("name", "verbose", "build_directory")}
+        key = hashlib.sha256(repr(sorted((k, repr(v)) for k, v in params.items())).encode()).hexdigest()[:16]
+        bound.arguments["name"] = unique = f"{bound.arguments['name']}_{key}"
         build_dir = cache_dir / unique
         build_dir.mkdir(parents=True, exist_ok=True)
-        kwargs["build_directory"] = str(build_dir)
-        return original(unique, cpp_sources, cuda_sources, functions, **kwargs)
+        bound.arguments["build_directory"] = str(build_dir)
+        return original(*bound.args, **bound.kwargs)
 
     cpp_extension.load_inline = load_inline
 

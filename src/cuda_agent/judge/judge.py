@@ -144,7 +144,7 @@ class Judge:
         try:
             msg = worker.receive(deadline)
             if msg["event"] == "load_error":
-                verdict.error = msg["error"]
+                verdict.compiled, verdict.error = False, msg["error"]
                 return
             verdict.compiled = True
             if msg["event"] != "verified":

@@ -1,0 +1,1 @@
+"""Benchmarks over task suites (KernelBench layout)."""

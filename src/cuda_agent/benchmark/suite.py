@@ -1,0 +1,125 @@
+"""Evaluate a folder of solutions against a KernelBench-layout suite, resumably, and summarise it.
+
+Layout: SUITE/level1/19_ReLU.py ... ; a solution is SOLUTIONS/level1/19_ReLU.py (single file) or
+SOLUTIONS/level1/19_ReLU/ (workspace). Each verdict is stored in SQLite under a key made of the task's and the
+solution's content hashes and the judge settings, so an interrupted run resumes where it stopped and a changed
+solution is judged again.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..judge import Judge, Verdict
+from ..judge.store import Store
+from ..task import TaskError, load_task
+from ..workspace.candidate import CandidateError, load_candidate
+
+SUMMARY_NOTE = "geometric means are over correct tasks only; 'faster' means speedup > 1.0"
+
+
+@dataclass
+class SuiteTask:
+    level: str
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.level}/{self.path.name}"
+
+
+def discover(suite_dir: Path, levels: Iterable[int]) -> list[SuiteTask]:
+    tasks = []
+    for level in levels:
+        folder = Path(suite_dir) / f"level{level}"
+        if not folder.is_dir():
+            raise FileNotFoundError(f"suite {suite_dir}: no folder level{level}")
+        files = [p for p in folder.glob("*.py") if not p.name.startswith("_")]
+        files.sort(key=lambda p: (int(m.group(1)) if (m := re.match(r"(\d+)_", p.name)) else 10**9, p.name))
+        tasks += [SuiteTask(f"level{level}", p) for p in files]
+    return tasks
+
+
+def find_solution(solutions_dir: Path, task: SuiteTask) -> Path | None:
+    single = Path(solutions_dir) / task.level / task.path.name
+    workspace = Path(solutions_dir) / task.level / task.path.stem
+    if single.is_file():
+        return single
+    if workspace.is_dir():
+        return workspace
+    return None
+
+
+def missing_verdict(judge: Judge, reason: str) -> Verdict:
+    return Verdict(reward=-1, compiled=False, correct=False, error=reason, backend=judge.backend.name)
+
+
+def evaluate_suite(judge: Judge, tasks: list[SuiteTask], solutions_dir: Path, store: Store,
+                   on_result: Callable[[SuiteTask, Verdict, bool], None] | None = None) -> list[dict]:
+    """Judge every task (reusing stored verdicts); returns one record per task."""
+    records = []
+    settings = f"{judge.backend.name}|{judge.config.timing_key()}|atol={judge.config.atol}|rtol={judge.config.rtol}"
+    for task in tasks:
+        solution = find_solution(solutions_dir, task)
+        try:
+            ref = load_task(task.path)
+            cand = load_candidate(solution) if solution else None
+        except (TaskError, CandidateError) as exc:
+            ref, cand, early = None, None, str(exc)
+        else:
+            early = None if cand else f"no solution found for {task.name}"
+        key = f"{settings}|{ref.hash if ref else task.name}|{cand.hash if cand else 'none'}"
+        stored = store.get("suite", key)
+        resumed = stored is not None
+        if stored is not None:
+            verdict = Verdict.from_dict(stored)
+        elif early:
+            verdict = missing_verdict(judge, early)
+        else:
+            try:
+                verdict = judge.evaluate(ref, cand)
+            except TaskError as exc:
+                verdict = missing_verdict(judge, f"reference error: {exc}")
+            store.put("suite", key, verdict.to_dict())
+        records.append({"level": task.level, "task": task.name, "solution": str(solution) if solution else None,
+                        "verdict": verdict.to_dict()})
+        if on_result:
+            on_result(task, verdict, resumed)
+    return records
+
+
+def summarize(verdicts: list[dict]) -> dict:
+    n = len(verdicts)
+    correct = [v for v in verdicts if v["correct"]]
+    eager = [v["speedup_vs_eager"] for v in correct if v.get("speedup_vs_eager")]
+    compiled = [v["speedup_vs_compile"] for v in correct if v.get("speedup_vs_compile")]
+
+    def rate(count: int) -> float:
+        return count / n if n else 0.0
+
+    def geomean(xs: list[float]) -> float | None:
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+    return {
+        "n": n,
+        "pass_rate": rate(len(correct)),
+        "faster_than_eager": rate(sum(1 for x in eager if x > 1.0)),
+        "faster_than_compile": rate(sum(1 for x in compiled if x > 1.0)),
+        "geomean_speedup_vs_eager": geomean(eager),
+        "geomean_speedup_vs_compile": geomean(compiled),
+        "mean_reward": sum(v["reward"] for v in verdicts) / n if n else None,
+    }
+
+
+def report(records: list[dict]) -> dict:
+    levels = sorted({r["level"] for r in records}, key=lambda s: int(s.removeprefix("level")))
+    return {
+        "levels": {lvl: summarize([r["verdict"] for r in records if r["level"] == lvl]) for lvl in levels},
+        "overall": summarize([r["verdict"] for r in records]),
+        "note": SUMMARY_NOTE,
+        "tasks": records,
+    }

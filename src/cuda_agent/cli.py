@@ -1,0 +1,156 @@
+"""`cuda-agent` command line: a thin layer over the Python API (`cuda_agent.judge.Judge`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .backend import BackendError
+from .task import TaskError
+from .workspace.candidate import CandidateError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Verified CUDA kernels faster than torch.compile: judge, agent, data, training.")
+err = Console(stderr=True)
+out = Console()
+
+BACKEND_HELP = "cuda (the product) or cpu (C++/OpenMP kernels, for machines without a GPU)"
+
+
+def _judge(backend: str, atol: float, rtol: float, trials: int, seed: Optional[int], allow_tf32: bool,
+           cache_dir: Optional[Path], keep: bool):
+    from .judge import Judge, JudgeConfig
+
+    config = JudgeConfig(atol=atol, rtol=rtol, num_trials=trials, allow_tf32=allow_tf32, keep_run_dirs=keep)
+    if seed is not None:
+        config.seeds = tuple(seed + i for i in range(trials))
+    if cache_dir is not None:
+        config.cache_dir = cache_dir
+    return Judge(backend, config)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def _print_verdict(v) -> None:
+    colour = {3: "green", 2: "green", 1: "yellow"}.get(v.reward, "red")
+    out.print(f"[bold {colour}]reward {v.reward}[/]  task {v.task.get('name')}  candidate "
+              f"{v.candidate.get('path')}  ({v.backend}, {v.device}, torch {v.torch_version})", highlight=False)
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_row("compiled", str(v.compiled))
+    table.add_row("correct", str(v.correct))
+    if v.error:
+        table.add_row("error", v.error)
+    for violation in v.policy_violations:
+        table.add_row("policy", violation)
+    t = v.times_us
+    table.add_row("time (us)", f"eager {_fmt(t['eager'])}   compile {_fmt(t['compile'])}   "
+                               f"candidate {_fmt(t['candidate'])}")
+    table.add_row("speedup", f"vs eager {_fmt(v.speedup_vs_eager, '.2f', 'x')}   "
+                             f"vs compile {_fmt(v.speedup_vs_compile, '.2f', 'x')}")
+    e = v.error_vs_fp64
+    table.add_row("error", f"max abs {_fmt(v.max_abs_error, '.2e')}   rel {_fmt(v.max_rel_error, '.2e')}   vs fp64: "
+                           f"candidate {_fmt(e['candidate'], '.2e')}, fp32 eager {_fmt(e['eager_fp32'], '.2e')}")
+    for warning in v.warnings:
+        table.add_row("warning", warning)
+    table.add_row("seconds", f"{v.seconds:.1f} (build {v.build.get('seconds', 0):.1f})")
+    out.print(table)
+
+
+@app.command("eval")
+def eval_cmd(
+    reference: Path = typer.Argument(..., help="KernelBench-format reference file (class Model, get_inputs, ...)"),
+    solution: Path = typer.Option(..., "--solution", "-s", help="a single .py (ModelNew + load_inline) or a workspace"),
+    backend: str = typer.Option("cuda", help=BACKEND_HELP),
+    as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
+    atol: float = typer.Option(1e-2, help="absolute tolerance"),
+    rtol: float = typer.Option(1e-2, help="relative tolerance"),
+    trials: int = typer.Option(5, help="random input sets to verify on"),
+    seed: Optional[int] = typer.Option(None, help="fix the input seeds (default: fresh random seeds)"),
+    allow_tf32: bool = typer.Option(False, help="allow TF32 in baselines and candidate alike"),
+    cache_dir: Optional[Path] = typer.Option(None, help="judge cache (default ~/.cache/cuda-agent or $CUDA_AGENT_CACHE)"),
+    keep: bool = typer.Option(False, help="keep the evaluation's working folder for debugging"),
+) -> None:
+    """Judge one candidate against a reference: build, verify, audit, time, reward."""
+    try:
+        judge = _judge(backend, atol, rtol, trials, seed, allow_tf32, cache_dir, keep)
+        with err.status(f"judging {solution} against {reference.name} on {backend}..."):
+            verdict = judge.evaluate(reference, solution)
+    except (TaskError, CandidateError, BackendError) as exc:
+        _fail(str(exc))
+    if as_json:
+        sys.stdout.write(verdict.to_json() + "\n")
+    else:
+        _print_verdict(verdict)
+
+
+@app.command("eval-suite")
+def eval_suite_cmd(
+    suite_dir: Path = typer.Argument(..., help="suite in KernelBench layout (level1/19_ReLU.py ...)"),
+    solutions: Path = typer.Option(..., "--solutions", help="solutions with the same relative paths or stems"),
+    levels: str = typer.Option("1,2,3", help="comma-separated levels"),
+    backend: str = typer.Option("cuda", help=BACKEND_HELP),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    atol: float = typer.Option(1e-2, help="absolute tolerance"),
+    rtol: float = typer.Option(1e-2, help="relative tolerance"),
+    trials: int = typer.Option(5, help="random input sets per task"),
+    allow_tf32: bool = typer.Option(False, help="allow TF32 in baselines and candidates alike"),
+    cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
+    db: Optional[Path] = typer.Option(None, help="results database (default: in the cache); reruns resume from it"),
+) -> None:
+    """Judge a folder of solutions against a suite; print per-level and overall rates and speedups."""
+    from .benchmark.suite import discover, evaluate_suite, report
+    from .judge.store import Store
+
+    if not solutions.is_dir():
+        _fail(f"solutions {solutions}: no such folder")
+    try:
+        level_list = [int(x) for x in levels.split(",") if x.strip()]
+        tasks = discover(suite_dir, level_list)
+        judge = _judge(backend, atol, rtol, trials, None, allow_tf32, cache_dir, False)
+    except ValueError:
+        _fail(f"--levels must be comma-separated integers, got '{levels}'")
+    except (FileNotFoundError, BackendError) as exc:
+        _fail(str(exc))
+    store = Store(db or judge.cache_dir / "suite.sqlite")
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.fields[last]}"), console=err)
+    with progress:
+        bar = progress.add_task("judging", total=len(tasks), last="")
+
+        def on_result(task, verdict, resumed):
+            tag = "resumed" if resumed else f"reward {verdict.reward}"
+            progress.update(bar, advance=1, last=f"{task.name}: {tag}")
+
+        records = evaluate_suite(judge, tasks, solutions, store, on_result)
+    rep = report(records)
+    if as_json:
+        sys.stdout.write(json.dumps(rep, indent=2) + "\n")
+        return
+    table = Table(title=f"{suite_dir} vs {solutions} ({backend})")
+    for col in ("level", "n", "pass", "faster than eager", "faster than compile", "geomean vs eager",
+                "geomean vs compile"):
+        table.add_column(col, justify="right")
+    for name, s in [*rep["levels"].items(), ("overall", rep["overall"])]:
+        table.add_row(name, str(s["n"]), f"{s['pass_rate']:.1%}", f"{s['faster_than_eager']:.1%}",
+                      f"{s['faster_than_compile']:.1%}", _fmt(s["geomean_speedup_vs_eager"], ".2f", "x"),
+                      _fmt(s["geomean_speedup_vs_compile"], ".2f", "x"))
+    out.print(table)
+    out.print(f"[dim]{rep['note']}[/]")
+
+
+if __name__ == "__main__":
+    app()

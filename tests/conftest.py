@@ -1,0 +1,49 @@
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.judge import Judge, JudgeConfig
+
+DATA = Path(__file__).parent / "data"
+TASKS = DATA / "tasks"
+CANDIDATES = DATA / "candidates"
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One judge cache for the whole run (objects, precompiled header, baselines are built once)."""
+    env = os.environ.get("CUDA_AGENT_TEST_CACHE")
+    return Path(env) if env else tmp_path_factory.mktemp("judge-cache")
+
+
+def fast_config(cache_dir: Path, **overrides) -> JudgeConfig:
+    cfg = JudgeConfig(cache_dir=cache_dir, run_timeout_s=90, target_time_s=0.1, min_iters=10, max_iters=50)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def cpu_judge(cache_dir) -> Judge:
+    return Judge("cpu", fast_config(cache_dir))
+
+
+@pytest.fixture
+def make_workspace(tmp_path):
+    """Copy a candidate workspace from tests/data and apply exact text edits {file: [(old, new), ...]}."""
+
+    def make(base: str = "affine_relu_ok", edits: dict[str, list[tuple[str, str]]] | None = None) -> Path:
+        dest = tmp_path / f"{base}-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(CANDIDATES / base, dest)
+        for rel, pairs in (edits or {}).items():
+            path = dest / rel
+            text = path.read_text()
+            for old, new in pairs:
+                assert old in text, f"{old!r} not in {rel}"
+                text = text.replace(old, new)
+            path.write_text(text)
+        return dest
+
+    return make

@@ -1,0 +1,157 @@
+"""End to end on the CPU backend: build, verify, audit, time and reward real candidates."""
+
+import pytest
+
+from conftest import CANDIDATES, TASKS, fast_config
+from cuda_agent.judge import Judge
+from cuda_agent.task import TaskError
+
+AFFINE = TASKS / "affine_relu.py"
+KERNEL = "kernels/affine_relu.cpp"
+BINDING = "kernels/affine_relu_binding.cpp"
+STORE = "out[i] = std::max(x[i] * scale + shift, 0.f) * 0.5f;"
+
+
+def assert_judge_still_works(judge: Judge, workspace) -> None:
+    verdict = judge.evaluate(AFFINE, workspace)
+    assert verdict.correct and verdict.reward >= 2, verdict.error
+
+
+def test_correct_faster_workspace_earns_reward_2_or_more(cpu_judge):
+    verdict = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    assert verdict.compiled and verdict.correct, verdict.error
+    assert verdict.reward >= 2
+    assert verdict.error is None and verdict.policy_violations == []
+    assert verdict.speedup_vs_eager > 1.05
+    assert verdict.times_us["candidate"] > 0 and verdict.times_us["eager"] > 0 and verdict.times_us["compile"] > 0
+    assert verdict.max_abs_error < 1e-5
+    assert verdict.error_vs_fp64["candidate"] is not None and verdict.error_vs_fp64["ratio"] < 10
+    assert verdict.backend == "cpu" and verdict.torch_version
+    assert verdict.precision["float32_matmul_precision"] == "highest"
+    assert len(verdict.seeds) == 5
+
+
+def test_baselines_are_cached_and_unchanged_files_are_not_recompiled(cpu_judge):
+    first = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    second = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    assert second.timing["baseline_cached"] is True
+    assert second.times_us["eager"] == first.times_us["eager"]
+    assert second.times_us["compile"] == first.times_us["compile"]
+    assert all(step["cached"] for step in second.build["steps"] if step["source"] != "<link>")
+    assert first.seeds != second.seeds  # fresh inputs every evaluation
+
+
+def test_wrong_result_gets_minus_one(cpu_judge, make_workspace):
+    ws = make_workspace(edits={KERNEL: [(STORE, STORE.replace("0.5f", "0.55f"))]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and verdict.compiled and not verdict.correct
+    assert verdict.error.startswith("incorrect:") and "outside atol" in verdict.error
+    assert_judge_still_works(cpu_judge, CANDIDATES / "affine_relu_ok")
+
+
+def test_torch_compute_in_cxx_binding_is_caught_by_source_scan(cpu_judge, make_workspace):
+    ws = make_workspace(edits={BINDING: [("return out;", "return torch::relu(x * scale + shift) * 0.5;")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1
+    assert any("torch::relu" in v for v in verdict.policy_violations), verdict.policy_violations
+    assert "policy violation" in verdict.error
+
+
+def test_torch_compute_hidden_from_the_scan_is_caught_at_run_time(cpu_judge, make_workspace):
+    # Tensor methods called from C++ are invisible to a text scan; the dispatcher audit still sees them.
+    ws = make_workspace(edits={BINDING: [("return out;", "return x.mul(scale).add(shift).clamp_min(0).mul(0.5);")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and verdict.compiled
+    assert any("aten::clamp_min" in v for v in verdict.policy_violations), verdict.policy_violations
+    assert_judge_still_works(cpu_judge, CANDIDATES / "affine_relu_ok")
+
+
+def test_torch_compute_in_python_forward_is_caught(cpu_judge, make_workspace):
+    ws = make_workspace(edits={"model_new.py": [
+        ("return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)",
+         "return torch.relu(cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0))")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1
+    assert any("aten::relu" in v for v in verdict.policy_violations)
+
+
+def test_segfault_is_a_failure_verdict_and_the_judge_survives(cpu_judge, make_workspace):
+    ws = make_workspace(edits={KERNEL: [("(void)config;", "(void)config; volatile float* p = nullptr; *p = 1.f;")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and not verdict.correct
+    assert "SIGSEGV" in verdict.error
+    assert_judge_still_works(cpu_judge, CANDIDATES / "affine_relu_ok")
+
+
+def test_hang_is_killed_at_the_timeout(cache_dir, make_workspace):
+    judge = Judge("cpu", fast_config(cache_dir, run_timeout_s=20))
+    ws = make_workspace(edits={KERNEL: [("(void)config;", "(void)config; volatile int spin = 1; while (spin) {}")]})
+    verdict = judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and "timed out" in verdict.error
+    assert verdict.seconds < 120
+    assert_judge_still_works(judge, CANDIDATES / "affine_relu_ok")
+
+
+def test_compile_error_reports_file_and_line(cpu_judge, make_workspace):
+    ws = make_workspace(edits={KERNEL: [(STORE, "out[i] = undefined_symbol;")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and not verdict.compiled
+    assert "kernels/affine_relu.cpp:" in verdict.error and "undefined_symbol" in verdict.error
+
+
+def test_infrastructure_files_come_from_the_judge_not_the_candidate(cpu_judge, make_workspace):
+    ws = make_workspace()
+    (ws / "binding.cpp").write_text("#error the candidate's binding.cpp must never be compiled\n")
+    (ws / "binding_registry.h").write_text("#error nor its registry header\n")
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.compiled and verdict.correct, verdict.error
+
+
+def test_single_file_load_inline_candidate(cpu_judge):
+    verdict = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_single.py")
+    assert verdict.compiled and verdict.correct, verdict.error
+    assert verdict.reward >= 1
+    assert verdict.candidate["kind"] == "single_file"
+
+
+def test_state_dict_must_load_strictly(cpu_judge, tmp_path):
+    bad = tmp_path / "renamed.py"
+    bad.write_text(
+        "import torch\n"
+        "class ModelNew(torch.nn.Module):\n"
+        "    def __init__(self, features):\n"
+        "        super().__init__()\n"
+        "        self.proj = torch.nn.Linear(features, features)\n"
+        "    def forward(self, x):\n"
+        "        return x\n")
+    verdict = cpu_judge.evaluate(TASKS / "linear_gelu.py", bad)
+    assert verdict.reward == -1 and "state dict" in verdict.error
+
+
+def test_output_aliasing_an_input_fails(cpu_judge, tmp_path):
+    alias = tmp_path / "alias.py"
+    alias.write_text(
+        "import torch\n"
+        "class ModelNew(torch.nn.Module):\n"
+        "    def __init__(self, scale, shift):\n"
+        "        super().__init__()\n"
+        "    def forward(self, x):\n"
+        "        return x.view(-1)\n")
+    verdict = cpu_judge.evaluate(AFFINE, alias)
+    assert verdict.reward == -1 and "aliases an input" in verdict.error
+
+
+def test_input_mutation_fails(cpu_judge, make_workspace):
+    ws = make_workspace(edits={BINDING: [
+        ("return out;", "x.data_ptr<float>()[0] = 12345.f;\n    return out;")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and "modified in place" in verdict.error
+
+
+@pytest.mark.parametrize("name, message", [
+    ("no_model.py", "missing Model"),
+    ("bad_inputs.py", "get_inputs() failed: RuntimeError: this reference cannot make inputs"),
+])
+def test_broken_reference_is_a_clear_task_error(cpu_judge, name, message):
+    with pytest.raises(TaskError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        cpu_judge.evaluate(TASKS / "broken" / name, CANDIDATES / "affine_relu_ok")
