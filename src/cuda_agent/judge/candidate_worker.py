@@ -1,7 +1,9 @@
 """Candidate worker: loads the candidate, runs it on the judge's inputs under the op audit, then times it.
 
-It never sees reference outputs: it writes what the candidate produced (and the inputs as they were left
-afterwards) for the judge to compare, reports, and waits for the judge's word before timing.
+It never sees reference outputs. The judge sends one seed per trial (so no later input set is known in
+advance); the worker draws that input set with the task's `get_inputs`, runs `ModelNew` under the op audit,
+writes the outputs as raw bytes for the reference worker to compare, and reports fingerprints of the inputs as
+the candidate left them. Timing waits for the judge's word.
 
 Usage (by the judge): python -m cuda_agent.judge.candidate_worker REQUEST.json
 """
@@ -22,7 +24,7 @@ from ..backend import get_backend
 from ..task import import_file
 from .audit import OpAudit
 from .process import Channel
-from .tensors import detach_cpu, leaves, to_device
+from .tensors import checksum, leaves, make_inputs, write_outputs
 from .timing import time_callable
 
 
@@ -76,65 +78,79 @@ def output_problems(out: Any, inputs: Any) -> list[str]:
     return problems
 
 
-def run(req: dict, chan: Channel) -> None:
-    backend = get_backend(req["backend"])
-    device = backend.device
-    backend.precision_flags(req["allow_tf32"])
-    build_dir = Path(req["build_dir"])
-    if req["kind"] == "single_file":
-        route_load_inline(Path(req["extension_cache"]))
-    try:
-        module = import_file(build_dir / "model_new.py", "model_new")
-        model_cls = getattr(module, "ModelNew")
-    except Exception as exc:
-        raise Stop("load_error", f"loading the candidate failed: {_one_line(exc)}") from exc
-
-    public = Path(req["public_dir"])
-    data = torch.load(public / "inputs.pt", weights_only=True)
-    state = torch.load(public / "state_dict.pt", weights_only=True)
-    try:
-        model = model_cls(*data["init_inputs"]).to(device).eval()
-    except Exception as exc:
-        raise Stop("verify_error", f"ModelNew(*get_init_inputs()) failed: {_one_line(exc)}") from exc
-    try:
-        model.load_state_dict(state, strict=True)
-    except Exception as exc:
-        raise Stop("verify_error", f"ModelNew does not take Model's state dict (strict): {_one_line(exc)}") from exc
-
-    out_dir = Path(req["out_dir"])
-    audit = OpAudit(tuple(req["allowed_ops"]))
-    problems: list[str] = []
-    for trial, cpu_inputs in enumerate(data["inputs"]):
-        inputs = to_device(cpu_inputs, device)
+class Candidate:
+    def __init__(self, req: dict):
+        self.req = req
+        self.backend = get_backend(req["backend"])
+        self.device = self.backend.device
+        self.backend.precision_flags(req["allow_tf32"])
+        build_dir = Path(req["build_dir"])
+        if req["kind"] == "single_file":
+            route_load_inline(Path(req["extension_cache"]))
         try:
-            with torch.no_grad(), audit:
-                out = model(*inputs)
-            backend.synchronize()
+            model_cls = getattr(import_file(build_dir / "model_new.py", "model_new"), "ModelNew")
         except Exception as exc:
-            raise Stop("verify_error", f"ModelNew.forward failed on input set {trial}: {_one_line(exc)}") from exc
-        problems += [p for p in output_problems(out, inputs) if p not in problems]
-        torch.save({"outputs": detach_cpu(out), "inputs_after": detach_cpu(inputs)}, out_dir / f"trial{trial}.pt")
-    chan.send("verified", trials=len(data["inputs"]), violations=audit.messages(), problems=problems)
+            raise Stop("load_error", f"loading the candidate failed: {_one_line(exc)}") from exc
+        # The task module only supplies get_inputs(): Model itself is never built in this process.
+        self.task = import_file(req["task_path"], "task_inputs")
+        public = Path(req["public_dir"])
+        init_inputs = torch.load(public / "init_inputs.pt", weights_only=True)
+        state = torch.load(public / "state_dict.pt", weights_only=True)
+        try:
+            with torch.device(self.device):
+                self.model = model_cls(*init_inputs).to(self.device).eval()
+        except Exception as exc:
+            raise Stop("verify_error", f"ModelNew(*get_init_inputs()) failed: {_one_line(exc)}") from exc
+        try:
+            self.model.load_state_dict(state, strict=True)
+        except Exception as exc:
+            raise Stop("verify_error", f"ModelNew does not take Model's state dict (strict): {_one_line(exc)}") \
+                from exc
+        self.audit = OpAudit(tuple(req["allowed_ops"]))
 
-    if chan.receive().get("command") != "time":
-        return
-    inputs = to_device(data["inputs"][0], device)
-    with torch.no_grad():
-        stats = time_callable(lambda: model(*inputs), backend, **req["timing"])
-    chan.send("timed", stats=stats)
+    def run_trial(self, k: int, seed: int) -> dict:
+        inputs = make_inputs(self.task, seed, self.device)
+        try:
+            with torch.no_grad(), self.audit:
+                out = self.model(*inputs)
+            self.backend.synchronize()
+        except Exception as exc:
+            raise Stop("verify_error", f"ModelNew.forward failed on input set {k}: {_one_line(exc)}") from exc
+        manifest = write_outputs(out, Path(self.req["out_dir"]) / f"trial{k}")
+        manifest_path = Path(self.req["out_dir"]) / f"trial{k}.json"
+        manifest_path.write_text(json.dumps(manifest))
+        return {"manifest": str(manifest_path), "checksums_after": checksum(inputs),
+                "problems": output_problems(out, inputs), "violations": self.audit.messages()}
+
+    def time(self, seed: int) -> dict:
+        inputs = make_inputs(self.task, seed, self.device)
+        with torch.no_grad():
+            return time_callable(lambda: self.model(*inputs), self.backend, **self.req["timing"])
+
+
+def serve(req: dict, chan: Channel) -> None:
+    cand = Candidate(req)
+    chan.send("loaded")
+    while True:
+        cmd = chan.receive()
+        if cmd.get("command") == "trial":
+            chan.send("trial_done", **cand.run_trial(int(cmd["k"]), int(cmd["seed"])))
+        elif cmd.get("command") == "time":
+            chan.send("timed", stats=cand.time(int(cmd["seed"])))
+        else:
+            return
 
 
 def main() -> None:
     req = json.loads(Path(sys.argv[1]).read_text())
     chan = Channel()
     try:
-        run(req, chan)
+        serve(req, chan)
     except Stop as stop:
         chan.send(stop.event, error=str(stop))
     except Exception as exc:
         traceback.print_exc()
         chan.send("verify_error", error=f"candidate worker failed: {_one_line(exc)}")
-    chan.send("done")
 
 
 if __name__ == "__main__":

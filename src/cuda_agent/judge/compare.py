@@ -1,89 +1,102 @@
-"""Output comparison, done in the judge's process on CPU in float64 (never inside the candidate's process)."""
+"""Output comparison, run by the trusted reference worker on its device, in chunks (never in the candidate's
+process). Each trial's result carries the tolerance verdict, the error statistics and, against an fp64
+reference, the candidate's error beside fp32 eager's own, so a precision downgrade is visible.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .tensors import leaves, structure
+from .tensors import leaves, read_tensor, structure
+
+CHUNK = 1 << 25  # elements per comparison step: bounds the float64 temporaries
 
 
-@dataclass
-class Comparison:
-    ok: bool = True
-    reason: str | None = None
-    max_abs_error: float = 0.0
-    max_rel_error: float = 0.0  # normwise: ||cand - ref|| / ||ref||, worst output
-    errors_vs_fp64: list[float] = field(default_factory=list)  # same measure against the fp64 reference
-
-    def fail(self, reason: str) -> "Comparison":
-        if self.ok:
-            self.ok, self.reason = False, reason
-        return self
+def _norm_ratio(sq_diff: float, sq_ref: float) -> float:
+    return math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else math.sqrt(sq_diff)
 
 
-def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = torch.linalg.vector_norm((a.double() - ref.double()).flatten())
-    norm = torch.linalg.vector_norm(ref.double().flatten())
-    return float(diff / norm) if norm > 0 else float(diff)
+def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, atol: float, rtol: float,
+                   where: str) -> dict[str, Any]:
+    """Elementwise |c - r| <= atol + rtol*|r| over every element; NaN/Inf in c never pass."""
+    res: dict[str, Any] = {"ok": True, "reason": None, "max_abs": 0.0, "rel": 0.0, "rel64": None, "eager_rel64": None}
+    if c.shape != r.shape:
+        return {**res, "ok": False, "reason": f"{where} has shape {list(c.shape)}, expected {list(r.shape)}"}
+    if c.dtype != r.dtype:
+        return {**res, "ok": False, "reason": f"{where} has dtype {c.dtype}, expected {r.dtype}"}
+    cf, rf = c.reshape(-1), r.reshape(-1)
+    if not (c.is_floating_point() or c.is_complex()):
+        diff = int((cf != rf).sum())
+        return res if diff == 0 else {**res, "ok": False, "reason": f"{where}: {diff} of {r.numel()} elements differ"}
+    r64f = r64.reshape(-1) if r64 is not None and r64.shape == r.shape else None
+    sq = {"diff": 0.0, "ref": 0.0, "diff64": 0.0, "eager64": 0.0, "ref64": 0.0}
+    for start in range(0, cf.numel(), CHUNK):
+        cc, rr = cf[start:start + CHUNK].double(), rf[start:start + CHUNK].double()
+        finite = torch.isfinite(cc)
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            return {**res, "ok": False, "reason": f"{where}: {bad} elements are NaN or Inf (in the first "
+                                                  f"{start + cc.numel()} of {cf.numel()})"}
+        diff = (cc - rr).abs()
+        excess = diff - (atol + rtol * rr.abs())
+        worst = int(torch.argmax(excess))
+        res["max_abs"] = max(res["max_abs"], float(diff.max()))
+        sq["diff"] += float((diff * diff).sum())
+        sq["ref"] += float((rr * rr).sum())
+        if float(excess[worst]) > 0:
+            over = int((excess > 0).sum())
+            return {**res, "ok": False, "reason": (
+                f"{where}: {over}+ of {cf.numel()} elements outside atol={atol:g}, rtol={rtol:g} (worst at flat "
+                f"index {start + worst}: got {float(cc[worst]):.6g}, expected {float(rr[worst]):.6g})")}
+        if r64f is not None:
+            r6 = r64f[start:start + CHUNK].double()
+            sq["diff64"] += float(((cc - r6) ** 2).sum())
+            sq["eager64"] += float(((rr - r6) ** 2).sum())
+            sq["ref64"] += float((r6 * r6).sum())
+    res["rel"] = _norm_ratio(sq["diff"], sq["ref"])
+    if r64f is not None:
+        res["rel64"] = _norm_ratio(sq["diff64"], sq["ref64"])
+        res["eager_rel64"] = _norm_ratio(sq["eager64"], sq["ref64"])
+    return res
 
 
-def compare(cand: Any, ref: Any, ref64: Any | None, atol: float, rtol: float, result: Comparison,
-            label: str) -> Comparison:
-    """Check one trial's outputs against the fp32 reference; accumulate error statistics into `result`."""
-    cand_leaves, ref_leaves = list(leaves(cand)), list(leaves(ref))
-    if [p for p, _ in cand_leaves] != [p for p, _ in ref_leaves]:
-        return result.fail(f"{label}: output structure {structure(cand)} != expected {structure(ref)}")
+def compare_trial(manifest: dict, ref: Any, ref64: Any | None, atol: float, rtol: float, device: str,
+                  label: str) -> dict[str, Any]:
+    """Compare the candidate's outputs (a manifest of raw files) with the reference outputs of one trial."""
+    out: dict[str, Any] = {"ok": True, "reason": None, "max_abs": 0.0, "rel": 0.0, "rel64": [], "eager_rel64": []}
+    ref_leaves = list(leaves(ref))
+    got = manifest.get("leaves", [])
+    if [item.get("path") for item in got] != [p for p, _ in ref_leaves]:
+        return {**out, "ok": False, "reason": f"{label}: output structure {manifest.get('structure')} != expected "
+                                              f"{structure(ref)}"}
     ref64_leaves = dict(leaves(ref64)) if ref64 is not None else {}
-    for (path, c), (_, r) in zip(cand_leaves, ref_leaves):
+    for item, (path, r) in zip(got, ref_leaves):
         where = f"{label}: {path}"
         if isinstance(r, torch.Tensor):
-            if not isinstance(c, torch.Tensor):
-                return result.fail(f"{where} is {type(c).__name__}, expected a tensor")
-            if c.shape != r.shape:
-                return result.fail(f"{where} has shape {list(c.shape)}, expected {list(r.shape)}")
-            if c.dtype != r.dtype:
-                return result.fail(f"{where} has dtype {c.dtype}, expected {r.dtype}")
-            if not (c.is_floating_point() or c.is_complex()):
-                if not torch.equal(c, r):
-                    return result.fail(f"{where}: {int((c != r).sum())} of {r.numel()} elements differ")
-                continue
-            if not bool(torch.isfinite(c).all()):
-                bad = int((~torch.isfinite(c)).sum())
-                return result.fail(f"{where}: {bad} of {c.numel()} elements are NaN or Inf")
-            if c.numel() == 0:
-                continue
-            diff = (c.double() - r.double()).abs()
-            result.max_abs_error = max(result.max_abs_error, float(diff.max()))
-            result.max_rel_error = max(result.max_rel_error, relative_error(c, r))
-            r64 = ref64_leaves.get(path)
-            if isinstance(r64, torch.Tensor) and r64.shape == c.shape:
-                result.errors_vs_fp64.append(relative_error(c, r64))
-            bound = atol + rtol * r.double().abs()
-            over = diff > bound
-            if bool(over.any()):
-                idx = int(torch.argmax((diff - bound).flatten()))
-                return result.fail(
-                    f"{where}: {int(over.sum())} of {c.numel()} elements outside atol={atol:g}, rtol={rtol:g} "
-                    f"(worst at flat index {idx}: got {float(c.flatten()[idx]):.6g}, expected "
-                    f"{float(r.flatten()[idx]):.6g}; max abs error {float(diff.max()):.3g})")
+            if item.get("kind") != "tensor":
+                return {**out, "ok": False, "reason": f"{where} is a {item.get('type')}, expected a tensor"}
+            try:
+                c = read_tensor(item, device)
+            except (OSError, ValueError, RuntimeError) as exc:
+                return {**out, "ok": False, "reason": f"{where}: unreadable output ({exc})"}
+            res = compare_tensor(c, r, ref64_leaves.get(path), atol, rtol, where)
+            del c
+            out["max_abs"] = max(out["max_abs"], res["max_abs"])
+            out["rel"] = max(out["rel"], res["rel"])
+            if res["rel64"] is not None:
+                out["rel64"].append(res["rel64"])
+                out["eager_rel64"].append(res["eager_rel64"])
+            if not res["ok"]:
+                return {**out, "ok": False, "reason": res["reason"]}
         else:
-            if isinstance(r, (int, float)) and isinstance(c, (int, float)) and not isinstance(r, bool):
-                if not math.isfinite(c) or abs(c - r) > atol + rtol * abs(r):
-                    return result.fail(f"{where} = {c!r}, expected {r!r}")
-            elif c != r:
-                return result.fail(f"{where} = {c!r}, expected {r!r}")
-    return result
+            value = item.get("value")
+            if isinstance(r, (int, float)) and not isinstance(r, bool) and isinstance(value, (int, float)):
+                if not math.isfinite(value) or abs(value - r) > atol + rtol * abs(r):
+                    return {**out, "ok": False, "reason": f"{where} = {value!r}, expected {r!r}"}
+            elif value != r:
+                return {**out, "ok": False, "reason": f"{where} = {value!r}, expected {r!r}"}
+    return out
 
-
-def inputs_unchanged(before: Any, after: Any) -> str | None:
-    """None if the candidate left its inputs exactly as given, else the first difference."""
-    for (path, b), (_, a) in zip(leaves(before, "input"), leaves(after, "input")):
-        if isinstance(b, torch.Tensor):
-            if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype \
-                    or not torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)):
-                return f"{path} was modified in place by ModelNew.forward"
-    return None

@@ -26,13 +26,11 @@ from ..backend import Backend, get_backend
 from ..task import Task, TaskError, load_task
 from ..workspace.build import Builder, BuildResult
 from ..workspace.candidate import Candidate, load_candidate
-from .compare import Comparison, compare, inputs_unchanged, relative_error
 from .config import JudgeConfig
 from .policy import scan_sources
 from .process import WorkerDied, WorkerProcess
 from .reward import milestone_reward
 from .store import Store
-from .tensors import leaves
 from .verdict import Verdict
 
 PRECISION_WARN_RATIO = 10.0
@@ -72,95 +70,52 @@ class Judge:
     # ---- steps ---------------------------------------------------------------------------------------
     def _evaluate(self, task: Task, cand: Candidate, seeds: list[int], run_dir: Path, verdict: Verdict) -> None:
         cfg = self.config
-        public, private, outputs = (run_dir / d for d in ("public", "private", "outputs"))
-        for d in (public, private, outputs):
-            d.mkdir()
+        public = run_dir / "public"
+        public.mkdir()
+        transfer = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK)
+                                         else run_dir))
         ref = WorkerProcess("cuda_agent.judge.reference_worker", {
-            "task_path": str(task.path), "backend": self.backend.name, "seeds": seeds,
-            "init_seed": secrets.randbelow(2**31), "allow_tf32": cfg.allow_tf32, "public_dir": str(public),
-            "private_dir": str(private), "compile_mode": cfg.compile_mode, "timing": self._timing(),
+            "task_path": str(task.path), "backend": self.backend.name, "init_seed": secrets.randbelow(2**31),
+            "allow_tf32": cfg.allow_tf32, "public_dir": str(public), "atol": cfg.atol, "rtol": cfg.rtol,
+            "compile_mode": cfg.compile_mode, "timing": self._timing(),
         }, run_dir / "reference", self._worker_env())
+        worker: WorkerProcess | None = None
         try:
             verdict.policy_violations = scan_sources(cand.text(), cfg.policy)
-            build = self._build(cand, run_dir / "build")  # meanwhile the reference worker computes outputs
+            build = self._build(cand, run_dir / "build")  # meanwhile the reference worker builds Model
             verdict.compiled = build.ok
             verdict.build = {"seconds": round(build.seconds, 3), "log": build.log[-20000:],
                              "steps": [{"source": s.source, "cached": s.cached, "seconds": round(s.seconds, 3)}
                                        for s in build.steps]}
-            baselines = self._reference(task, ref, verdict)
-        finally:
-            ref.close()
-        if not build.ok:
-            verdict.error = build.error
-            return
-        if verdict.policy_violations:
-            verdict.error = f"policy violation: {verdict.policy_violations[0]}"
-            return
-        self._run_candidate(cand, build, public, private, outputs, run_dir, baselines, verdict)
-
-    def _build(self, cand: Candidate, build_dir: Path) -> BuildResult:
-        if cand.kind == "single_file":  # load_inline builds inside the candidate worker
-            build_dir.mkdir(parents=True)
-            cand.write_to(build_dir)
-            return BuildResult(True, build_dir, 0.0)
-        return self.builder.build(cand, build_dir)
-
-    def _reference(self, task: Task, ref: WorkerProcess, verdict: Verdict) -> dict[str, Any]:
-        """Wait for the reference outputs; return baseline timings (cached, or measured now)."""
-        deadline = time.monotonic() + self.config.reference_timeout_s
-        try:
-            msg = ref.receive(deadline)
-            if msg["event"] != "ready":
-                raise TaskError(f"reference {task.path}: {msg.get('error', msg)}")
+            msg = self._reference_message(task, ref, "ready", time.monotonic() + cfg.reference_timeout_s)
             verdict.device, verdict.torch_version, verdict.precision = \
                 msg["device"], msg["torch_version"], msg["precision"]
-            key = "|".join([task.hash, self.backend.name, msg["device"], msg["torch_version"],
-                            self.config.timing_key()])
-            cached = self.store.get("baselines", key)
-            if cached is not None:
-                ref.send({"command": "exit"})
-                return {**cached, "cached": True}
-            ref.send({"command": "time"})
-            msg = ref.receive(deadline)
-            if msg["event"] != "baselines":
-                raise TaskError(f"reference {task.path}: timing failed: {msg.get('error', msg)}")
-        except WorkerDied as exc:
-            raise TaskError(f"reference {task.path}: the reference worker {exc}") from exc
-        baselines = {"eager": msg["eager"], "compile": msg["compile"], "compile_error": msg["compile_error"]}
-        self.store.put("baselines", key, baselines)
-        return {**baselines, "cached": False}
-
-    def _run_candidate(self, cand: Candidate, build: BuildResult, public: Path, private: Path, outputs: Path,
-                       run_dir: Path, baselines: dict[str, Any], verdict: Verdict) -> None:
-        cfg = self.config
-        worker = WorkerProcess("cuda_agent.judge.candidate_worker", {
-            "build_dir": str(build.build_dir), "kind": cand.kind, "backend": self.backend.name,
-            "public_dir": str(public), "out_dir": str(outputs), "allow_tf32": cfg.allow_tf32,
-            "allowed_ops": list(cfg.policy.allowed_ops), "timing": self._timing(),
-            "extension_cache": str(self.cache_dir / "extensions"),
-        }, run_dir / "candidate", self._worker_env())
-        budget = cfg.run_timeout_s + (cfg.build_timeout_s if cand.kind == "single_file" else 0)
-        deadline = time.monotonic() + budget
-        try:
-            msg = worker.receive(deadline)
-            if msg["event"] == "load_error":
-                verdict.compiled, verdict.error = False, msg["error"]
+            if not build.ok:
+                verdict.error = build.error
                 return
-            verdict.compiled = True
-            if msg["event"] != "verified":
+            if verdict.policy_violations:
+                verdict.error = f"policy violation: {verdict.policy_violations[0]}"
+                return
+            worker = WorkerProcess("cuda_agent.judge.candidate_worker", {
+                "build_dir": str(build.build_dir), "kind": cand.kind, "backend": self.backend.name,
+                "task_path": str(task.path), "public_dir": str(public), "out_dir": str(transfer),
+                "allow_tf32": cfg.allow_tf32, "allowed_ops": list(cfg.policy.allowed_ops),
+                "timing": self._timing(), "extension_cache": str(self.cache_dir / "extensions"),
+            }, run_dir / "candidate", self._worker_env())
+            load_budget = cfg.build_timeout_s if cand.kind == "single_file" else cfg.run_timeout_s
+            msg = worker.receive(time.monotonic() + load_budget)
+            if msg["event"] != "loaded":
+                verdict.compiled = msg["event"] != "load_error"
                 verdict.error = msg.get("error", f"unexpected message {msg}")
                 return
-            verdict.policy_violations += msg["violations"]
-            comparison = self._compare(private, outputs, public, msg["trials"], verdict)
-            failure = (msg["problems"] and f"invalid output: {msg['problems'][0]}") or \
-                (verdict.policy_violations and f"policy violation: {verdict.policy_violations[0]}") or \
-                (not comparison.ok and f"incorrect: {comparison.reason}")
-            if failure:
-                verdict.error = failure
+            verdict.compiled = True
+            deadline = time.monotonic() + cfg.run_timeout_s
+            if not self._verify(task, ref, worker, seeds, transfer, deadline, verdict):
                 return
-            verdict.correct = True
-            worker.send({"command": "time"})
-            msg = worker.receive(time.monotonic() + cfg.run_timeout_s)
+            baselines = self._baselines(task, ref, verdict)
+            ref.close()
+            worker.send({"command": "time", "seed": secrets.randbelow(2**31)})
+            msg = worker.receive(deadline)
             if msg["event"] != "timed":
                 verdict.correct, verdict.error = False, f"timing failed: {msg.get('error', msg)}"
                 return
@@ -169,42 +124,90 @@ class Judge:
             verdict.correct = False
             verdict.error = f"candidate process {exc}"
         finally:
-            worker.close()
+            ref.close()
+            if worker is not None:
+                worker.close()
+            shutil.rmtree(transfer, ignore_errors=True)
 
-    def _compare(self, private: Path, outputs: Path, public: Path, trials: int, verdict: Verdict) -> Comparison:
-        ref = torch.load(private / "reference.pt", weights_only=True)
-        inputs = torch.load(public / "inputs.pt", weights_only=True)["inputs"]
-        result = Comparison()
-        eager_errors = []
-        for k in range(len(ref["outputs"])):
-            if k >= trials or not (outputs / f"trial{k}.pt").exists():
-                return result.fail(f"no output for input set {k}")
-            try:
-                got = torch.load(outputs / f"trial{k}.pt", weights_only=True)
-            except Exception as exc:
-                return result.fail(f"input set {k}: outputs could not be read safely ({type(exc).__name__})")
-            changed = inputs_unchanged(inputs[k], got["inputs_after"])
-            if changed:
-                return result.fail(f"input set {k}: {changed}")
-            compare(got["outputs"], ref["outputs"][k], ref["outputs64"][k], self.config.atol, self.config.rtol,
-                    result, f"input set {k}")
-            if not result.ok:
-                break
-            if ref["outputs64"][k] is not None:
-                ref64 = dict(leaves(ref["outputs64"][k]))
-                eager_errors += [relative_error(t, ref64[p]) for p, t in leaves(ref["outputs"][k])
-                                 if isinstance(t, torch.Tensor) and t.is_floating_point() and p in ref64]
-        verdict.max_abs_error = result.max_abs_error
-        verdict.max_rel_error = result.max_rel_error
-        if result.ok and result.errors_vs_fp64 and eager_errors:
-            cand_err, eager_err = max(result.errors_vs_fp64), max(eager_errors)
-            ratio = (cand_err + 1e-12) / (eager_err + 1e-12)
-            verdict.error_vs_fp64 = {"candidate": cand_err, "eager_fp32": eager_err, "ratio": ratio}
-            if ratio > PRECISION_WARN_RATIO and cand_err > 1e-6:
+    def _build(self, cand: Candidate, build_dir: Path) -> BuildResult:
+        if cand.kind == "single_file":  # load_inline builds inside the candidate worker
+            build_dir.mkdir(parents=True)
+            cand.write_to(build_dir)
+            return BuildResult(True, build_dir, 0.0)
+        return self.builder.build(cand, build_dir)
+
+    def _reference_message(self, task: Task, ref: WorkerProcess, expected: str, deadline: float) -> dict[str, Any]:
+        """The reference worker's next message; a broken reference is the user's error (TaskError)."""
+        try:
+            msg = ref.receive(deadline)
+        except WorkerDied as exc:
+            raise TaskError(f"reference {task.path}: the reference worker {exc}") from exc
+        if msg["event"] != expected:
+            raise TaskError(f"reference {task.path}: {msg.get('error', msg)}")
+        return msg
+
+    def _verify(self, task: Task, ref: WorkerProcess, worker: WorkerProcess, seeds: list[int], transfer: Path,
+                deadline: float, verdict: Verdict) -> bool:
+        """Run every trial in lockstep: reference outputs, candidate outputs, comparison on the reference side."""
+        cand_err: list[float] = []
+        eager_err: list[float] = []
+        verdict.max_abs_error = verdict.max_rel_error = 0.0
+        for k, seed in enumerate(seeds):
+            label = f"input set {k}"
+            ref.send({"command": "trial", "seed": seed})
+            worker.send({"command": "trial", "k": k, "seed": seed})
+            expected = self._reference_message(task, ref, "trial_ready", time.monotonic() +
+                                               self.config.reference_timeout_s)["checksums"]
+            msg = worker.receive(deadline)
+            if msg["event"] != "trial_done":
+                verdict.error = msg.get("error", f"unexpected message {msg}")
+                return False
+            verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg["violations"]))
+            changed = [a.split(":")[0] for a, b in zip(msg["checksums_after"], expected) if a != b]
+            if changed or len(msg["checksums_after"]) != len(expected):
+                verdict.error = f"incorrect: {label}: {(changed or ['an input'])[0]} was modified in place by " \
+                                "ModelNew.forward"
+                return False
+            if msg["problems"]:
+                verdict.error = f"invalid output: {label}: {msg['problems'][0]}"
+                return False
+            if verdict.policy_violations:
+                verdict.error = f"policy violation: {verdict.policy_violations[0]}"
+                return False
+            ref.send({"command": "compare", "manifest": msg["manifest"], "label": label})
+            result = self._reference_message(task, ref, "compared", time.monotonic() +
+                                             self.config.reference_timeout_s)["result"]
+            shutil.rmtree(transfer / f"trial{k}", ignore_errors=True)
+            verdict.max_abs_error = max(verdict.max_abs_error, result["max_abs"])
+            verdict.max_rel_error = max(verdict.max_rel_error, result["rel"])
+            cand_err += result["rel64"]
+            eager_err += result["eager_rel64"]
+            if not result["ok"]:
+                verdict.error = f"incorrect: {result['reason']}"
+                return False
+        verdict.correct = True
+        if cand_err and eager_err:
+            c, e = max(cand_err), max(eager_err)
+            ratio = (c + 1e-12) / (e + 1e-12)
+            verdict.error_vs_fp64 = {"candidate": c, "eager_fp32": e, "ratio": ratio}
+            if ratio > PRECISION_WARN_RATIO and c > 1e-6:
                 verdict.warnings.append(
-                    f"precision: error vs fp64 is {ratio:.0f}x fp32 eager's ({cand_err:.2e} vs {eager_err:.2e}); "
-                    "the candidate likely computes in lower precision (TF32/fp16/bf16)")
-        return result
+                    f"precision: error vs fp64 is {ratio:.0f}x fp32 eager's ({c:.2e} vs {e:.2e}); the candidate "
+                    "likely computes in lower precision (TF32/fp16/bf16)")
+        return True
+
+    def _baselines(self, task: Task, ref: WorkerProcess, verdict: Verdict) -> dict[str, Any]:
+        """Eager and torch.compile timings: cached per (task, device, torch version, settings), else measured."""
+        key = "|".join([task.hash, self.backend.name, str(verdict.device), verdict.torch_version,
+                        self.config.timing_key()])
+        cached = self.store.get("baselines", key)
+        if cached is not None:
+            return {**cached, "cached": True}
+        ref.send({"command": "time", "seed": secrets.randbelow(2**31)})
+        msg = self._reference_message(task, ref, "baselines", time.monotonic() + self.config.reference_timeout_s)
+        baselines = {"eager": msg["eager"], "compile": msg["compile"], "compile_error": msg["compile_error"]}
+        self.store.put("baselines", key, baselines)
+        return {**baselines, "cached": False}
 
     def _score(self, baselines: dict[str, Any], stats: dict[str, Any], verdict: Verdict) -> None:
         t_eager = baselines["eager"]["median_us"]

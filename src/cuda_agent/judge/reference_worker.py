@@ -1,8 +1,9 @@
-"""Reference worker: runs only the trusted task code, never candidate code.
+"""Reference worker: the trusted side. It runs only the task's code and never imports candidate code.
 
-It draws the input sets from the judge's seeds, computes the reference outputs in fp32 (the tolerance check)
-and in fp64 (to measure fp32 eager's own error), writes inputs and weights where the candidate worker can read
-them and outputs where it cannot, then times eager and torch.compile when the judge has no cached baseline.
+It builds `Model` (writing its state dict where the candidate worker can read it), then serves the judge's
+commands: `trial` draws one input set from a seed and computes the reference outputs in fp32 (the tolerance
+check) and fp64 (fp32 eager's own error); `compare` checks the candidate's outputs for that trial on the device;
+`time` measures eager and torch.compile. Reference outputs never leave this process.
 
 Usage (by the judge): python -m cuda_agent.judge.reference_worker REQUEST.json
 """
@@ -19,8 +20,9 @@ import torch
 
 from ..backend import get_backend
 from ..task import import_file
+from .compare import compare_trial
 from .process import Channel
-from .tensors import clone, detach_cpu, to_device, to_double
+from .tensors import checksum, clone, make_inputs, to_double
 from .timing import time_callable
 
 
@@ -28,75 +30,112 @@ class ReferenceFailure(Exception):
     pass
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def _step(what: str, fn, *args):
     try:
         return fn(*args)
     except Exception as exc:  # the task itself is broken: report one clear line
-        raise ReferenceFailure(f"{what} failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+        raise ReferenceFailure(f"{what} failed: {_first_line(exc)}") from exc
 
 
-def run(req: dict, chan: Channel) -> None:
-    backend = get_backend(req["backend"])
-    device = backend.device
-    precision = backend.precision_flags(req["allow_tf32"])
-    module = _step("importing the reference", import_file, req["task_path"], "reference_task")
-    for name in ("Model", "get_inputs", "get_init_inputs"):
-        if not hasattr(module, name):
-            raise ReferenceFailure(f"the reference defines no {name}")
+class Reference:
+    def __init__(self, req: dict):
+        self.req = req
+        self.backend = get_backend(req["backend"])
+        self.device = self.backend.device
+        self.precision = self.backend.precision_flags(req["allow_tf32"])
+        self.module = _step("importing the reference", import_file, req["task_path"], "reference_task")
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            if not hasattr(self.module, name):
+                raise ReferenceFailure(f"the reference defines no {name}")
+        torch.manual_seed(req["init_seed"])
+        self.init_inputs = list(_step("get_init_inputs()", self.module.get_init_inputs))
+        with torch.device(self.device):
+            self.model = _step("building Model(*get_init_inputs())",
+                               lambda: self.module.Model(*self.init_inputs).to(self.device).eval())
+        self.model64 = None
+        self.trial: dict = {}
+        probe = _step("get_inputs()", make_inputs, self.module, req["init_seed"], self.device)
+        with torch.no_grad():  # a reference that cannot run is reported before any candidate is judged
+            _step("Model.forward", lambda: self.model(*probe))
+        del probe
 
-    torch.manual_seed(req["init_seed"])
-    init_inputs = _step("get_init_inputs()", module.get_init_inputs)
-    model = _step("building Model(*get_init_inputs())", lambda: module.Model(*init_inputs).to(device).eval())
+    def publish(self, public: Path) -> None:
+        torch.save(self.init_inputs, public / "init_inputs.pt")
+        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, public / "state_dict.pt")
 
-    input_sets, outputs, outputs64 = [], [], []
-    model64 = None
-    with torch.no_grad():
-        for seed in req["seeds"]:
-            torch.manual_seed(seed)
-            inputs = to_device(_step("get_inputs()", module.get_inputs), device)
-            out = _step("Model.forward", lambda: model(*clone(inputs)))
-            backend.synchronize()
-            input_sets.append(detach_cpu(inputs))
-            outputs.append(detach_cpu(out))
+    def run_trial(self, seed: int) -> list[str]:
+        inputs = _step("get_inputs()", make_inputs, self.module, seed, self.device)
+        sums = checksum(inputs)
+        with torch.no_grad():
+            out = _step("Model.forward", lambda: self.model(*clone(inputs)))
+            out64 = None
             try:
-                if model64 is None:
-                    model64 = copy.deepcopy(model).double()
-                outputs64.append(detach_cpu(model64(*to_double(clone(inputs)))))
-            except Exception:  # some ops have no fp64 kernel: the error baseline is then unknown
-                outputs64.append(None)
+                if self.model64 is None:
+                    self.model64 = copy.deepcopy(self.model).double()
+                out64 = self.model64(*to_double(inputs))
+            except Exception:  # some ops have no fp64 kernel: fp32 eager's own error is then unknown
+                self.model64 = None
+        self.backend.synchronize()
+        self.trial = {"outputs": out, "outputs64": out64}
+        return sums
 
-    public, private = Path(req["public_dir"]), Path(req["private_dir"])
-    torch.save({"init_inputs": list(init_inputs), "inputs": input_sets}, public / "inputs.pt")
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, public / "state_dict.pt")
-    torch.save({"outputs": outputs, "outputs64": outputs64}, private / "reference.pt")
-    chan.send("ready", device=backend.describe_device(), torch_version=torch.__version__, precision=precision)
+    def compare(self, manifest_path: str, label: str) -> dict:
+        manifest = json.loads(Path(manifest_path).read_text())
+        result = compare_trial(manifest, self.trial["outputs"], self.trial["outputs64"], self.req["atol"],
+                               self.req["rtol"], self.device, label)
+        self.trial = {}
+        if self.device == "cuda":
+            torch.cuda.empty_cache()  # leave the memory to the candidate
+        return result
 
-    if chan.receive().get("command") != "time":  # the judge has these baselines cached
-        return
-    timing = req["timing"]
-    inputs = to_device(input_sets[0], device)
-    with torch.no_grad():
-        eager = time_callable(lambda: model(*inputs), backend, **timing)
-        compiled_stats, compile_error = None, None
-        try:
-            compiled = torch.compile(model, mode=None if req["compile_mode"] == "default" else req["compile_mode"])
-            compiled_stats = time_callable(lambda: compiled(*inputs), backend, **timing)
-        except Exception as exc:
-            compile_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    chan.send("baselines", eager=eager, compile=compiled_stats, compile_error=compile_error)
+    def time_baselines(self, seed: int) -> dict:
+        timing = self.req["timing"]
+        inputs = make_inputs(self.module, seed, self.device)
+        with torch.no_grad():
+            eager = time_callable(lambda: self.model(*inputs), self.backend, **timing)
+            compiled_stats, compile_error = None, None
+            try:
+                mode = self.req["compile_mode"]
+                compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
+                compiled_stats = time_callable(lambda: compiled(*inputs), self.backend, **timing)
+            except Exception as exc:
+                compile_error = _first_line(exc)
+        return {"eager": eager, "compile": compiled_stats, "compile_error": compile_error}
+
+
+def serve(req: dict, chan: Channel) -> None:
+    ref = Reference(req)
+    ref.publish(Path(req["public_dir"]))
+    chan.send("ready", device=ref.backend.describe_device(), torch_version=torch.__version__,
+              precision=ref.precision)
+    while True:
+        cmd = chan.receive()
+        command = cmd.get("command")
+        if command == "trial":
+            chan.send("trial_ready", checksums=ref.run_trial(int(cmd["seed"])))
+        elif command == "compare":
+            chan.send("compared", result=ref.compare(cmd["manifest"], cmd["label"]))
+        elif command == "time":
+            chan.send("baselines", **ref.time_baselines(int(cmd["seed"])))
+        else:
+            return
 
 
 def main() -> None:
     req = json.loads(Path(sys.argv[1]).read_text())
     chan = Channel()
     try:
-        run(req, chan)
+        serve(req, chan)
     except ReferenceFailure as exc:
         chan.send("task_error", error=str(exc))
     except Exception as exc:
         traceback.print_exc()
-        chan.send("task_error", error=f"reference worker failed: {type(exc).__name__}: {exc}")
-    chan.send("done")
+        chan.send("task_error", error=f"reference worker failed: {_first_line(exc)}")
 
 
 if __name__ == "__main__":
