@@ -91,14 +91,18 @@ class Candidate:
             model_cls = getattr(import_file(build_dir / "model_new.py", "model_new"), "ModelNew")
         except Exception as exc:
             raise Stop("load_error", f"loading the candidate failed: {_one_line(exc)}") from exc
+        self.model_cls = model_cls
+        self.audit = OpAudit(tuple(req["allowed_ops"]))
         # The task module only supplies get_inputs(): Model itself is never built in this process.
         self.task = import_file(req["task_path"], "task_inputs")
-        public = Path(req["public_dir"])
+
+    def initialise(self, public: Path) -> None:
+        """Build ModelNew with the reference's constructor arguments and weights (strict)."""
         init_inputs = torch.load(public / "init_inputs.pt", weights_only=True)
         state = torch.load(public / "state_dict.pt", weights_only=True)
         try:
             with torch.device(self.device):
-                self.model = model_cls(*init_inputs).to(self.device).eval()
+                self.model = self.model_cls(*init_inputs).to(self.device).eval()
         except Exception as exc:
             raise Stop("verify_error", f"ModelNew(*get_init_inputs()) failed: {_one_line(exc)}") from exc
         try:
@@ -106,7 +110,6 @@ class Candidate:
         except Exception as exc:
             raise Stop("verify_error", f"ModelNew does not take Model's state dict (strict): {_one_line(exc)}") \
                 from exc
-        self.audit = OpAudit(tuple(req["allowed_ops"]))
 
     def run_trial(self, k: int, seed: int) -> dict:
         inputs = make_inputs(self.task, seed, self.device)
@@ -133,7 +136,10 @@ def serve(req: dict, chan: Channel) -> None:
     chan.send("loaded")
     while True:
         cmd = chan.receive()
-        if cmd.get("command") == "trial":
+        if cmd.get("command") == "init":
+            cand.initialise(Path(cmd["public_dir"]))
+            chan.send("initialised")
+        elif cmd.get("command") == "trial":
             chan.send("trial_done", **cand.run_trial(int(cmd["k"]), int(cmd["seed"])))
         elif cmd.get("command") == "time":
             chan.send("timed", stats=cand.time(int(cmd["seed"])))

@@ -36,6 +36,19 @@ from .verdict import Verdict
 PRECISION_WARN_RATIO = 10.0
 
 
+class Phases:
+    """Wall time of each evaluation phase, recorded in the verdict (where an evaluation spends its time)."""
+
+    def __init__(self, verdict: Verdict):
+        self.verdict = verdict
+        self.last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.verdict.phases_s[name] = round(now - self.last, 3)
+        self.last = now
+
+
 class Judge:
     def __init__(self, backend: str | Backend = "cuda", config: JudgeConfig | None = None):
         self.config = config or JudgeConfig()
@@ -80,31 +93,39 @@ class Judge:
             "compile_mode": cfg.compile_mode, "timing": self._timing(),
         }, run_dir / "reference", self._worker_env())
         worker: WorkerProcess | None = None
+        phases = Phases(verdict)
         try:
             verdict.policy_violations = scan_sources(cand.text(), cfg.policy)
             build = self._build(cand, run_dir / "build")  # meanwhile the reference worker builds Model
+            phases.mark("build")
             verdict.compiled = build.ok
             verdict.build = {"seconds": round(build.seconds, 3), "log": build.log[-20000:],
                              "steps": [{"source": s.source, "cached": s.cached, "seconds": round(s.seconds, 3)}
                                        for s in build.steps]}
+            if build.ok and not verdict.policy_violations:  # starts while the reference worker is still busy
+                worker = WorkerProcess("cuda_agent.judge.candidate_worker", {
+                    "build_dir": str(build.build_dir), "kind": cand.kind, "backend": self.backend.name,
+                    "task_path": str(task.path), "out_dir": str(transfer), "allow_tf32": cfg.allow_tf32,
+                    "allowed_ops": list(cfg.policy.allowed_ops), "timing": self._timing(),
+                    "extension_cache": str(self.cache_dir / "extensions"),
+                }, run_dir / "candidate", self._worker_env())
             msg = self._reference_message(task, ref, "ready", time.monotonic() + cfg.reference_timeout_s)
+            phases.mark("reference_ready")
             verdict.device, verdict.torch_version, verdict.precision = \
                 msg["device"], msg["torch_version"], msg["precision"]
             if not build.ok:
                 verdict.error = build.error
                 return
-            if verdict.policy_violations:
+            if verdict.policy_violations or worker is None:
                 verdict.error = f"policy violation: {verdict.policy_violations[0]}"
                 return
-            worker = WorkerProcess("cuda_agent.judge.candidate_worker", {
-                "build_dir": str(build.build_dir), "kind": cand.kind, "backend": self.backend.name,
-                "task_path": str(task.path), "public_dir": str(public), "out_dir": str(transfer),
-                "allow_tf32": cfg.allow_tf32, "allowed_ops": list(cfg.policy.allowed_ops),
-                "timing": self._timing(), "extension_cache": str(self.cache_dir / "extensions"),
-            }, run_dir / "candidate", self._worker_env())
             load_budget = cfg.build_timeout_s if cand.kind == "single_file" else cfg.run_timeout_s
             msg = worker.receive(time.monotonic() + load_budget)
-            if msg["event"] != "loaded":
+            if msg["event"] == "loaded":
+                worker.send({"command": "init", "public_dir": str(public)})
+                msg = worker.receive(time.monotonic() + cfg.run_timeout_s)
+            phases.mark("candidate_load")
+            if msg["event"] not in ("loaded", "initialised"):
                 verdict.compiled = msg["event"] != "load_error"
                 verdict.error = msg.get("error", f"unexpected message {msg}")
                 return
@@ -112,10 +133,13 @@ class Judge:
             deadline = time.monotonic() + cfg.run_timeout_s
             if not self._verify(task, ref, worker, seeds, transfer, deadline, verdict):
                 return
+            phases.mark("verify")
             baselines = self._baselines(task, ref, verdict)
+            phases.mark("baselines")
             ref.close()
             worker.send({"command": "time", "seed": secrets.randbelow(2**31)})
             msg = worker.receive(deadline)
+            phases.mark("time_candidate")
             if msg["event"] != "timed":
                 verdict.correct, verdict.error = False, f"timing failed: {msg.get('error', msg)}"
                 return

@@ -34,6 +34,7 @@ class Verdict:
     candidate: dict[str, Any] = field(default_factory=dict)
     build: dict[str, Any] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=list)
+    phases_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
