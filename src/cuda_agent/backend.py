@@ -156,9 +156,7 @@ class CpuBackend(Backend):
         return [*super().link_command(objs, out, libraries), "-fopenmp"]
 
     def describe_device(self) -> str:
-        import platform
-
-        return f"cpu:{platform.processor() or platform.machine()} x{os.cpu_count()}"
+        return f"cpu:{_cpu_model()} x{os.cpu_count()}"
 
     def make_cache_flusher(self) -> Callable[[], None]:
         import torch
@@ -253,6 +251,16 @@ class CudaBackend(Backend):
         from .judge.gpu_timing import measure_with_profiler
 
         return measure_with_profiler(fn, iters, flush)
+
+
+def _cpu_model() -> str:
+    import platform
+
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,75 @@
+"""The command line, end to end on the CPU backend."""
+
+import json
+import shutil
+
+from typer.testing import CliRunner
+
+from conftest import CANDIDATES, TASKS
+from cuda_agent.cli import app
+
+runner = CliRunner()
+
+
+def test_eval_json_verdict_has_the_documented_keys(cache_dir):
+    result = runner.invoke(app, ["eval", str(TASKS / "affine_relu.py"), "--solution",
+                                 str(CANDIDATES / "affine_relu_ok"), "--backend", "cpu", "--json",
+                                 "--cache-dir", str(cache_dir)])
+    assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)
+    for key in ("reward", "compiled", "correct", "policy_violations", "error", "times_us", "speedup_vs_eager",
+                "speedup_vs_compile", "max_abs_error", "backend", "device", "torch_version"):
+        assert key in verdict
+    assert set(verdict["times_us"]) == {"eager", "compile", "candidate"}
+    assert verdict["reward"] >= 2 and verdict["backend"] == "cpu"
+
+
+def test_eval_prints_a_readable_verdict(cache_dir):
+    result = runner.invoke(app, ["eval", str(TASKS / "affine_relu.py"), "--solution",
+                                 str(CANDIDATES / "affine_relu_ok"), "--backend", "cpu", "--cache-dir", str(cache_dir)])
+    assert result.exit_code == 0, result.output
+    assert "reward" in result.stdout and "speedup" in result.stdout
+
+
+def test_bad_input_is_one_clear_error_line(cache_dir, tmp_path):
+    result = runner.invoke(app, ["eval", str(TASKS / "broken" / "no_model.py"), "--solution",
+                                 str(CANDIDATES / "affine_relu_ok"), "--backend", "cpu", "--cache-dir", str(cache_dir)])
+    assert result.exit_code == 2 and "missing Model" in result.output
+    result = runner.invoke(app, ["eval", str(TASKS / "affine_relu.py"), "--solution", str(tmp_path / "nope"),
+                                 "--backend", "cpu", "--cache-dir", str(cache_dir)])
+    assert result.exit_code == 2 and "no such file or folder" in result.output
+    result = runner.invoke(app, ["eval", str(TASKS / "affine_relu.py"), "--solution", str(tmp_path),
+                                 "--backend", "tpu", "--cache-dir", str(cache_dir)])
+    assert result.exit_code == 2 and "unknown backend" in result.output
+
+
+def test_eval_suite_reports_levels_and_resumes(cache_dir, tmp_path):
+    suite, solutions = tmp_path / "suite", tmp_path / "solutions"
+    (suite / "level1").mkdir(parents=True)
+    (suite / "level2").mkdir()
+    shutil.copy(TASKS / "affine_relu.py", suite / "level1" / "1_AffineReLU.py")
+    shutil.copy(TASKS / "linear_gelu.py", suite / "level1" / "2_LinearGELU.py")  # no solution: a failure
+    shutil.copy(TASKS / "affine_relu.py", suite / "level2" / "1_Affine.py")
+    shutil.copytree(CANDIDATES / "affine_relu_ok", solutions / "level1" / "1_AffineReLU")
+    (solutions / "level2").mkdir(parents=True)
+    shutil.copy(CANDIDATES / "affine_relu_single.py", solutions / "level2" / "1_Affine.py")
+    args = ["eval-suite", str(suite), "--solutions", str(solutions), "--levels", "1,2", "--backend", "cpu", "--json",
+            "--cache-dir", str(cache_dir), "--db", str(tmp_path / "results.sqlite")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    level1, overall = report["levels"]["level1"], report["overall"]
+    assert level1["n"] == 2 and level1["pass_rate"] == 0.5 and level1["faster_than_eager"] == 0.5
+    assert report["levels"]["level2"]["n"] == 1 and overall["n"] == 3
+    assert overall["geomean_speedup_vs_eager"] > 1.0
+    for key in ("pass_rate", "faster_than_eager", "faster_than_compile", "geomean_speedup_vs_eager",
+                "geomean_speedup_vs_compile"):
+        assert key in overall
+    missing = [t for t in report["tasks"] if t["task"] == "level1/2_LinearGELU.py"][0]
+    assert "no solution" in missing["verdict"]["error"]
+
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0
+    rerun = json.loads(again.stdout)
+    assert [t["verdict"]["seeds"] for t in rerun["tasks"]] == [t["verdict"]["seeds"] for t in report["tasks"]]
+    assert "resumed" in again.stderr

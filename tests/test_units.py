@@ -1,0 +1,143 @@
+"""Unit tests: reward, policy scan, comparison, timing-trace parsing, task and candidate loading."""
+
+import pytest
+import torch
+
+from cuda_agent.judge.compare import compare_tensor, compare_trial
+from cuda_agent.judge.config import PolicyConfig
+from cuda_agent.judge.gpu_timing import spans_from_trace
+from cuda_agent.judge.policy import scan_sources
+from cuda_agent.judge.reward import milestone_reward
+from cuda_agent.judge.tensors import checksum, write_outputs
+from cuda_agent.task import TaskError, load_task
+from cuda_agent.workspace.candidate import CandidateError, load_candidate
+
+
+@pytest.mark.parametrize("correct, t, eager, compiled, reward", [
+    (False, 1.0, 10.0, 10.0, -1),
+    (True, None, 10.0, 10.0, -1),
+    (True, 5.0, 10.0, 10.0, 3),
+    (True, 5.0, 10.0, 5.1, 1 + 1),   # beats eager by 50%, compile by only 2%: reward 2
+    (True, 9.6, 10.0, 20.0, 1),      # 4% faster than eager is not > 5%
+    (True, 9.4, 10.0, 20.0, 3),
+    (True, 12.0, 10.0, 5.0, 1),      # slower than both, still correct
+])
+def test_milestone_reward(correct, t, eager, compiled, reward):
+    assert milestone_reward(correct, t, eager, compiled) == reward
+
+
+def scan(text, name="kernels/k_binding.cpp", policy=None):
+    return scan_sources({name: text}, policy or PolicyConfig())
+
+
+def test_scan_allows_allocation_streams_and_types():
+    src = """
+    #include <torch/types.h>
+    #include <c10/cuda/CUDAStream.h>
+    #include <cublas_v2.h>
+    torch::Tensor f(torch::Tensor a) {  // torch::matmul(a, a) in a comment is fine
+        auto out = torch::empty_like(a);
+        auto buf = torch::empty({4}, torch::TensorOptions().dtype(torch::kFloat32));
+        auto s = at::cuda::getCurrentCUDAStream();
+        cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, nullptr, nullptr, 1, nullptr, 1, nullptr, nullptr, 1);
+        return out;
+    }"""
+    assert scan(src) == []
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("return torch::matmul(a, b);", "torch::matmul"),
+    ("return at::softmax(a, 1);", "at::softmax"),
+    ("return torch::nn::functional::relu(a);", "torch::nn::functional::relu"),
+    ("#include <cutlass/gemm/device/gemm.h>", "library not allowed"),
+    ("#include <thrust/sort.h>", "library not allowed"),
+    ("cublasSaxpy(h, n, &a, x, 1, y, 1);", "cublasSaxpy"),
+    ("cudnnSoftmaxForward(h, algo, mode, a, d, x, b, d, y);", "cudnnSoftmaxForward"),
+])
+def test_scan_flags_torch_compute_and_foreign_libraries(line, needle):
+    found = scan(f"void f() {{\n{line}\n}}")
+    assert len(found) == 1 and needle in found[0] and ":2:" in found[0], found
+
+
+def test_scan_policy_is_configurable():
+    assert scan("#include <cublas_v2.h>", policy=PolicyConfig(allow_cublas_gemm=False))
+    assert not scan("return torch::relu(a);", policy=PolicyConfig(allowed_cxx_calls=("relu",)))
+
+
+def test_compare_tensor_tolerance_nan_shape_dtype():
+    r = torch.linspace(-1, 1, 1000)
+    ok = compare_tensor(r + 1e-4, r, r.double(), 1e-2, 1e-2, "out")
+    assert ok["ok"] and ok["max_abs"] == pytest.approx(1e-4, rel=1e-2) and ok["rel64"] > 0
+    bad = r.clone()
+    bad[123] += 1.0
+    res = compare_tensor(bad, r, None, 1e-2, 1e-2, "out")
+    assert not res["ok"] and "flat index 123" in res["reason"]
+    nan = r.clone()
+    nan[5] = float("nan")
+    assert "NaN or Inf" in compare_tensor(nan, r, None, 1e-2, 1e-2, "out")["reason"]
+    assert "shape" in compare_tensor(r[:10], r, None, 1e-2, 1e-2, "out")["reason"]
+    assert "dtype" in compare_tensor(r.half(), r, None, 1e-2, 1e-2, "out")["reason"]
+    ints = torch.arange(10)
+    assert not compare_tensor(ints + (ints == 3), ints, None, 1e-2, 1e-2, "out")["ok"]
+
+
+def test_compare_trial_reads_raw_outputs_and_checks_structure(tmp_path):
+    ref = (torch.randn(3, 4), torch.arange(5))
+    manifest = write_outputs((ref[0].clone(), ref[1].clone()), tmp_path / "ok")
+    assert compare_trial(manifest, ref, None, 1e-2, 1e-2, "cpu", "set 0")["ok"]
+    manifest = write_outputs(ref[0].clone(), tmp_path / "single")
+    result = compare_trial(manifest, ref, None, 1e-2, 1e-2, "cpu", "set 0")
+    assert not result["ok"] and "structure" in result["reason"]
+    manifest = write_outputs((ref[0].clone(), ref[1].clone()), tmp_path / "cut")
+    path = manifest["leaves"][0]["file"]
+    open(path, "r+b").truncate(8)
+    assert "unreadable output" in compare_trial(manifest, ref, None, 1e-2, 1e-2, "cpu", "set 0")["reason"]
+
+
+def test_checksum_sees_a_single_changed_element():
+    x = torch.randn(1000)
+    before = checksum([x, 3])
+    y = x.clone()
+    y[999] = y[999] + 1e-3
+    assert checksum([x.clone(), 3]) == before and checksum([y, 3]) != before
+
+
+def test_spans_from_trace_counts_every_stream_inside_each_iteration():
+    events = [
+        {"cat": "user_annotation", "name": "cuda_agent_iter_0", "ts": 100.0, "dur": 50.0},
+        {"cat": "user_annotation", "name": "cuda_agent_iter_1", "ts": 200.0, "dur": 50.0},
+        {"cat": "kernel", "name": "fill", "ts": 90.0, "dur": 5.0},  # the L2 flush, outside every window
+        {"cat": "kernel", "name": "main", "ts": 110.0, "dur": 10.0, "args": {"stream": 7}},
+        {"cat": "kernel", "name": "side", "ts": 115.0, "dur": 20.0, "args": {"stream": 13}},
+        {"cat": "gpu_memcpy", "name": "copy", "ts": 205.0, "dur": 3.0},
+    ]
+    spans, kernels = spans_from_trace(events, 2)
+    assert spans == [25.0, 3.0] and kernels == ["main", "side"]
+    with pytest.raises(RuntimeError):
+        spans_from_trace(events, 3)
+
+
+def test_task_and_candidate_loading_errors(tmp_path):
+    with pytest.raises(TaskError, match="no such file"):
+        load_task(tmp_path / "missing.py")
+    bad = tmp_path / "bad.py"
+    bad.write_text("def get_inputs(:\n")
+    with pytest.raises(TaskError, match="cannot parse"):
+        load_task(bad)
+    with pytest.raises(CandidateError, match="no such file or folder"):
+        load_candidate(tmp_path / "nothing")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(CandidateError, match=".py"):
+        load_candidate(tmp_path / "notes.txt")
+
+
+def test_workspace_candidate_takes_only_declared_files(tmp_path):
+    ws = tmp_path / "ws"
+    (ws / "kernels").mkdir(parents=True)
+    (ws / "model_new.py").write_text("x")
+    (ws / "kernels" / "a.cu").write_text("y")
+    (ws / "binding.cpp").write_text("z")
+    (ws / "utils").mkdir()
+    (ws / "utils" / "verify.py").write_text("w")
+    cand = load_candidate(ws)
+    assert cand.kind == "workspace" and sorted(cand.files) == ["kernels/a.cu", "model_new.py"]
