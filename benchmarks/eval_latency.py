@@ -23,7 +23,8 @@ SOLUTIONS = ROOT / "benchmarks" / "solutions"
 def row(step: str, v) -> dict:
     return {"step": step, "seconds": v.seconds, "build_s": v.build.get("seconds"), "reward": v.reward,
             "eager_us": v.times_us["eager"], "compile_us": v.times_us["compile"],
-            "candidate_us": v.times_us["candidate"], "error": v.error or ""}
+            "candidate_us": v.times_us["candidate"], "error": v.error or "",
+            "phases": " ".join(f"{k}={t:.1f}" for k, t in v.phases_s.items())}
 
 
 def main() -> None:
@@ -48,7 +49,7 @@ def main() -> None:
                 rows.append(row(f"KernelBench {solution.parent.name}/{task.name} ({attempt})",
                                 judge.evaluate(task, solution)))
     write(args.out, f"Evaluation latency ({args.backend})", rows,
-          ["step", "seconds", "build_s", "reward", "eager_us", "compile_us", "candidate_us", "error"],
+          ["step", "seconds", "build_s", "reward", "eager_us", "compile_us", "candidate_us", "phases", "error"],
           {"backend": args.backend})
     shutil.rmtree(tmp, ignore_errors=True)
 

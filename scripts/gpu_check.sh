@@ -2,7 +2,9 @@
 # GPU checks, run on a machine with an NVIDIA GPU (the device machine): the `gpu` tests, the build-speed and
 # evaluation-latency benchmarks, and eval-suite on real KernelBench problems when KERNELBENCH points at them.
 # Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements.md.
+# Usage: scripts/gpu_check.sh [tests] [build] [latency] [suite]   (default: all four)
 set -uo pipefail
+stages=" ${*:-tests build latency suite} "
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -13,11 +15,18 @@ status=0
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c \
   "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; nvcc --version | tail -2; } \
   2>&1 | tee "$OUT/env.txt"
-python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" || status=1
-python3 benchmarks/build_speed.py --backend cuda --out "$OUT/build_speed.json" 2>&1 | tee "$OUT/build_speed.log" || status=1
-python3 benchmarks/eval_latency.py --backend cuda --out "$OUT/eval_latency.json" \
-  ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} 2>&1 | tee "$OUT/eval_latency.log" || status=1
-if [ -n "${KERNELBENCH:-}" ]; then
+if [[ $stages == *" tests "* ]]; then
+  python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" || status=1
+fi
+if [[ $stages == *" build "* ]]; then
+  python3 benchmarks/build_speed.py --backend cuda --out "$OUT/build_speed.json" 2>&1 | tee "$OUT/build_speed.log" \
+    || status=1
+fi
+if [[ $stages == *" latency "* ]]; then
+  python3 benchmarks/eval_latency.py --backend cuda --out "$OUT/eval_latency.json" \
+    ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} 2>&1 | tee "$OUT/eval_latency.log" || status=1
+fi
+if [[ $stages == *" suite "* && -n "${KERNELBENCH:-}" ]]; then
   python3 -m cuda_agent eval-suite "$KERNELBENCH" --solutions benchmarks/solutions --levels 1 --backend cuda \
     --json > "$OUT/suite.json" 2> "$OUT/suite.log" || status=1
   python3 -c "import json; r = json.load(open('$OUT/suite.json')); print('suite overall', r['overall'])" || true

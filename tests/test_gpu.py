@@ -58,3 +58,12 @@ def test_nvcc_error_names_file_and_line(gpu_judge, make_workspace):
     ws = make_workspace("affine_relu_cuda", {KERNEL: [("v.x = fmaxf", "v.x = no_such_function")]})
     verdict = gpu_judge.evaluate(AFFINE, ws)
     assert not verdict.compiled and "kernels/affine_relu.cu(" in verdict.error, verdict.error
+
+
+def test_outputs_cross_by_file_when_cuda_ipc_is_off(cache_dir):
+    from cuda_agent.judge import Judge
+
+    judge = Judge("cuda", fast_config(cache_dir, cuda_ipc=False))
+    verdict = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
+    assert verdict.correct and verdict.reward >= 2, verdict.error
+    assert set(verdict.phases_s) >= {"build", "reference_ready", "candidate_load", "verify", "time_candidate"}

@@ -8,7 +8,8 @@ from cuda_agent.judge.config import PolicyConfig
 from cuda_agent.judge.gpu_timing import spans_from_trace
 from cuda_agent.judge.policy import scan_sources
 from cuda_agent.judge.reward import milestone_reward
-from cuda_agent.judge.tensors import checksum, write_outputs
+from cuda_agent.judge.tensors import checksum
+from cuda_agent.judge.transfer import export_outputs
 from cuda_agent.task import TaskError, load_task
 from cuda_agent.workspace.candidate import CandidateError, load_candidate
 
@@ -83,12 +84,12 @@ def test_compare_tensor_tolerance_nan_shape_dtype():
 
 def test_compare_trial_reads_raw_outputs_and_checks_structure(tmp_path):
     ref = (torch.randn(3, 4), torch.arange(5))
-    manifest = write_outputs((ref[0].clone(), ref[1].clone()), tmp_path / "ok")
+    manifest = export_outputs((ref[0].clone(), ref[1].clone()), tmp_path / "ok", use_ipc=False)
     assert compare_trial(manifest, ref, None, 1e-2, 1e-2, "cpu", "set 0")["ok"]
-    manifest = write_outputs(ref[0].clone(), tmp_path / "single")
+    manifest = export_outputs(ref[0].clone(), tmp_path / "single", use_ipc=False)
     result = compare_trial(manifest, ref, None, 1e-2, 1e-2, "cpu", "set 0")
     assert not result["ok"] and "structure" in result["reason"]
-    manifest = write_outputs((ref[0].clone(), ref[1].clone()), tmp_path / "cut")
+    manifest = export_outputs((ref[0].clone(), ref[1].clone()), tmp_path / "cut", use_ipc=False)
     path = manifest["leaves"][0]["file"]
     open(path, "r+b").truncate(8)
     assert "unreadable output" in compare_trial(manifest, ref, None, 1e-2, 1e-2, "cpu", "set 0")["reason"]

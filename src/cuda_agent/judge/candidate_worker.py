@@ -24,7 +24,8 @@ from ..backend import get_backend
 from ..task import import_file
 from .audit import OpAudit
 from .process import Channel
-from .tensors import checksum, leaves, make_inputs, write_outputs
+from .tensors import checksum, leaves, make_inputs
+from .transfer import export_outputs
 from .timing import time_callable
 
 
@@ -119,7 +120,8 @@ class Candidate:
             self.backend.synchronize()
         except Exception as exc:
             raise Stop("verify_error", f"ModelNew.forward failed on input set {k}: {_one_line(exc)}") from exc
-        manifest = write_outputs(out, Path(self.req["out_dir"]) / f"trial{k}")
+        self.last_outputs = out  # shared outputs must stay alive until the reference has compared them
+        manifest = export_outputs(out, Path(self.req["out_dir"]) / f"trial{k}", self.req["cuda_ipc"])
         manifest_path = Path(self.req["out_dir"]) / f"trial{k}.json"
         manifest_path.write_text(json.dumps(manifest))
         return {"manifest": str(manifest_path), "checksums_after": checksum(inputs),

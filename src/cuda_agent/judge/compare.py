@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from .tensors import leaves, read_tensor, structure
+from .tensors import leaves, structure
+from .transfer import import_tensor
 
 CHUNK = 1 << 25  # elements per comparison step: bounds the float64 temporaries
 
@@ -76,10 +77,10 @@ def compare_trial(manifest: dict, ref: Any, ref64: Any | None, atol: float, rtol
     for item, (path, r) in zip(got, ref_leaves):
         where = f"{label}: {path}"
         if isinstance(r, torch.Tensor):
-            if item.get("kind") != "tensor":
+            if item.get("kind") == "value":
                 return {**out, "ok": False, "reason": f"{where} is a {item.get('type')}, expected a tensor"}
             try:
-                c = read_tensor(item, device)
+                c = import_tensor(item, device)
             except (OSError, ValueError, RuntimeError) as exc:
                 return {**out, "ok": False, "reason": f"{where}: unreadable output ({exc})"}
             res = compare_tensor(c, r, ref64_leaves.get(path), atol, rtol, where)

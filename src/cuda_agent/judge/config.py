@@ -65,6 +65,7 @@ class JudgeConfig:
     reference_timeout_s: float = 900.0  # reference process, including the torch.compile baseline
     cache_dir: Path = field(default_factory=default_cache_dir)
     keep_run_dirs: bool = False
+    cuda_ipc: bool = True  # share CUDA outputs with the comparing process in place (else raw files)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def timing_key(self) -> str:

@@ -108,6 +108,7 @@ class Judge:
                     "task_path": str(task.path), "out_dir": str(transfer), "allow_tf32": cfg.allow_tf32,
                     "allowed_ops": list(cfg.policy.allowed_ops), "timing": self._timing(),
                     "extension_cache": str(self.cache_dir / "extensions"),
+                    "cuda_ipc": self.backend.name == "cuda" and cfg.cuda_ipc,
                 }, run_dir / "candidate", self._worker_env())
             msg = self._reference_message(task, ref, "ready", time.monotonic() + cfg.reference_timeout_s)
             phases.mark("reference_ready")

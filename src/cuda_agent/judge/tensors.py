@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
@@ -96,41 +95,3 @@ def checksum(obj: Any) -> list[str]:
             s2 += int((part * weights).sum())
         sums.append(f"{path}:{list(x.shape)}:{x.dtype}:{s1}:{s2}")
     return sums
-
-
-def write_outputs(obj: Any, folder: Path) -> dict:
-    """Write each tensor leaf as raw bytes; return a JSON-able manifest (no pickles cross the boundary)."""
-    import torch
-
-    folder.mkdir(parents=True, exist_ok=True)
-    items = []
-    for i, (path, x) in enumerate(leaves(obj)):
-        if isinstance(x, torch.Tensor):
-            fname = folder / f"leaf{i}.bin"
-            flat = x.detach().contiguous().reshape(-1)
-            flat.view(torch.uint8).cpu().numpy().tofile(fname)
-            items.append({"path": path, "kind": "tensor", "dtype": str(x.dtype).removeprefix("torch."),
-                          "shape": list(x.shape), "file": str(fname)})
-        else:
-            items.append({"path": path, "kind": "value", "value": x if isinstance(x, (int, float, bool)) or x is None
-                          else repr(x), "type": type(x).__name__})
-    return {"structure": structure(obj), "leaves": items}
-
-
-def read_tensor(item: dict, device: str) -> Any:
-    """Load one raw tensor leaf written by `write_outputs`, validating its size."""
-    import numpy as np
-    import torch
-
-    dtype = getattr(torch, str(item["dtype"]), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {item['dtype']!r}")
-    shape = [int(s) for s in item["shape"]]
-    numel = 1
-    for s in shape:
-        numel *= s
-    raw = np.fromfile(str(item["file"]), dtype=np.uint8)
-    expected = numel * torch.empty((), dtype=dtype).element_size()
-    if raw.size != expected:
-        raise ValueError(f"{item['path']}: {raw.size} bytes on disk, {expected} expected")
-    return torch.from_numpy(raw).view(dtype).reshape(shape).to(device)
