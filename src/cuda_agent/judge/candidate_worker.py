@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,9 @@ def serve(req: dict, chan: Channel) -> None:
             cand.initialise(Path(cmd["public_dir"]))
             chan.send("initialised")
         elif cmd.get("command") == "trial":
-            chan.send("trial_done", **cand.run_trial(int(cmd["k"]), int(cmd["seed"])))
+            start = time.perf_counter()
+            done = cand.run_trial(int(cmd["k"]), int(cmd["seed"]))
+            chan.send("trial_done", **done, seconds=time.perf_counter() - start)
         elif cmd.get("command") == "time":
             chan.send("timed", stats=cand.time(int(cmd["seed"])))
         else:

@@ -181,8 +181,9 @@ class Judge:
             label = f"input set {k}"
             ref.send({"command": "trial", "seed": seed})
             worker.send({"command": "trial", "k": k, "seed": seed})
-            expected = self._reference_message(task, ref, "trial_ready", time.monotonic() +
-                                               self.config.reference_timeout_s)["checksums"]
+            ready = self._reference_message(task, ref, "trial_ready", time.monotonic() +
+                                            self.config.reference_timeout_s)
+            expected = ready["checksums"]
             msg = worker.receive(deadline)
             if msg["event"] != "trial_done":
                 verdict.error = msg.get("error", f"unexpected message {msg}")
@@ -200,8 +201,13 @@ class Judge:
                 verdict.error = f"policy violation: {verdict.policy_violations[0]}"
                 return False
             ref.send({"command": "compare", "manifest": msg["manifest"], "label": label})
-            result = self._reference_message(task, ref, "compared", time.monotonic() +
-                                             self.config.reference_timeout_s)["result"]
+            compared = self._reference_message(task, ref, "compared", time.monotonic() +
+                                               self.config.reference_timeout_s)
+            result = compared["result"]
+            for name, seconds in (("reference", ready["seconds"]), ("candidate", msg["seconds"]),
+                                  ("compare", compared["seconds"])):
+                key = f"verify_{name}"
+                verdict.phases_s[key] = round(verdict.phases_s.get(key, 0.0) + seconds, 3)
             shutil.rmtree(transfer / f"trial{k}", ignore_errors=True)
             verdict.max_abs_error = max(verdict.max_abs_error, result["max_abs"])
             verdict.max_rel_error = max(verdict.max_rel_error, result["rel"])

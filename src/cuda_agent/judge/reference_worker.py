@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -116,10 +117,13 @@ def serve(req: dict, chan: Channel) -> None:
     while True:
         cmd = chan.receive()
         command = cmd.get("command")
+        start = time.perf_counter()
         if command == "trial":
-            chan.send("trial_ready", checksums=ref.run_trial(int(cmd["seed"])))
+            sums = ref.run_trial(int(cmd["seed"]))
+            chan.send("trial_ready", checksums=sums, seconds=time.perf_counter() - start)
         elif command == "compare":
-            chan.send("compared", result=ref.compare(cmd["manifest"], cmd["label"]))
+            result = ref.compare(cmd["manifest"], cmd["label"])
+            chan.send("compared", result=result, seconds=time.perf_counter() - start)
         elif command == "time":
             chan.send("baselines", **ref.time_baselines(int(cmd["seed"])))
         else:
