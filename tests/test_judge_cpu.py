@@ -14,7 +14,7 @@ STORE = "out[i] = std::max(x[i] * scale + shift, 0.f) * 0.5f;"
 
 def assert_judge_still_works(judge: Judge, workspace) -> None:
     verdict = judge.evaluate(AFFINE, workspace)
-    assert verdict.correct and verdict.reward >= 2, verdict.error
+    assert verdict.correct and verdict.reward >= 1, verdict.error
 
 
 def test_correct_faster_workspace_earns_reward_2_or_more(cpu_judge):
@@ -114,30 +114,23 @@ def test_single_file_load_inline_candidate(cpu_judge):
     assert verdict.candidate["kind"] == "single_file"
 
 
+def python_candidate(folder, init_args: str, init_body: str, forward_body: str):
+    """A single-file candidate whose ModelNew is plain Python (for checks that need no kernel)."""
+    path = folder / "model_new_py.py"
+    path.write_text(f"import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self, {init_args}):\n"
+                    f"        super().__init__()\n        {init_body}\n\n    def forward(self, x):\n"
+                    f"        return {forward_body}\n")
+    return path
+
+
 def test_state_dict_must_load_strictly(cpu_judge, tmp_path):
-    bad = tmp_path / "renamed.py"
-    bad.write_text(
-        "import torch\n"
-        "class ModelNew(torch.nn.Module):\n"
-        "    def __init__(self, features):\n"
-        "        super().__init__()\n"
-        "        self.proj = torch.nn.Linear(features, features)\n"
-        "    def forward(self, x):\n"
-        "        return x\n")
-    verdict = cpu_judge.evaluate(TASKS / "linear_gelu.py", bad)
+    renamed = python_candidate(tmp_path, "features", "self.proj = torch.nn.Linear(features, features)", "x")
+    verdict = cpu_judge.evaluate(TASKS / "linear_gelu.py", renamed)
     assert verdict.reward == -1 and "state dict" in verdict.error
 
 
 def test_output_aliasing_an_input_fails(cpu_judge, tmp_path):
-    alias = tmp_path / "alias.py"
-    alias.write_text(
-        "import torch\n"
-        "class ModelNew(torch.nn.Module):\n"
-        "    def __init__(self, scale, shift):\n"
-        "        super().__init__()\n"
-        "    def forward(self, x):\n"
-        "        return x.view(-1)\n")
-    verdict = cpu_judge.evaluate(AFFINE, alias)
+    verdict = cpu_judge.evaluate(AFFINE, python_candidate(tmp_path, "scale, shift", "pass", "x.view(-1)"))
     assert verdict.reward == -1 and "aliases an input" in verdict.error
 
 
@@ -148,8 +141,16 @@ def test_input_mutation_fails(cpu_judge, make_workspace):
     assert verdict.reward == -1 and "modified in place" in verdict.error
 
 
+def test_out_of_memory_is_a_failure_verdict(cpu_judge, tmp_path):
+    greedy = python_candidate(tmp_path, "scale, shift", "pass", "torch.empty(1 << 50, dtype=torch.float32)")
+    verdict = cpu_judge.evaluate(AFFINE, greedy)
+    assert verdict.reward == -1 and "ModelNew.forward failed" in verdict.error
+    assert "alloc" in verdict.error.lower() or "memory" in verdict.error.lower(), verdict.error
+
+
 @pytest.mark.parametrize("name, message", [
     ("no_model.py", "missing Model"),
+    ("import_error.py", "importing the reference failed: ModuleNotFoundError"),
     ("bad_inputs.py", "get_inputs() failed: RuntimeError: this reference cannot make inputs"),
 ])
 def test_broken_reference_is_a_clear_task_error(cpu_judge, name, message):

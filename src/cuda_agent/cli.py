@@ -25,10 +25,13 @@ BACKEND_HELP = "cuda (the product) or cpu (C++/OpenMP kernels, for machines with
 
 
 def _judge(backend: str, atol: float, rtol: float, trials: int, seed: Optional[int], allow_tf32: bool,
-           cache_dir: Optional[Path], keep: bool):
+           cache_dir: Optional[Path], keep: bool, compile_mode: str = "default", timeout: float = 300.0):
     from .judge import Judge, JudgeConfig
 
-    config = JudgeConfig(atol=atol, rtol=rtol, num_trials=trials, allow_tf32=allow_tf32, keep_run_dirs=keep)
+    if trials < 1:
+        raise BackendError("--trials must be at least 1")
+    config = JudgeConfig(atol=atol, rtol=rtol, num_trials=trials, allow_tf32=allow_tf32, keep_run_dirs=keep,
+                         compile_mode=compile_mode, run_timeout_s=timeout)
     if seed is not None:
         config.seeds = tuple(seed + i for i in range(trials))
     if cache_dir is not None:
@@ -81,12 +84,15 @@ def eval_cmd(
     trials: int = typer.Option(5, help="random input sets to verify on"),
     seed: Optional[int] = typer.Option(None, help="fix the input seeds (default: fresh random seeds)"),
     allow_tf32: bool = typer.Option(False, help="allow TF32 in baselines and candidate alike"),
+    compile_mode: str = typer.Option("default", help="torch.compile mode of the baseline (default, "
+                                     "reduce-overhead, max-autotune, ...)"),
+    timeout: float = typer.Option(300.0, help="seconds the candidate process may take to load, verify and time"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache (default ~/.cache/cuda-agent or $CUDA_AGENT_CACHE)"),
     keep: bool = typer.Option(False, help="keep the evaluation's working folder for debugging"),
 ) -> None:
     """Judge one candidate against a reference: build, verify, audit, time, reward."""
     try:
-        judge = _judge(backend, atol, rtol, trials, seed, allow_tf32, cache_dir, keep)
+        judge = _judge(backend, atol, rtol, trials, seed, allow_tf32, cache_dir, keep, compile_mode, timeout)
         with err.status(f"judging {solution} against {reference.name} on {backend}..."):
             verdict = judge.evaluate(reference, solution)
     except (TaskError, CandidateError, BackendError) as exc:
@@ -108,6 +114,8 @@ def eval_suite_cmd(
     rtol: float = typer.Option(1e-2, help="relative tolerance"),
     trials: int = typer.Option(5, help="random input sets per task"),
     allow_tf32: bool = typer.Option(False, help="allow TF32 in baselines and candidates alike"),
+    compile_mode: str = typer.Option("default", help="torch.compile mode of the baseline"),
+    timeout: float = typer.Option(300.0, help="seconds each candidate process may take to load, verify and time"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
     db: Optional[Path] = typer.Option(None, help="results database (default: in the cache); reruns resume from it"),
 ) -> None:
@@ -120,7 +128,7 @@ def eval_suite_cmd(
     try:
         level_list = [int(x) for x in levels.split(",") if x.strip()]
         tasks = discover(suite_dir, level_list)
-        judge = _judge(backend, atol, rtol, trials, None, allow_tf32, cache_dir, False)
+        judge = _judge(backend, atol, rtol, trials, None, allow_tf32, cache_dir, False, compile_mode, timeout)
     except ValueError:
         _fail(f"--levels must be comma-separated integers, got '{levels}'")
     except (FileNotFoundError, BackendError) as exc:

@@ -13,9 +13,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import sys
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -24,25 +21,10 @@ import torch
 from ..backend import get_backend
 from ..task import import_file
 from .audit import OpAudit
-from .process import Channel
+from .process import Channel, WorkerFailure, one_line, run_worker
 from .tensors import checksum, leaves, make_inputs
 from .transfer import export_outputs
 from .timing import time_callable
-
-
-class Stop(Exception):
-    """Ends the worker with one event (`load_error` or `verify_error`) and its message."""
-
-    def __init__(self, event: str, error: str):
-        super().__init__(error)
-        self.event = event
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    detail = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")
-    return f"{type(exc).__name__}: {detail[:500]}"
 
 
 def route_load_inline(cache_dir: Path) -> None:
@@ -92,7 +74,7 @@ class Candidate:
         try:
             model_cls = getattr(import_file(build_dir / "model_new.py", "model_new"), "ModelNew")
         except Exception as exc:
-            raise Stop("load_error", f"loading the candidate failed: {_one_line(exc)}") from exc
+            raise WorkerFailure("load_error", f"loading the candidate failed: {one_line(exc)}") from exc
         self.model_cls = model_cls
         self.audit = OpAudit(tuple(req["allowed_ops"]))
         # The task module only supplies get_inputs(): Model itself is never built in this process.
@@ -106,11 +88,11 @@ class Candidate:
             with torch.device(self.device):
                 self.model = self.model_cls(*init_inputs).to(self.device).eval()
         except Exception as exc:
-            raise Stop("verify_error", f"ModelNew(*get_init_inputs()) failed: {_one_line(exc)}") from exc
+            raise WorkerFailure("verify_error", f"ModelNew(*get_init_inputs()) failed: {one_line(exc)}") from exc
         try:
             self.model.load_state_dict(state, strict=True)
         except Exception as exc:
-            raise Stop("verify_error", f"ModelNew does not take Model's state dict (strict): {_one_line(exc)}") \
+            raise WorkerFailure("verify_error", f"ModelNew does not take Model's state dict (strict): {one_line(exc)}") \
                 from exc
 
     def run_trial(self, k: int, seed: int) -> dict:
@@ -120,7 +102,7 @@ class Candidate:
                 out = self.model(*inputs)
             self.backend.synchronize()
         except Exception as exc:
-            raise Stop("verify_error", f"ModelNew.forward failed on input set {k}: {_one_line(exc)}") from exc
+            raise WorkerFailure("verify_error", f"ModelNew.forward failed on input set {k}: {one_line(exc)}") from exc
         self.last_outputs = out  # shared outputs must stay alive until the reference has compared them
         manifest = export_outputs(out, Path(self.req["out_dir"]) / f"trial{k}", self.req["cuda_ipc"])
         manifest_path = Path(self.req["out_dir"]) / f"trial{k}.json"
@@ -134,35 +116,20 @@ class Candidate:
             return time_callable(lambda: self.model(*inputs), self.backend, **self.req["timing"])
 
 
-def serve(req: dict, chan: Channel) -> None:
+def start(req: dict, chan: Channel) -> dict:
     cand = Candidate(req)
     chan.send("loaded")
-    while True:
-        cmd = chan.receive()
-        if cmd.get("command") == "init":
-            cand.initialise(Path(cmd["public_dir"]))
-            chan.send("initialised")
-        elif cmd.get("command") == "trial":
-            start = time.perf_counter()
-            done = cand.run_trial(int(cmd["k"]), int(cmd["seed"]))
-            chan.send("trial_done", **done, seconds=time.perf_counter() - start)
-        elif cmd.get("command") == "time":
-            chan.send("timed", stats=cand.time(int(cmd["seed"])))
-        else:
-            return
 
+    def initialise(cmd: dict) -> tuple[str, dict]:
+        cand.initialise(Path(cmd["public_dir"]))
+        return "initialised", {}
 
-def main() -> None:
-    req = json.loads(Path(sys.argv[1]).read_text())
-    chan = Channel()
-    try:
-        serve(req, chan)
-    except Stop as stop:
-        chan.send(stop.event, error=str(stop))
-    except Exception as exc:
-        traceback.print_exc()
-        chan.send("verify_error", error=f"candidate worker failed: {_one_line(exc)}")
+    return {
+        "init": initialise,
+        "trial": lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]))),
+        "time": lambda cmd: ("timed", {"stats": cand.time(int(cmd["seed"]))}),
+    }
 
 
 if __name__ == "__main__":
-    main()
+    run_worker(start, "verify_error")

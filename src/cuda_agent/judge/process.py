@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SIGNAL_HINTS = {
     signal.SIGSEGV: "segmentation fault",
@@ -137,3 +138,46 @@ class Channel:
     def receive(self) -> dict[str, Any]:
         line = sys.stdin.readline()
         return json.loads(line) if line else {"command": "exit"}
+
+
+class WorkerFailure(Exception):
+    """Ends a worker with one event (e.g. `task_error`, `load_error`, `verify_error`) and a one-line message."""
+
+    def __init__(self, event: str, error: str):
+        super().__init__(error)
+        self.event = event
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first meaningful line` of an exception (the line mentioning an error when there is one)."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    detail = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")
+    return f"{type(exc).__name__}: {detail.strip()[:500]}"
+
+
+Handler = Callable[[dict], tuple[str, dict]]
+
+
+def run_worker(start: Callable[[dict, Channel], dict[str, Handler]], fallback_event: str) -> None:
+    """A worker's main: read the request, start, then answer commands until told to stop.
+
+    `start` sets the worker up (sending its own ready message) and returns the command handlers; each handler
+    returns the reply event and its payload, to which the seconds it took are added.
+    """
+    request = json.loads(Path(sys.argv[1]).read_text())
+    chan = Channel()
+    try:
+        handlers = start(request, chan)
+        while True:
+            cmd = chan.receive()
+            handler = handlers.get(cmd.get("command", ""))
+            if handler is None:
+                return
+            began = time.perf_counter()
+            event, payload = handler(cmd)
+            chan.send(event, **payload, seconds=time.perf_counter() - began)
+    except WorkerFailure as failure:
+        chan.send(failure.event, error=str(failure))
+    except Exception as exc:
+        traceback.print_exc()
+        chan.send(fallback_event, error=f"{Path(sys.argv[0]).stem} failed: {one_line(exc)}")

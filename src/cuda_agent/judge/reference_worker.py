@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -22,25 +19,16 @@ import torch
 from ..backend import get_backend
 from ..task import import_file
 from .compare import compare_trial
-from .process import Channel
+from .process import Channel, WorkerFailure, one_line, run_worker
 from .tensors import checksum, clone, make_inputs, to_double
 from .timing import time_callable
-
-
-class ReferenceFailure(Exception):
-    pass
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _step(what: str, fn, *args):
     try:
         return fn(*args)
     except Exception as exc:  # the task itself is broken: report one clear line
-        raise ReferenceFailure(f"{what} failed: {_first_line(exc)}") from exc
+        raise WorkerFailure("task_error", f"{what} failed: {one_line(exc)}") from exc
 
 
 class Reference:
@@ -52,7 +40,7 @@ class Reference:
         self.module = _step("importing the reference", import_file, req["task_path"], "reference_task")
         for name in ("Model", "get_inputs", "get_init_inputs"):
             if not hasattr(self.module, name):
-                raise ReferenceFailure(f"the reference defines no {name}")
+                raise WorkerFailure("task_error", f"the reference defines no {name}")
         torch.manual_seed(req["init_seed"])
         self.init_inputs = list(_step("get_init_inputs()", self.module.get_init_inputs))
         with torch.device(self.device):
@@ -63,7 +51,6 @@ class Reference:
         probe = _step("get_inputs()", make_inputs, self.module, req["init_seed"], self.device)
         with torch.no_grad():  # a reference that cannot run is reported before any candidate is judged
             _step("Model.forward", lambda: self.model(*probe))
-        del probe
 
     def publish(self, public: Path) -> None:
         torch.save(self.init_inputs, public / "init_inputs.pt")
@@ -105,42 +92,21 @@ class Reference:
                 compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
                 compiled_stats = time_callable(lambda: compiled(*inputs), self.backend, **timing)
             except Exception as exc:
-                compile_error = _first_line(exc)
+                compile_error = one_line(exc)
         return {"eager": eager, "compile": compiled_stats, "compile_error": compile_error}
 
 
-def serve(req: dict, chan: Channel) -> None:
+def start(req: dict, chan: Channel) -> dict:
     ref = Reference(req)
     ref.publish(Path(req["public_dir"]))
     chan.send("ready", device=ref.backend.describe_device(), torch_version=torch.__version__,
               precision=ref.precision)
-    while True:
-        cmd = chan.receive()
-        command = cmd.get("command")
-        start = time.perf_counter()
-        if command == "trial":
-            sums = ref.run_trial(int(cmd["seed"]))
-            chan.send("trial_ready", checksums=sums, seconds=time.perf_counter() - start)
-        elif command == "compare":
-            result = ref.compare(cmd["manifest"], cmd["label"])
-            chan.send("compared", result=result, seconds=time.perf_counter() - start)
-        elif command == "time":
-            chan.send("baselines", **ref.time_baselines(int(cmd["seed"])))
-        else:
-            return
-
-
-def main() -> None:
-    req = json.loads(Path(sys.argv[1]).read_text())
-    chan = Channel()
-    try:
-        serve(req, chan)
-    except ReferenceFailure as exc:
-        chan.send("task_error", error=str(exc))
-    except Exception as exc:
-        traceback.print_exc()
-        chan.send("task_error", error=f"reference worker failed: {_first_line(exc)}")
+    return {
+        "trial": lambda cmd: ("trial_ready", {"checksums": ref.run_trial(int(cmd["seed"]))}),
+        "compare": lambda cmd: ("compared", {"result": ref.compare(cmd["manifest"], cmd["label"])}),
+        "time": lambda cmd: ("baselines", ref.time_baselines(int(cmd["seed"]))),
+    }
 
 
 if __name__ == "__main__":
-    main()
+    run_worker(start, "task_error")
