@@ -296,8 +296,7 @@ def detect_cuda_arch() -> str:
         if out.returncode == 0 and out.stdout.strip():
             cap = out.stdout.strip().splitlines()[0].strip()
     if not cap:
-        raise BackendError("no CUDA GPU found (nvidia-smi reports none); use --backend cpu "
-                           "or set CUDA_AGENT_ARCH to cross-compile")
+        raise BackendError("no CUDA GPU found (nvidia-smi reports none); use --backend cpu")
     major, minor = cap.split(".")
     arch = f"{major}{minor}"
     return arch + "a" if arch == "90" else arch  # sm_90a unlocks wgmma/setmaxnreg on Hopper
