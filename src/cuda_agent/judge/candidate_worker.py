@@ -11,6 +11,7 @@ Usage (by the judge): python -m cuda_agent.judge.candidate_worker REQUEST.json
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import json
 from pathlib import Path
@@ -76,6 +77,9 @@ class Candidate:
         except Exception as exc:
             raise WorkerFailure("load_error", f"loading the candidate failed: {one_line(exc)}") from exc
         self.model_cls = model_cls
+        # The op audit's first dispatch from C++ imports torch._dynamo (1-3 s): import it now, while the reference
+        # worker is still starting, instead of inside the first verified forward.
+        importlib.import_module("torch._dynamo")
         self.audit = OpAudit(tuple(req["allowed_ops"]))
         # The task module only supplies get_inputs(): Model itself is never built in this process.
         self.task = import_file(req["task_path"], "task_inputs")
