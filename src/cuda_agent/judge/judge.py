@@ -36,6 +36,10 @@ from .verdict import Verdict
 PRECISION_WARN_RATIO = 10.0
 
 
+class ReferenceFailed(RuntimeError):
+    """The reference worker failed after it had run the task once: the evaluation ends with a failure verdict."""
+
+
 class Phases:
     """Wall time of each evaluation phase, recorded in the verdict (where an evaluation spends its time)."""
 
@@ -148,6 +152,9 @@ class Judge:
         except WorkerDied as exc:
             verdict.correct = False
             verdict.error = f"candidate process {exc}"
+        except ReferenceFailed as exc:  # the reference ran before, so the candidate may be the cause (e.g. OOM)
+            verdict.correct = False
+            verdict.error = f"evaluation aborted: {exc}"
         finally:
             ref.close()
             if worker is not None:
@@ -162,13 +169,15 @@ class Judge:
         return self.builder.build(cand, build_dir)
 
     def _reference_message(self, task: Task, ref: WorkerProcess, expected: str, deadline: float) -> dict[str, Any]:
-        """The reference worker's next message; a broken reference is the user's error (TaskError)."""
+        """The reference worker's next message. Before it is ready, a failure is the reference's own (TaskError,
+        the user's error); afterwards it fails this evaluation (ReferenceFailed, a verdict)."""
+        error = TaskError if expected == "ready" else ReferenceFailed
         try:
             msg = ref.receive(deadline)
         except WorkerDied as exc:
-            raise TaskError(f"reference {task.path}: the reference worker {exc}") from exc
+            raise error(f"reference {task.path}: the reference worker {exc}") from exc
         if msg["event"] != expected:
-            raise TaskError(f"reference {task.path}: {msg.get('error', msg)}")
+            raise error(f"reference {task.path}: {msg.get('error', msg)}")
         return msg
 
     def _verify(self, task: Task, ref: WorkerProcess, worker: WorkerProcess, seeds: list[int], transfer: Path,
