@@ -142,3 +142,6 @@ def test_workspace_candidate_takes_only_declared_files(tmp_path):
     (ws / "utils" / "verify.py").write_text("w")
     cand = load_candidate(ws)
     assert cand.kind == "workspace" and sorted(cand.files) == ["kernels/a.cu", "model_new.py"]
+    (ws / "kernels" / "b.h").symlink_to(ws / "utils" / "verify.py")
+    with pytest.raises(CandidateError, match="symbolic link"):
+        load_candidate(ws)

@@ -64,6 +64,8 @@ def load_candidate(path: str | Path) -> Candidate:
 
 
 def _read(path: Path) -> bytes:
+    if path.is_symlink():  # a link could make the judge read (and build in) a file outside the candidate
+        raise CandidateError(f"candidate file {path} is a symbolic link; copy the file instead")
     if path.stat().st_size > MAX_FILE_BYTES:
         raise CandidateError(f"candidate file {path} is larger than {MAX_FILE_BYTES // 2**20} MiB")
     return path.read_bytes()
