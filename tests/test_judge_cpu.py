@@ -75,6 +75,28 @@ def test_torch_compute_in_python_forward_is_caught(cpu_judge, make_workspace):
     assert any("aten::relu" in v for v in verdict.policy_violations)
 
 
+def test_torch_compute_in_a_background_thread_is_caught(cpu_judge):
+    verdict = cpu_judge.evaluate(AFFINE, CANDIDATES / "background_thread.py")
+    assert verdict.reward == -1
+    assert any("background thread" in v and "aten::mul" in v for v in verdict.policy_violations), \
+        verdict.policy_violations
+
+
+BF16_STORE = ("uint32_t u; std::memcpy(&u, &x[i], 4); u &= 0xFFFF0000u; float v; std::memcpy(&v, &u, 4);\n"
+              "        out[i] = std::max(v * scale + shift, 0.f) * 0.5f;")
+
+
+def test_lower_precision_is_flagged_and_fails_in_strict_mode(cache_dir, cpu_judge, make_workspace):
+    # Inputs truncated to bf16 inside the kernel: within atol=rtol=1e-2, but far from fp32 eager's own error.
+    ws = make_workspace(edits={KERNEL: [("#include <cstdint>", "#include <cstdint>\n#include <cstring>"),
+                                        (STORE, BF16_STORE)]})
+    lenient = cpu_judge.evaluate(AFFINE, ws)
+    assert lenient.correct, lenient.error
+    assert lenient.error_vs_fp64["ratio"] > 1000 and any("precision" in w for w in lenient.warnings)
+    strict = Judge("cpu", fast_config(cache_dir, max_error_ratio=100.0)).evaluate(AFFINE, ws)
+    assert strict.reward == -1 and strict.error.startswith("precision:"), strict.error
+
+
 def test_segfault_is_a_failure_verdict_and_the_judge_survives(cpu_judge, make_workspace):
     ws = make_workspace(edits={KERNEL: [("(void)config;", "(void)config; volatile float* p = nullptr; *p = 1.f;")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)
@@ -139,6 +161,22 @@ def test_input_mutation_fails(cpu_judge, make_workspace):
         ("return out;", "x.data_ptr<float>()[0] = 12345.f;\n    return out;")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)
     assert verdict.reward == -1 and "modified in place" in verdict.error
+
+
+@pytest.mark.parametrize("init_body, forward_body, message", [
+    ("self.cls = type('Lazy', (torch.Tensor,), {})", "torch.Tensor._make_subclass(self.cls, x.new_zeros(x.shape))",
+     "is a Lazy, not a plain torch.Tensor"),
+    ("self.cls = type('Proxy', (), {'__eq__': lambda a, b: True})", "self.cls()", "is a Proxy, not a tensor"),
+])
+def test_proxy_outputs_are_rejected(cpu_judge, tmp_path, init_body, forward_body, message):
+    verdict = cpu_judge.evaluate(AFFINE, python_candidate(tmp_path, "scale, shift", init_body, forward_body))
+    assert verdict.reward == -1 and message in verdict.error, verdict.error
+
+
+def test_exiting_the_process_is_a_failure_verdict(cpu_judge, tmp_path):
+    quitter = python_candidate(tmp_path, "scale, shift", "import os; self.exit = os._exit", "self.exit(0)")
+    verdict = cpu_judge.evaluate(AFFINE, quitter)
+    assert verdict.reward == -1 and "exited with code 0" in verdict.error, verdict.error
 
 
 def test_out_of_memory_is_a_failure_verdict(cpu_judge, tmp_path):

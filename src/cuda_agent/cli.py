@@ -25,13 +25,14 @@ BACKEND_HELP = "cuda (the product) or cpu (C++/OpenMP kernels, for machines with
 
 
 def _judge(backend: str, atol: float, rtol: float, trials: int, seed: Optional[int], allow_tf32: bool,
-           cache_dir: Optional[Path], keep: bool, compile_mode: str = "default", timeout: float = 300.0):
+           cache_dir: Optional[Path], keep: bool, compile_mode: str = "default", timeout: float = 300.0,
+           max_error_ratio: Optional[float] = None):
     from .judge import Judge, JudgeConfig
 
     if trials < 1:
         raise BackendError("--trials must be at least 1")
     config = JudgeConfig(atol=atol, rtol=rtol, num_trials=trials, allow_tf32=allow_tf32, keep_run_dirs=keep,
-                         compile_mode=compile_mode, run_timeout_s=timeout)
+                         compile_mode=compile_mode, run_timeout_s=timeout, max_error_ratio=max_error_ratio)
     if seed is not None:
         config.seeds = tuple(seed + i for i in range(trials))
     if cache_dir is not None:
@@ -87,12 +88,15 @@ def eval_cmd(
     compile_mode: str = typer.Option("default", help="torch.compile mode of the baseline (default, "
                                      "reduce-overhead, max-autotune, ...)"),
     timeout: float = typer.Option(300.0, help="seconds the candidate process may take to load, verify and time"),
+    max_error_ratio: Optional[float] = typer.Option(None, help="strict precision: fail when the error vs fp64 "
+                                                    "exceeds this many times fp32 eager's own (e.g. 100)"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache (default ~/.cache/cuda-agent or $CUDA_AGENT_CACHE)"),
     keep: bool = typer.Option(False, help="keep the evaluation's working folder for debugging"),
 ) -> None:
     """Judge one candidate against a reference: build, verify, audit, time, reward."""
     try:
-        judge = _judge(backend, atol, rtol, trials, seed, allow_tf32, cache_dir, keep, compile_mode, timeout)
+        judge = _judge(backend, atol, rtol, trials, seed, allow_tf32, cache_dir, keep, compile_mode, timeout,
+                       max_error_ratio)
         with err.status(f"judging {solution} against {reference.name} on {backend}..."):
             verdict = judge.evaluate(reference, solution)
     except (TaskError, CandidateError, BackendError) as exc:
@@ -116,6 +120,7 @@ def eval_suite_cmd(
     allow_tf32: bool = typer.Option(False, help="allow TF32 in baselines and candidates alike"),
     compile_mode: str = typer.Option("default", help="torch.compile mode of the baseline"),
     timeout: float = typer.Option(300.0, help="seconds each candidate process may take to load, verify and time"),
+    max_error_ratio: Optional[float] = typer.Option(None, help="strict precision limit (see eval)"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
     db: Optional[Path] = typer.Option(None, help="results database (default: in the cache); reruns resume from it"),
 ) -> None:
@@ -128,7 +133,8 @@ def eval_suite_cmd(
     try:
         level_list = [int(x) for x in levels.split(",") if x.strip()]
         tasks = discover(suite_dir, level_list)
-        judge = _judge(backend, atol, rtol, trials, None, allow_tf32, cache_dir, False, compile_mode, timeout)
+        judge = _judge(backend, atol, rtol, trials, None, allow_tf32, cache_dir, False, compile_mode, timeout,
+                       max_error_ratio)
     except ValueError:
         _fail(f"--levels must be comma-separated integers, got '{levels}'")
     except (FileNotFoundError, BackendError) as exc:

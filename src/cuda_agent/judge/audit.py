@@ -28,3 +28,51 @@ class OpAudit(TorchDispatchMode):
     def messages(self) -> list[str]:
         return [f"torch op {op} ran {n}x during ModelNew.forward (compute must happen in the candidate's kernels)"
                 for op, n in sorted(self.violations.items())]
+
+
+class ThreadAudit:
+    """Ops that other threads run while a trial is in progress.
+
+    The dispatch mode above is thread-local, so a candidate could hand the work to a background thread. Here the
+    profiler records CPU ops on every thread (`profile_all_threads`); ops on the harness's own thread are the
+    harness's (input generation, output export) or already audited, ops on any other thread are the candidate's.
+    """
+
+    MARKER = "cuda_agent_harness_thread"
+
+    def __init__(self, allowed: tuple[str, ...]):
+        self.allowed = frozenset(allowed)
+        self.violations: dict[str, int] = {}
+        self.available = True
+        self._prof = None
+        self._marker = None
+
+    def __enter__(self) -> "ThreadAudit":
+        from torch._C._profiler import _ExperimentalConfig
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        try:
+            config = _ExperimentalConfig(profile_all_threads=True)
+        except TypeError:  # torch too old to profile other threads
+            self.available = False
+            return self
+        self._prof = profile(activities=[ProfilerActivity.CPU], experimental_config=config)
+        self._prof.__enter__()
+        self._marker = record_function(self.MARKER)
+        self._marker.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._prof is None:
+            return
+        self._marker.__exit__(*exc)
+        self._prof.__exit__(*exc)
+        events = self._prof.events()
+        harness = {e.thread for e in events if e.name == self.MARKER}
+        for e in events:
+            if e.thread not in harness and e.name.startswith("aten::") and e.name[6:] not in self.allowed:
+                self.violations[e.name] = self.violations.get(e.name, 0) + 1
+
+    def messages(self) -> list[str]:
+        return [f"torch op {op} ran {n}x in a background thread during the trial (compute must happen in the "
+                "candidate's kernels)" for op, n in sorted(self.violations.items())]

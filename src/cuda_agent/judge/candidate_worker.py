@@ -21,7 +21,7 @@ import torch
 
 from ..backend import get_backend
 from ..task import import_file
-from .audit import OpAudit
+from .audit import OpAudit, ThreadAudit
 from .process import Channel, WorkerFailure, one_line, run_worker
 from .tensors import checksum, leaves, make_inputs
 from .transfer import export_outputs
@@ -80,7 +80,8 @@ class Candidate:
         # The op audit's first dispatch from C++ imports torch._dynamo (1-3 s): import it now, while the reference
         # worker is still starting, instead of inside the first verified forward.
         importlib.import_module("torch._dynamo")
-        self.audit = OpAudit(tuple(req["allowed_ops"]))
+        self.allowed_ops = tuple(req["allowed_ops"])
+        self.audit = OpAudit(self.allowed_ops)
         # The task module only supplies get_inputs(): Model itself is never built in this process.
         self.task = import_file(req["task_path"], "task_inputs")
 
@@ -100,19 +101,23 @@ class Candidate:
                 from exc
 
     def run_trial(self, k: int, seed: int) -> dict:
-        inputs = make_inputs(self.task, seed, self.device)
-        try:
-            with torch.no_grad(), self.audit:
-                out = self.model(*inputs)
-            self.backend.synchronize()
-        except Exception as exc:
-            raise WorkerFailure("verify_error", f"ModelNew.forward failed on input set {k}: {one_line(exc)}") from exc
-        self.last_outputs = out  # shared outputs must stay alive until the reference has compared them
-        manifest = export_outputs(out, Path(self.req["out_dir"]) / f"trial{k}", self.req["cuda_ipc"])
+        with ThreadAudit(self.allowed_ops) as threads:  # until the outputs are exported: they must be final
+            inputs = make_inputs(self.task, seed, self.device)
+            try:
+                with torch.no_grad(), self.audit:
+                    out = self.model(*inputs)
+                self.backend.synchronize()
+            except Exception as exc:
+                raise WorkerFailure("verify_error", f"ModelNew.forward failed on input set {k}: {one_line(exc)}") \
+                    from exc
+            self.last_outputs = out  # shared outputs must stay alive until the reference has compared them
+            manifest = export_outputs(out, Path(self.req["out_dir"]) / f"trial{k}", self.req["cuda_ipc"])
         manifest_path = Path(self.req["out_dir"]) / f"trial{k}.json"
         manifest_path.write_text(json.dumps(manifest))
         return {"manifest": str(manifest_path), "checksums_after": checksum(inputs),
-                "problems": output_problems(out, inputs), "violations": self.audit.messages()}
+                "problems": output_problems(out, inputs), "violations": self.audit.messages() + threads.messages(),
+                "warnings": [] if threads.available else
+                ["this torch cannot profile other threads: background-thread compute was not audited"]}
 
     def time(self, seed: int) -> dict:
         inputs = make_inputs(self.task, seed, self.device)

@@ -55,6 +55,9 @@ class JudgeConfig:
     seeds: tuple[int, ...] | None = None  # fix them only for reproducing a verdict
     allow_tf32: bool = False  # applied identically to baselines and candidate
     speedup_threshold: float = 0.05
+    # Strict precision: fail when the candidate's error against fp64 exceeds this many times fp32 eager's own
+    # (None: only warn above PRECISION_WARN_RATIO). TF32 typically lands near 1e4x, bf16 near 1e5x.
+    max_error_ratio: float | None = None
     compile_mode: str = "default"
     warmup: int = 5
     min_iters: int = 10

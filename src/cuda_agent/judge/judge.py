@@ -198,6 +198,7 @@ class Judge:
                 verdict.error = msg.get("error", f"unexpected message {msg}")
                 return False
             verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg["violations"]))
+            verdict.warnings = list(dict.fromkeys(verdict.warnings + msg["warnings"]))
             changed = [a.split(":")[0] for a, b in zip(msg["checksums_after"], expected) if a != b]
             if changed or len(msg["checksums_after"]) != len(expected):
                 verdict.error = f"incorrect: {label}: {(changed or ['an input'])[0]} was modified in place by " \
@@ -230,10 +231,15 @@ class Judge:
             c, e = max(cand_err), max(eager_err)
             ratio = (c + 1e-12) / (e + 1e-12)
             verdict.error_vs_fp64 = {"candidate": c, "eager_fp32": e, "ratio": ratio}
+            limit = self.config.max_error_ratio
+            finding = f"error vs fp64 is {ratio:.0f}x fp32 eager's ({c:.2e} vs {e:.2e})"
+            if limit is not None and ratio > limit and c > 1e-6:
+                verdict.correct = False
+                verdict.error = f"precision: {finding}, above the limit of {limit:g}x"
+                return False
             if ratio > PRECISION_WARN_RATIO and c > 1e-6:
-                verdict.warnings.append(
-                    f"precision: error vs fp64 is {ratio:.0f}x fp32 eager's ({c:.2e} vs {e:.2e}); the candidate "
-                    "likely computes in lower precision (TF32/fp16/bf16)")
+                verdict.warnings.append(f"precision: {finding}; the candidate likely computes in lower precision "
+                                        "(TF32/fp16/bf16)")
         return True
 
     def _baselines(self, task: Task, ref: WorkerProcess, verdict: Verdict) -> dict[str, Any]:
