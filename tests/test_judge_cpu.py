@@ -179,6 +179,14 @@ def test_exiting_the_process_is_a_failure_verdict(cpu_judge, tmp_path):
     assert verdict.reward == -1 and "exited with code 0" in verdict.error, verdict.error
 
 
+def test_megabytes_of_output_are_capped_and_do_not_stall_the_judge(cpu_judge, tmp_path):
+    chatty = python_candidate(tmp_path, "scale, shift", "import sys; self.err = sys.stderr",
+                              "(print('x' * (1 << 20)), self.err.write('y' * (1 << 20)), x.new_zeros(x.shape))[2]")
+    verdict = cpu_judge.evaluate(AFFINE, chatty)  # 10 MB printed across the trials
+    assert verdict.reward == -1 and verdict.error.startswith("incorrect"), verdict.error
+    assert verdict.seconds < 60
+
+
 def test_out_of_memory_is_a_failure_verdict(cpu_judge, tmp_path):
     greedy = python_candidate(tmp_path, "scale, shift", "pass", "torch.empty(1 << 50, dtype=torch.float32)")
     verdict = cpu_judge.evaluate(AFFINE, greedy)

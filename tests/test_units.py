@@ -145,3 +145,19 @@ def test_workspace_candidate_takes_only_declared_files(tmp_path):
     (ws / "kernels" / "b.h").symlink_to(ws / "utils" / "verify.py")
     with pytest.raises(CandidateError, match="symbolic link"):
         load_candidate(ws)
+
+
+def test_bounded_log_keeps_head_on_disk_and_tail_in_memory(tmp_path):
+    import subprocess
+    import sys
+
+    from cuda_agent.judge.process import BoundedLog
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('a' * 3_000_000 + 'THE END')"],
+                            stdout=subprocess.PIPE)
+    log = BoundedLog(proc.stdout, tmp_path / "w.log", head=1000, tail=100)
+    proc.wait()
+    log.close()
+    assert log.dropped == 3_000_007 - 1000
+    assert log.tail(50).endswith("THE END")
+    assert (tmp_path / "w.log").stat().st_size < 1000 + 100 + 100

@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -29,6 +30,47 @@ SIGNAL_HINTS = {
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds cuda_agent/
 
 
+class BoundedLog:
+    """Drains a worker's output (fd 1 and 2) into a log file, keeping the first `head` bytes there and only the
+    last `tail` bytes of the rest in memory, so megabytes of prints can neither fill the disk nor stall the worker."""
+
+    def __init__(self, stream, path: Path, head: int = 1 << 20, tail: int = 64 << 10):
+        self.path, self.head, self.tail_size = path, head, tail
+        self.written = self.dropped = 0
+        self._tail = bytearray()
+        self._lock = threading.Lock()
+        self._file = open(path, "wb")
+        self._thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, stream) -> None:
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            with self._lock:
+                room = max(0, self.head - self.written)
+                if room:
+                    self._file.write(chunk[:room])
+                    self._file.flush()
+                    self.written += min(room, len(chunk))
+                rest = chunk[room:]
+                if rest:
+                    self.dropped += len(rest)
+                    self._tail += rest
+                    del self._tail[:-self.tail_size]
+
+    def tail(self, limit: int) -> str:
+        with self._lock:
+            data = bytes(self._tail) if self.dropped else self.path.read_bytes()[-limit:]
+        return data[-limit:].decode(errors="replace")
+
+    def close(self) -> None:
+        self._thread.join(timeout=10)
+        with self._lock:
+            if self.dropped and not self._file.closed:
+                self._file.write(b"\n[... %d bytes dropped; the last %d follow ...]\n" % (self.dropped, len(self._tail)))
+                self._file.write(bytes(self._tail))
+            self._file.close()
+
+
 class WorkerDied(RuntimeError):
     """The worker ended without the expected message; `str()` is the reason for the verdict."""
 
@@ -42,10 +84,10 @@ class WorkerProcess:
         full_env = {**os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full_env.get("PYTHONPATH")]))
         full_env["PYTHONUNBUFFERED"] = "1"
-        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, str(request_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._log, cwd=run_dir, env=full_env, start_new_session=True)
+            stderr=subprocess.PIPE, cwd=run_dir, env=full_env, start_new_session=True)
+        self._log = BoundedLog(self.proc.stderr, self.log_path)
         self._buffer = b""
         self.started = time.monotonic()
 
@@ -97,13 +139,7 @@ class WorkerProcess:
         return f": {tail[-1][:300]}" if tail else ""
 
     def log_tail(self, limit: int = 4000) -> str:
-        self._log.flush()
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, self.log_path.stat().st_size - limit))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return self._log.tail(limit)
 
     def kill(self) -> None:
         try:
@@ -117,10 +153,10 @@ class WorkerProcess:
 
     def close(self) -> None:
         self.kill()
+        self._log.close()
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream:
                 stream.close()
-        self._log.close()
 
 
 class Channel:
