@@ -97,6 +97,20 @@ def test_lower_precision_is_flagged_and_fails_in_strict_mode(cache_dir, cpu_judg
     assert strict.reward == -1 and strict.error.startswith("precision:"), strict.error
 
 
+def test_outputs_cached_across_calls_are_caught_by_the_recheck_after_timing(cpu_judge, make_workspace):
+    # Keyed on the input object (kept alive, so no key is ever reused): every verification input set misses and
+    # computes, the timing loop hits; fresh values written into the timed buffers expose the stale output.
+    ws = make_workspace(edits={"model_new.py": [
+        ("        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)",
+         "        key = (id(x), x.data_ptr())\n"
+         "        if key not in self.cache:\n"
+         "            self.cache[key] = (x, cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0))\n"
+         "        return self.cache[key][1]"),
+        ("        self.shift = shift\n", "        self.shift = shift\n        self.cache = {}\n")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and "re-check after timing" in verdict.error, verdict.error
+
+
 def test_segfault_is_a_failure_verdict_and_the_judge_survives(cpu_judge, make_workspace):
     ws = make_workspace(edits={KERNEL: [("(void)config;", "(void)config; volatile float* p = nullptr; *p = 1.f;")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)

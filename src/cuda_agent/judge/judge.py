@@ -141,13 +141,20 @@ class Judge:
             phases.mark("verify")
             baselines = self._baselines(task, ref, verdict)
             phases.mark("baselines")
-            ref.close()
             worker.send({"command": "time", "seed": secrets.randbelow(2**31)})
             msg = worker.receive(deadline)
             phases.mark("time_candidate")
             if msg["event"] != "timed":
                 verdict.correct, verdict.error = False, f"timing failed: {msg.get('error', msg)}"
                 return
+            # Fresh values in the very buffers it was timed on: a cache keyed on pointers or shapes returns stale
+            # outputs here.
+            recheck = {"command": "recheck", "k": len(seeds), "seed": secrets.randbelow(2**31)}
+            if not self._trial(task, ref, worker, recheck, "re-check after timing (fresh values, same buffers)",
+                               transfer, deadline, verdict, {"candidate": [], "eager": []}):
+                verdict.correct = False
+                return
+            phases.mark("recheck")
             self._score(baselines, msg["stats"], verdict)
         except WorkerDied as exc:
             verdict.correct = False
@@ -182,53 +189,16 @@ class Judge:
 
     def _verify(self, task: Task, ref: WorkerProcess, worker: WorkerProcess, seeds: list[int], transfer: Path,
                 deadline: float, verdict: Verdict) -> bool:
-        """Run every trial in lockstep: reference outputs, candidate outputs, comparison on the reference side."""
-        cand_err: list[float] = []
-        eager_err: list[float] = []
+        """Every input set in lockstep: reference outputs, candidate outputs, comparison on the reference side."""
+        errors: dict[str, list[float]] = {"candidate": [], "eager": []}
         verdict.max_abs_error = verdict.max_rel_error = 0.0
         for k, seed in enumerate(seeds):
-            label = f"input set {k}"
-            ref.send({"command": "trial", "seed": seed})
-            worker.send({"command": "trial", "k": k, "seed": seed})
-            ready = self._reference_message(task, ref, "trial_ready", time.monotonic() +
-                                            self.config.reference_timeout_s)
-            expected = ready["checksums"]
-            msg = worker.receive(deadline)
-            if msg["event"] != "trial_done":
-                verdict.error = msg.get("error", f"unexpected message {msg}")
-                return False
-            verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg["violations"]))
-            verdict.warnings = list(dict.fromkeys(verdict.warnings + msg["warnings"]))
-            changed = [a.split(":")[0] for a, b in zip(msg["checksums_after"], expected) if a != b]
-            if changed or len(msg["checksums_after"]) != len(expected):
-                verdict.error = f"incorrect: {label}: {(changed or ['an input'])[0]} was modified in place by " \
-                                "ModelNew.forward"
-                return False
-            if msg["problems"]:
-                verdict.error = f"invalid output: {label}: {msg['problems'][0]}"
-                return False
-            if verdict.policy_violations:
-                verdict.error = f"policy violation: {verdict.policy_violations[0]}"
-                return False
-            ref.send({"command": "compare", "manifest": msg["manifest"], "label": label})
-            compared = self._reference_message(task, ref, "compared", time.monotonic() +
-                                               self.config.reference_timeout_s)
-            result = compared["result"]
-            for name, seconds in (("reference", ready["seconds"]), ("candidate", msg["seconds"]),
-                                  ("compare", compared["seconds"])):
-                key = f"verify_{name}"
-                verdict.phases_s[key] = round(verdict.phases_s.get(key, 0.0) + seconds, 3)
-            shutil.rmtree(transfer / f"trial{k}", ignore_errors=True)
-            verdict.max_abs_error = max(verdict.max_abs_error, result["max_abs"])
-            verdict.max_rel_error = max(verdict.max_rel_error, result["rel"])
-            cand_err += result["rel64"]
-            eager_err += result["eager_rel64"]
-            if not result["ok"]:
-                verdict.error = f"incorrect: {result['reason']}"
+            if not self._trial(task, ref, worker, {"command": "trial", "k": k, "seed": seed}, f"input set {k}",
+                               transfer, deadline, verdict, errors):
                 return False
         verdict.correct = True
-        if cand_err and eager_err:
-            c, e = max(cand_err), max(eager_err)
+        if errors["candidate"] and errors["eager"]:
+            c, e = max(errors["candidate"]), max(errors["eager"])
             ratio = (c + 1e-12) / (e + 1e-12)
             verdict.error_vs_fp64 = {"candidate": c, "eager_fp32": e, "ratio": ratio}
             limit = self.config.max_error_ratio
@@ -240,6 +210,49 @@ class Judge:
             if ratio > PRECISION_WARN_RATIO and c > 1e-6:
                 verdict.warnings.append(f"precision: {finding}; the candidate likely computes in lower precision "
                                         "(TF32/fp16/bf16)")
+        return True
+
+    def _trial(self, task: Task, ref: WorkerProcess, worker: WorkerProcess, command: dict[str, Any], label: str,
+               transfer: Path, deadline: float, verdict: Verdict, errors: dict[str, list[float]]) -> bool:
+        """One input set: the reference draws it and computes its outputs, the candidate runs on it (a fresh set,
+        or fresh values written into the buffers it was timed on), the reference compares. False on failure."""
+        ref.send({"command": "trial", "seed": command["seed"]})
+        worker.send(command)
+        ready = self._reference_message(task, ref, "trial_ready", time.monotonic() + self.config.reference_timeout_s)
+        msg = worker.receive(deadline)
+        if msg["event"] != "trial_done":
+            verdict.error = msg.get("error", f"unexpected message {msg}")
+            return False
+        verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg["violations"]))
+        verdict.warnings = list(dict.fromkeys(verdict.warnings + msg["warnings"]))
+        expected = ready["checksums"]
+        changed = [a.split(":")[0] for a, b in zip(msg["checksums_after"], expected) if a != b]
+        if changed or len(msg["checksums_after"]) != len(expected):
+            verdict.error = f"incorrect: {label}: {(changed or ['an input'])[0]} was modified in place by " \
+                            "ModelNew.forward"
+            return False
+        if msg["problems"]:
+            verdict.error = f"invalid output: {label}: {msg['problems'][0]}"
+            return False
+        if verdict.policy_violations:
+            verdict.error = f"policy violation: {verdict.policy_violations[0]}"
+            return False
+        manifest = transfer / f"trial{command['k']}.json"  # the judge's own path, whatever the worker says
+        ref.send({"command": "compare", "manifest": str(manifest), "label": label})
+        compared = self._reference_message(task, ref, "compared", time.monotonic() + self.config.reference_timeout_s)
+        shutil.rmtree(manifest.with_suffix(""), ignore_errors=True)
+        for name, seconds in (("reference", ready["seconds"]), ("candidate", msg["seconds"]),
+                              ("compare", compared["seconds"])):
+            key = f"verify_{name}"
+            verdict.phases_s[key] = round(verdict.phases_s.get(key, 0.0) + seconds, 3)
+        result = compared["result"]
+        verdict.max_abs_error = max(verdict.max_abs_error or 0.0, result["max_abs"])
+        verdict.max_rel_error = max(verdict.max_rel_error or 0.0, result["rel"])
+        errors["candidate"] += result["rel64"]
+        errors["eager"] += result["eager_rel64"]
+        if not result["ok"]:
+            verdict.error = f"incorrect: {result['reason']}"
+            return False
         return True
 
     def _baselines(self, task: Task, ref: WorkerProcess, verdict: Verdict) -> dict[str, Any]:
