@@ -31,6 +31,16 @@ def test_correct_faster_workspace_earns_reward_2_or_more(cpu_judge):
     assert len(verdict.seeds) == 5
 
 
+def test_speed_of_light_bound_is_reported_and_beating_it_is_flagged(cache_dir):
+    honest = Judge("cpu", fast_config(cache_dir, device_peaks=(1e15, 1e18))).evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    assert honest.correct and 0 < honest.timing["speed_of_light_us"] < honest.times_us["candidate"]
+    assert not any("speed of light" in w for w in honest.warnings)
+    assert honest.timing["work"] == {"flops": 0, "bytes": 2 * 4 * (1 << 21)}  # elementwise: no matmul FLOPs
+    # With a made-up 1 GB/s device, 16 MB of inputs and outputs take 16 ms: any real time "beats" it.
+    slow = Judge("cpu", fast_config(cache_dir, device_peaks=(1e9, 1e12))).evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    assert any("faster than the speed of light" in w for w in slow.warnings), slow.warnings
+
+
 def test_baselines_are_cached_and_unchanged_files_are_not_recompiled(cpu_judge):
     first = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
     second = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")

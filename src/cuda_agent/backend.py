@@ -118,6 +118,10 @@ class Backend:
         """Time `iters` calls of fn; returns per-iteration `device_us` and `host_us` lists."""
         raise NotImplementedError
 
+    def peak_rates(self, device: str) -> tuple[float, float] | None:
+        """(memory bytes/s, FLOP/s) no implementation can beat on this device, or None when unknown."""
+        return None
+
     def precision_flags(self, allow_tf32: bool) -> dict[str, Any]:
         """Apply identical precision settings in every process; return them for the verdict."""
         import torch
@@ -234,6 +238,13 @@ class CudaBackend(Backend):
         import torch
 
         return torch.cuda.get_device_name()
+
+    def peak_rates(self, device: str) -> tuple[float, float] | None:
+        # Datasheet memory bandwidth and dense bf16 tensor-core rate: generous, so that a bound is a true bound.
+        for name, rates in (("H200", (4.8e12, 989e12)), ("H100", (3.35e12, 989e12)), ("A100", (2.04e12, 312e12))):
+            if name in device:
+                return rates
+        return None
 
     def synchronize(self) -> None:
         import torch

@@ -59,6 +59,7 @@ class JudgeConfig:
     # (None: only warn above PRECISION_WARN_RATIO). TF32 typically lands near 1e4x, bf16 near 1e5x.
     max_error_ratio: float | None = None
     compile_mode: str = "default"
+    device_peaks: tuple[float, float] | None = None  # (bytes/s, FLOP/s) for the speed-of-light check; None: table
     warmup: int = 5
     min_iters: int = 10
     max_iters: int = 100

@@ -118,6 +118,7 @@ class Judge:
             phases.mark("reference_ready")
             verdict.device, verdict.torch_version, verdict.precision = \
                 msg["device"], msg["torch_version"], msg["precision"]
+            work = msg["work"]
             if not build.ok:
                 verdict.error = build.error
                 return
@@ -155,7 +156,7 @@ class Judge:
                 verdict.correct = False
                 return
             phases.mark("recheck")
-            self._score(baselines, msg["stats"], verdict)
+            self._score(baselines, msg["stats"], work, verdict)
         except WorkerDied as exc:
             verdict.correct = False
             verdict.error = f"candidate process {exc}"
@@ -268,7 +269,8 @@ class Judge:
         self.store.put("baselines", key, baselines)
         return {**baselines, "cached": False}
 
-    def _score(self, baselines: dict[str, Any], stats: dict[str, Any], verdict: Verdict) -> None:
+    def _score(self, baselines: dict[str, Any], stats: dict[str, Any], work: dict[str, Any],
+               verdict: Verdict) -> None:
         t_eager = baselines["eager"]["median_us"]
         t_compile = baselines["compile"]["median_us"] if baselines["compile"] else None
         if t_compile is None:
@@ -282,6 +284,15 @@ class Judge:
         verdict.reward = milestone_reward(True, t, t_eager, t_compile, self.config.speedup_threshold)
         verdict.timing = {"method": self.backend.timing_method, "baseline_cached": baselines["cached"],
                           "eager": baselines["eager"], "compile": baselines["compile"], "candidate": stats}
+        verdict.timing["work"] = work
+        peaks = self.config.device_peaks or self.backend.peak_rates(str(verdict.device))
+        if peaks:
+            bound = max(work["bytes"] / peaks[0], (work["flops"] or 0) / peaks[1]) * 1e6
+            verdict.timing["speed_of_light_us"] = bound
+            if t < bound:
+                verdict.warnings.append(
+                    f"faster than the speed of light: {t:.1f} us < {bound:.1f} us for {work['bytes']} bytes and "
+                    f"{work['flops']} FLOPs at this device's peak rates; the measurement or the candidate is suspect")
         if stats["host_median_us"] > 2 * t + 100:
             verdict.warnings.append(
                 f"host wall clock ({stats['host_median_us']:.0f} us) far exceeds device time ({t:.0f} us): "

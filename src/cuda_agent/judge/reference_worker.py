@@ -15,12 +15,13 @@ import json
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from ..backend import get_backend
 from ..task import import_file
 from .compare import compare_trial
 from .process import Channel, WorkerFailure, one_line, run_worker
-from .tensors import checksum, clone, make_inputs, to_double
+from .tensors import checksum, clone, make_inputs, tensor_bytes, to_double
 from .timing import time_callable
 
 
@@ -50,7 +51,14 @@ class Reference:
         self.trial: dict = {}
         probe = _step("get_inputs()", make_inputs, self.module, req["init_seed"], self.device)
         with torch.no_grad():  # a reference that cannot run is reported before any candidate is judged
-            _step("Model.forward", lambda: self.model(*probe))
+            try:
+                with FlopCounterMode(display=False) as counter:
+                    out = self.model(*probe)
+                flops: int | None = int(counter.get_total_flops())
+            except Exception:  # the counter cannot follow some ops: run plainly, work unknown
+                out, flops = _step("Model.forward", lambda: self.model(*probe)), None
+        # The least work any implementation must do: matmul/conv FLOPs, each input read and each output written once.
+        self.work = {"flops": flops, "bytes": tensor_bytes(probe) + tensor_bytes(out)}
 
     def publish(self, public: Path) -> None:
         torch.save(self.init_inputs, public / "init_inputs.pt")
@@ -100,7 +108,7 @@ def start(req: dict, chan: Channel) -> dict:
     ref = Reference(req)
     ref.publish(Path(req["public_dir"]))
     chan.send("ready", device=ref.backend.describe_device(), torch_version=torch.__version__,
-              precision=ref.precision)
+              precision=ref.precision, work=ref.work)
     return {
         "trial": lambda cmd: ("trial_ready", {"checksums": ref.run_trial(int(cmd["seed"]))}),
         "compare": lambda cmd: ("compared", {"result": ref.compare(cmd["manifest"], cmd["label"])}),

@@ -64,6 +64,12 @@ def detach_cpu(obj: Any) -> Any:
     return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, obj)
 
 
+def tensor_bytes(obj: Any) -> int:
+    import torch
+
+    return sum(x.numel() * x.element_size() for _, x in leaves(obj) if isinstance(x, torch.Tensor))
+
+
 def make_inputs(module: Any, seed: int, device: str) -> list:
     """The task's inputs for one seed, created directly on the device (deterministic for seed and device)."""
     import torch
