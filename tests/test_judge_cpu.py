@@ -121,6 +121,18 @@ def test_outputs_cached_across_calls_are_caught_by_the_recheck_after_timing(cpu_
     assert verdict.reward == -1 and "re-check after timing" in verdict.error, verdict.error
 
 
+def test_hard_coded_sizes_fail_the_extra_shape_check(cache_dir, cpu_judge, make_workspace):
+    # Only whole blocks of 1024 elements are computed: right at the task's N = 2^21, wrong at the extra N = 2^20 + 1.
+    ws = make_workspace(edits={BINDING: [("auto out = torch::empty_like(x);",
+                                          "auto out = torch::empty_like(x);\n    out.fill_(123.f);"),
+                                         ("static_cast<float>(shift), x.numel(), config)",
+                                          "static_cast<float>(shift), x.numel() / 1024 * 1024, config)")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and "extra shape (N=1048577)" in verdict.error, verdict.error
+    lenient = Judge("cpu", fast_config(cache_dir, extra_shapes=False)).evaluate(AFFINE, ws)
+    assert lenient.correct, lenient.error
+
+
 def test_segfault_is_a_failure_verdict_and_the_judge_survives(cpu_judge, make_workspace):
     ws = make_workspace(edits={KERNEL: [("(void)config;", "(void)config; volatile float* p = nullptr; *p = 1.f;")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)

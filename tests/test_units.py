@@ -118,6 +118,26 @@ def test_spans_from_trace_counts_every_stream_inside_each_iteration():
         spans_from_trace(events, 3)
 
 
+def test_shape_constants_are_the_sizes_only_get_inputs_uses():
+    from cuda_agent.task import extra_shape, shape_constants
+
+    source = """
+batch_size = 16
+height = width = 1 << 8
+channels = 3
+eps = 1e-5
+class Model:
+    def __init__(self, c):
+        self.n = height
+def get_inputs():
+    return [torch.randn(batch_size, channels, height, width)]
+def get_init_inputs():
+    return [channels]
+"""
+    assert shape_constants(source) == {"batch_size": 16, "width": 256}  # height: Model uses it; channels: init
+    assert extra_shape({"batch_size": 16, "width": 256}) == {"batch_size": 9, "width": 129}
+
+
 def test_task_and_candidate_loading_errors(tmp_path):
     with pytest.raises(TaskError, match="no such file"):
         load_task(tmp_path / "missing.py")

@@ -55,6 +55,43 @@ def load_task(path: str | Path) -> Task:
     return Task(path=path.resolve(), source=source)
 
 
+def _int_value(node: ast.AST) -> int | None:
+    """The value of an integer literal or constant arithmetic on literals (`1 << 21`, `16 * 1024`), else None."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.LShift)):
+        left, right = _int_value(node.left), _int_value(node.right)
+        if left is None or right is None or (isinstance(node.op, ast.LShift) and not 0 <= right < 63):
+            return None
+        ops = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.FloorDiv: int.__floordiv__,
+               ast.LShift: int.__lshift__}
+        return ops[type(node.op)](left, right) if not (isinstance(node.op, ast.FloorDiv) and right == 0) else None
+    return None
+
+
+def shape_constants(source: str) -> dict[str, int]:
+    """Module-level integer constants that only `get_inputs()` uses (not `Model`, not `get_init_inputs()`).
+
+    Such a constant sizes the inputs but neither the weights nor the computation, so the task also holds at
+    other values: the judge checks one extra shape with each of them changed, to catch candidates that hard-code
+    the sizes.
+    """
+    tree = ast.parse(source)
+    values = {t.id: v for node in tree.body if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Name) and (v := _int_value(node.value)) is not None}
+    used: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            used[node.name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    only_inputs = used.get("get_inputs", set()) - used.get("get_init_inputs", set()) - used.get("Model", set())
+    return {name: value for name, value in values.items() if name in only_inputs and value > 2}
+
+
+def extra_shape(constants: dict[str, int]) -> dict[str, int]:
+    """The values of the extra-shape check: about half, and odd, so that tails and remainders are exercised."""
+    return {name: value // 2 + 1 if (value // 2) % 2 == 0 else value // 2 for name, value in constants.items()}
+
+
 def import_file(path: str | Path, module_name: str) -> ModuleType:
     """Import a Python file as a fresh module (the file's folder goes first on sys.path)."""
     path = Path(path).resolve()

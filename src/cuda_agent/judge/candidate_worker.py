@@ -108,10 +108,11 @@ class Candidate:
             raise WorkerFailure("verify_error", f"ModelNew does not take Model's state dict (strict): {one_line(exc)}") \
                 from exc
 
-    def run_trial(self, k: int, seed: int, reuse: list | None = None) -> dict:
-        """Run ModelNew on the input set of `seed`, drawn fresh or, with `reuse`, written into those buffers."""
+    def run_trial(self, k: int, seed: int, reuse: list | None = None, shapes: dict[str, int] | None = None) -> dict:
+        """Run ModelNew on the input set of `seed` (at other sizes with `shapes`), drawn fresh or, with `reuse`,
+        written into those buffers."""
         with ThreadAudit(self.allowed_ops) as threads:  # until the outputs are exported: they must be final
-            inputs = make_inputs(self.task, seed, self.device)
+            inputs = make_inputs(self.task, seed, self.device, shapes)
             if reuse is not None:
                 inputs = refill(reuse, inputs)
             try:
@@ -146,7 +147,7 @@ def start(req: dict, chan: Channel) -> dict:
 
     return {
         "init": initialise,
-        "trial": lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]))),
+        "trial": lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]), None, cmd.get("shapes"))),
         "time": lambda cmd: ("timed", {"stats": cand.time(int(cmd["seed"]))}),
         "recheck": lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]), cand.timed_inputs)),
     }

@@ -53,6 +53,7 @@ class JudgeConfig:
     rtol: float = 1e-2
     num_trials: int = 5  # fresh random input sets, seeds drawn by the judge per evaluation
     seeds: tuple[int, ...] | None = None  # fix them only for reproducing a verdict
+    extra_shapes: bool = True  # one more input set with the sizes only get_inputs() uses changed (task.py)
     allow_tf32: bool = False  # applied identically to baselines and candidate
     speedup_threshold: float = 0.05
     # Strict precision: fail when the candidate's error against fp64 exceeds this many times fp32 eager's own

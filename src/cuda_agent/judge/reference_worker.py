@@ -64,8 +64,16 @@ class Reference:
         torch.save(self.init_inputs, public / "init_inputs.pt")
         torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, public / "state_dict.pt")
 
-    def run_trial(self, seed: int) -> list[str]:
-        inputs = _step("get_inputs()", make_inputs, self.module, seed, self.device)
+    def run_trial(self, seed: int, shapes: dict[str, int] | None = None) -> dict:
+        """Draw one input set and compute its reference outputs. With `shapes` (the extra-shape check) a failure
+        means the task does not hold at those sizes: it is reported, not raised."""
+        if shapes:
+            try:
+                with torch.no_grad():
+                    self.model(*make_inputs(self.module, seed, self.device, shapes))
+            except Exception as exc:
+                return {"checksums": None, "error": one_line(exc)}
+        inputs = _step("get_inputs()", make_inputs, self.module, seed, self.device, shapes)
         sums = checksum(inputs)
         with torch.no_grad():
             out = _step("Model.forward", lambda: self.model(*clone(inputs)))
@@ -78,7 +86,7 @@ class Reference:
                 self.model64 = None
         self.backend.synchronize()
         self.trial = {"outputs": out, "outputs64": out64}
-        return sums
+        return {"checksums": sums}
 
     def compare(self, manifest_path: str, label: str) -> dict:
         manifest = json.loads(Path(manifest_path).read_text())
@@ -110,7 +118,7 @@ def start(req: dict, chan: Channel) -> dict:
     chan.send("ready", device=ref.backend.describe_device(), torch_version=torch.__version__,
               precision=ref.precision, work=ref.work)
     return {
-        "trial": lambda cmd: ("trial_ready", {"checksums": ref.run_trial(int(cmd["seed"]))}),
+        "trial": lambda cmd: ("trial_ready", ref.run_trial(int(cmd["seed"]), cmd.get("shapes"))),
         "compare": lambda cmd: ("compared", {"result": ref.compare(cmd["manifest"], cmd["label"])}),
         "time": lambda cmd: ("baselines", ref.time_baselines(int(cmd["seed"]))),
     }

@@ -70,13 +70,21 @@ def tensor_bytes(obj: Any) -> int:
     return sum(x.numel() * x.element_size() for _, x in leaves(obj) if isinstance(x, torch.Tensor))
 
 
-def make_inputs(module: Any, seed: int, device: str) -> list:
-    """The task's inputs for one seed, created directly on the device (deterministic for seed and device)."""
+def make_inputs(module: Any, seed: int, device: str, shapes: dict[str, int] | None = None) -> list:
+    """The task's inputs for one seed, created directly on the device (deterministic for seed and device).
+    `shapes` temporarily overrides module-level size constants (the extra-shape check)."""
     import torch
 
-    torch.manual_seed(seed)
-    with torch.device(device):
-        inputs = module.get_inputs()
+    saved = {name: getattr(module, name) for name in shapes or {}}
+    try:
+        for name, value in (shapes or {}).items():
+            setattr(module, name, value)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            inputs = module.get_inputs()
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
     return list(to_device(list(inputs), device))
 
 
