@@ -70,6 +70,7 @@ class JudgeConfig:
     reference_timeout_s: float = 900.0  # reference process, including the torch.compile baseline
     cache_dir: Path = field(default_factory=default_cache_dir)
     keep_run_dirs: bool = False
+    sandbox: str = "auto"  # candidate process isolation: auto (namespaces on the cpu backend), namespaces, none
     cuda_ipc: bool = True  # share CUDA outputs with the comparing process in place (else raw files)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 

@@ -22,11 +22,12 @@ from typing import Any
 
 import torch
 
-from ..backend import Backend, get_backend
+from ..backend import Backend, BackendError, get_backend
 from ..task import Task, TaskError, extra_shape, load_task, shape_constants
 from ..workspace.build import Builder, BuildResult
 from ..workspace.candidate import Candidate, load_candidate
 from .config import JudgeConfig
+from . import sandbox
 from .policy import scan_sources
 from .process import WorkerDied, WorkerProcess
 from .reward import milestone_reward
@@ -61,6 +62,10 @@ class Judge:
         self.cache_dir = Path(self.config.cache_dir)
         (self.cache_dir / "runs").mkdir(parents=True, exist_ok=True)
         self.builder = Builder(self.backend, self.cache_dir / "build")
+        try:
+            self.sandbox = sandbox.resolve(self.config.sandbox, self.backend.name)
+        except (ValueError, RuntimeError) as exc:
+            raise BackendError(str(exc)) from exc
         self.store = Store(self.cache_dir / "judge.sqlite")
 
     # ---- public --------------------------------------------------------------------------------------
@@ -72,7 +77,7 @@ class Judge:
         seeds = list(cfg.seeds) if cfg.seeds else [secrets.randbelow(2**31) for _ in range(cfg.num_trials)]
         verdict = Verdict(
             reward=-1, compiled=False, correct=False, backend=self.backend.name, torch_version=torch.__version__,
-            tolerance={"atol": cfg.atol, "rtol": cfg.rtol}, seeds=seeds,
+            tolerance={"atol": cfg.atol, "rtol": cfg.rtol}, seeds=seeds, sandbox=sandbox.describe(self.sandbox),
             task={"name": task.name, "path": str(task.path), "hash": task.hash},
             candidate={"kind": cand.kind, "path": str(cand.origin), "hash": cand.hash})
         run_dir = Path(tempfile.mkdtemp(prefix=f"{task.name[:40]}-", dir=self.cache_dir / "runs"))
@@ -113,7 +118,7 @@ class Judge:
                     "allowed_ops": list(cfg.policy.allowed_ops), "timing": self._timing(),
                     "extension_cache": str(self.cache_dir / "extensions"),
                     "cuda_ipc": self.backend.name == "cuda" and cfg.cuda_ipc,
-                }, run_dir / "candidate", self._worker_env())
+                }, run_dir / "candidate", self._worker_env(), sandbox.command_prefix(self.sandbox))
             msg = self._reference_message(task, ref, "ready", time.monotonic() + cfg.reference_timeout_s)
             phases.mark("reference_ready")
             verdict.device, verdict.torch_version, verdict.precision = \

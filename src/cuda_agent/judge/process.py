@@ -76,7 +76,8 @@ class WorkerDied(RuntimeError):
 
 
 class WorkerProcess:
-    def __init__(self, module: str, request: dict, run_dir: Path, env: dict[str, str] | None = None):
+    def __init__(self, module: str, request: dict, run_dir: Path, env: dict[str, str] | None = None,
+                 prefix: list[str] | None = None):
         self.log_path = run_dir / f"{module.rsplit('.', 1)[-1]}.log"
         run_dir.mkdir(parents=True, exist_ok=True)
         request_path = run_dir / f"{module.rsplit('.', 1)[-1]}.request.json"
@@ -85,7 +86,8 @@ class WorkerProcess:
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full_env.get("PYTHONPATH")]))
         full_env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, str(request_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [*(prefix or []), sys.executable, "-m", module, str(request_path)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, cwd=run_dir, env=full_env, start_new_session=True)
         self._log = BoundedLog(self.proc.stderr, self.log_path)
         self._buffer = b""
@@ -129,6 +131,8 @@ class WorkerProcess:
             self.kill()
             return "closed its channel and hung (killed)"
         self.kill()  # reap anything it left in its session
+        if code > 128 and code - 128 in signal.valid_signals():  # a shell in between reports a signal this way
+            code = -(code - 128)
         if code < 0:
             sig = signal.Signals(-code)
             return f"crashed with {sig.name} ({SIGNAL_HINTS.get(sig, 'signal')})" + self._tail_hint()

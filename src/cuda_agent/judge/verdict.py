@@ -30,6 +30,7 @@ class Verdict:
     precision: dict[str, Any] = field(default_factory=dict)
     timing: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    sandbox: str = ""  # the isolation the candidate's process ran under
     task: dict[str, Any] = field(default_factory=dict)
     candidate: dict[str, Any] = field(default_factory=dict)
     build: dict[str, Any] = field(default_factory=dict)
