@@ -23,7 +23,7 @@ def candidate(folder, init_body: str, forward_body: str):
 
 @pytest.fixture(scope="module")
 def judges(cache_dir):
-    return {mode: Judge("cpu", fast_config(cache_dir, sandbox=mode)) for mode in ("namespaces", "none")}
+    return {mode: Judge("cpu", fast_config(cache_dir, sandbox=mode, memory_limit_gb=8)) for mode in ("namespaces", "none")}
 
 
 def test_network_is_unreachable_inside(judges, tmp_path):
@@ -56,3 +56,10 @@ def test_no_process_outlives_the_evaluation(judges, tmp_path):
         assert strays() != []
     finally:
         subprocess.run(["pkill", "-f", f"sleep {marker}"])
+
+
+def test_memory_is_bounded_inside(judges, tmp_path):
+    probe = candidate(tmp_path, "pass", "self.hog = bytearray(10 * 2**30)")  # 10 GiB, over the 8 GiB limit
+    verdict = judges["namespaces"].evaluate(AFFINE, probe)
+    assert "address space <= 8.0 GiB" in verdict.sandbox
+    assert verdict.reward == -1 and "MemoryError" in verdict.error, verdict.error

@@ -71,6 +71,7 @@ class JudgeConfig:
     cache_dir: Path = field(default_factory=default_cache_dir)
     keep_run_dirs: bool = False
     sandbox: str = "auto"  # candidate process isolation: auto (namespaces on the cpu backend), namespaces, none
+    memory_limit_gb: float | None = None  # address-space limit inside the sandbox (None: 80% of RAM)
     cuda_ipc: bool = True  # share CUDA outputs with the comparing process in place (else raw files)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 

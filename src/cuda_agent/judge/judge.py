@@ -66,6 +66,8 @@ class Judge:
             self.sandbox = sandbox.resolve(self.config.sandbox, self.backend.name)
         except (ValueError, RuntimeError) as exc:
             raise BackendError(str(exc)) from exc
+        limit = self.config.memory_limit_gb
+        self.memory_limit = int(limit * 2**30) if limit else sandbox.default_memory_limit()
         self.store = Store(self.cache_dir / "judge.sqlite")
 
     # ---- public --------------------------------------------------------------------------------------
@@ -77,7 +79,7 @@ class Judge:
         seeds = list(cfg.seeds) if cfg.seeds else [secrets.randbelow(2**31) for _ in range(cfg.num_trials)]
         verdict = Verdict(
             reward=-1, compiled=False, correct=False, backend=self.backend.name, torch_version=torch.__version__,
-            tolerance={"atol": cfg.atol, "rtol": cfg.rtol}, seeds=seeds, sandbox=sandbox.describe(self.sandbox),
+            tolerance={"atol": cfg.atol, "rtol": cfg.rtol}, seeds=seeds, sandbox=sandbox.describe(self.sandbox, self.memory_limit),
             task={"name": task.name, "path": str(task.path), "hash": task.hash},
             candidate={"kind": cand.kind, "path": str(cand.origin), "hash": cand.hash})
         run_dir = Path(tempfile.mkdtemp(prefix=f"{task.name[:40]}-", dir=self.cache_dir / "runs"))
@@ -118,7 +120,7 @@ class Judge:
                     "allowed_ops": list(cfg.policy.allowed_ops), "timing": self._timing(),
                     "extension_cache": str(self.cache_dir / "extensions"),
                     "cuda_ipc": self.backend.name == "cuda" and cfg.cuda_ipc,
-                }, run_dir / "candidate", self._worker_env(), sandbox.command_prefix(self.sandbox))
+                }, run_dir / "candidate", self._worker_env(), sandbox.command_prefix(self.sandbox, self.memory_limit))
             msg = self._reference_message(task, ref, "ready", time.monotonic() + cfg.reference_timeout_s)
             phases.mark("reference_ready")
             verdict.device, verdict.torch_version, verdict.precision = \

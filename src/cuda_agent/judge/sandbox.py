@@ -4,17 +4,21 @@ Active protection (recorded in every verdict as `sandbox`):
 - `net`: a network namespace of its own with no interfaces: no connection leaves the process;
 - `pid`: a PID namespace of its own: when the worker ends, the kernel kills everything it started, including
   daemons that left its session (`setsid`), so no process outlives the evaluation;
-- `user`: the namespaces are created unprivileged (the worker is root only inside them).
+- `user`: the namespaces are created unprivileged (the worker is root only inside them);
+- `memory`: an address-space limit (`RLIMIT_AS`, default 80% of RAM), so a runaway allocation fails inside the
+  candidate instead of pushing the machine into the OOM killer. (CUDA cannot start under RLIMIT_AS, another
+  reason this sandbox is not yet used on the cuda backend.)
 A small shell is the namespace's init (PID 1 ignores signals it has no handler for), so the worker's own
 crashes surface as exit status 128 + signal.
 
-Not yet here (issue 3): a read-only view of the filesystem, an unprivileged uid, resource limits, and the
-CUDA backend (CUDA IPC across PID namespaces is unverified; `auto` keeps it off there).
+Not yet here (issue 3): a read-only view of the filesystem, an unprivileged uid (as root, RLIMIT_NPROC does not
+stop a fork bomb), and the cuda backend (CUDA IPC across PID namespaces is unverified; `auto` keeps it off there).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 
@@ -45,9 +49,18 @@ def resolve(mode: str, backend: str) -> str:
     return "namespaces"
 
 
-def command_prefix(active: str) -> list[str]:
-    return [*UNSHARE, *INIT_SHIM] if active == "namespaces" else []
+def default_memory_limit() -> int:
+    """80% of physical memory, in bytes."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
 
 
-def describe(active: str) -> str:
-    return "namespaces: net, pid, user (unshare)" if active == "namespaces" else "none (separate process only)"
+def command_prefix(active: str, memory_bytes: int) -> list[str]:
+    if active != "namespaces":
+        return []
+    return [*UNSHARE, "prlimit", f"--as={memory_bytes}", "--", *INIT_SHIM]
+
+
+def describe(active: str, memory_bytes: int) -> str:
+    if active != "namespaces":
+        return "none (separate process only)"
+    return f"namespaces: net, pid, user (unshare); address space <= {memory_bytes / 2**30:.1f} GiB"
