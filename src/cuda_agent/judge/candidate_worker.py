@@ -1,9 +1,11 @@
 """Candidate worker: loads the candidate, runs it on the judge's inputs under the op audit, then times it.
 
 It never sees reference outputs. The judge sends one seed per trial (so no later input set is known in
-advance); the worker draws that input set with the task's `get_inputs`, runs `ModelNew` under the op audit,
-writes the outputs as raw bytes for the reference worker to compare, and reports fingerprints of the inputs as
-the candidate left them. Timing waits for the judge's word.
+advance); the worker draws that input set with the task's `get_inputs` (at other sizes for the extra-shape
+trial), runs `ModelNew` under the op audit while the profiler watches every other thread, exports the outputs
+(CUDA IPC handles or raw bytes) for the reference worker to compare, and reports fingerprints of the inputs as
+the candidate left them. Timing waits for the judge's word; after it, a re-check writes fresh values into the
+timed input buffers and runs one more trial on them.
 
 Usage (by the judge): python -m cuda_agent.judge.candidate_worker REQUEST.json
 """
@@ -50,7 +52,7 @@ def route_load_inline(cache_dir: Path) -> None:
 
 def refill(buffers: list, fresh: list) -> list:
     """Write a fresh input set's values into existing input tensors (same addresses, new contents)."""
-    for (path, old), (_, new) in zip(leaves(buffers, "input"), leaves(fresh, "input")):
+    for (_, old), (_, new) in zip(leaves(buffers, "input"), leaves(fresh, "input")):
         if isinstance(old, torch.Tensor):
             old.copy_(new)
     return buffers
