@@ -82,6 +82,13 @@ def test_compare_tensor_tolerance_nan_shape_dtype():
     assert not compare_tensor(ints + (ints == 3), ints, None, 1e-2, 1e-2, "out")["ok"]
 
 
+def test_zeros_do_not_pass_on_tiny_outputs():
+    r = torch.randn(10000) * 1e-4  # every element within atol=1e-2 of zero
+    res = compare_tensor(torch.zeros_like(r), r, None, 1e-2, 1e-2, "out")
+    assert not res["ok"] and "does not follow the reference" in res["reason"]
+    assert compare_tensor(r * (1 + 1e-3), r, None, 1e-2, 1e-2, "out")["ok"]
+
+
 def test_compare_trial_reads_raw_outputs_and_checks_structure(tmp_path):
     ref = (torch.randn(3, 4), torch.arange(5))
     manifest = export_outputs((ref[0].clone(), ref[1].clone()), tmp_path / "ok", use_ipc=False)

@@ -21,8 +21,10 @@ def _norm_ratio(sq_diff: float, sq_ref: float) -> float:
 
 
 def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, atol: float, rtol: float,
-                   where: str) -> dict[str, Any]:
-    """Elementwise |c - r| <= atol + rtol*|r| over every element; NaN/Inf in c never pass."""
+                   where: str, max_rel: float = 0.5) -> dict[str, Any]:
+    """Elementwise |c - r| <= atol + rtol*|r| over every element; NaN/Inf in c never pass. Scale-aware too:
+    where the outputs are so small that `atol` alone would pass zeros or a constant, the normwise relative
+    error ||c - r|| / ||r|| must stay under `max_rel` (0.5: far beyond rounding, far below "not computed")."""
     res: dict[str, Any] = {"ok": True, "reason": None, "max_abs": 0.0, "rel": 0.0, "rel64": None, "eager_rel64": None}
     if c.shape != r.shape:
         return {**res, "ok": False, "reason": f"{where} has shape {list(c.shape)}, expected {list(r.shape)}"}
@@ -58,6 +60,10 @@ def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, a
             sq["eager64"] += float(((rr - r6) ** 2).sum())
             sq["ref64"] += float((r6 * r6).sum())
     res["rel"] = _norm_ratio(sq["diff"], sq["ref"])
+    if sq["ref"] > 0 and res["rel"] > max_rel:
+        return {**res, "ok": False, "reason": (
+            f"{where}: relative error {res['rel']:.3g} (||out - ref|| / ||ref||) although every element is within "
+            f"atol={atol:g}: the output does not follow the reference, whose values are tiny")}
     if r64f is not None:
         res["rel64"] = _norm_ratio(sq["diff64"], sq["ref64"])
         res["eager_rel64"] = _norm_ratio(sq["eager64"], sq["ref64"])
@@ -65,7 +71,7 @@ def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, a
 
 
 def compare_trial(manifest: dict, ref: Any, ref64: Any | None, atol: float, rtol: float, device: str,
-                  label: str) -> dict[str, Any]:
+                  label: str, max_rel: float = 0.5) -> dict[str, Any]:
     """Compare the candidate's outputs (a manifest of raw files) with the reference outputs of one trial."""
     out: dict[str, Any] = {"ok": True, "reason": None, "max_abs": 0.0, "rel": 0.0, "rel64": [], "eager_rel64": []}
     ref_leaves = list(leaves(ref))
@@ -83,7 +89,7 @@ def compare_trial(manifest: dict, ref: Any, ref64: Any | None, atol: float, rtol
                 c = import_tensor(item, device)
             except (OSError, ValueError, RuntimeError) as exc:
                 return {**out, "ok": False, "reason": f"{where}: unreadable output ({exc})"}
-            res = compare_tensor(c, r, ref64_leaves.get(path), atol, rtol, where)
+            res = compare_tensor(c, r, ref64_leaves.get(path), atol, rtol, where, max_rel)
             del c
             out["max_abs"] = max(out["max_abs"], res["max_abs"])
             out["rel"] = max(out["rel"], res["rel"])

@@ -51,6 +51,7 @@ def default_cache_dir() -> Path:
 class JudgeConfig:
     atol: float = 1e-2
     rtol: float = 1e-2
+    max_relative_error: float = 0.5  # normwise; catches zeros/constants passing atol on tiny outputs (compare.py)
     num_trials: int = 5  # fresh random input sets, seeds drawn by the judge per evaluation
     seeds: tuple[int, ...] | None = None  # fix them only for reproducing a verdict
     extra_shapes: bool = True  # one more input set with the sizes only get_inputs() uses changed (task.py)

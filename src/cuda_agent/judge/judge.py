@@ -101,6 +101,7 @@ class Judge:
         ref = WorkerProcess("cuda_agent.judge.reference_worker", {
             "task_path": str(task.path), "backend": self.backend.name, "init_seed": secrets.randbelow(2**31),
             "allow_tf32": cfg.allow_tf32, "public_dir": str(public), "atol": cfg.atol, "rtol": cfg.rtol,
+            "max_relative_error": cfg.max_relative_error,
             "compile_mode": cfg.compile_mode, "timing": self._timing(),
         }, run_dir / "reference", self._worker_env())
         worker: WorkerProcess | None = None

@@ -91,7 +91,7 @@ class Reference:
     def compare(self, manifest_path: str, label: str) -> dict:
         manifest = json.loads(Path(manifest_path).read_text())
         result = compare_trial(manifest, self.trial["outputs"], self.trial["outputs64"], self.req["atol"],
-                               self.req["rtol"], self.device, label)
+                               self.req["rtol"], self.device, label, self.req["max_relative_error"])
         self.trial = {}
         if self.device == "cuda":
             torch.cuda.empty_cache()  # leave the memory to the candidate
