@@ -78,10 +78,9 @@ def main() -> None:
                  "compiled": binding})
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp / "torch_ext"), "PYTHONPATH": str(ROOT / "src")}
     if args.backend == "cuda":
-        from cuda_agent.backend import detect_cuda_arch
+        from cuda_agent.backend import detect_cuda_arch, torch_arch_list
 
-        arch = detect_cuda_arch()
-        env["TORCH_CUDA_ARCH_LIST"] = f"{arch[:-2]}.{arch[-2:]}" if arch.endswith("a") else f"{arch[:-1]}.{arch[-1]}"
+        env["TORCH_CUDA_ARCH_LIST"] = torch_arch_list(detect_cuda_arch())
     loader = (f"import importlib.util as u; s = u.spec_from_file_location('m', '{CANDIDATES / single}'); "
               "u.module_from_spec(s).__spec__.loader.exec_module(u.module_from_spec(s))")
     rows.append({"step": "anchor: torch load_inline (torch/extension.h) of the same kernel as a single file",

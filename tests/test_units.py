@@ -145,6 +145,12 @@ def get_init_inputs():
     assert extra_shape({"batch_size": 16, "width": 256}) == {"batch_size": 9, "width": 129}
 
 
+def test_torch_arch_list_spelling():
+    from cuda_agent.backend import torch_arch_list
+
+    assert [torch_arch_list(a) for a in ("90a", "90", "100a", "120", "89")] == ["9.0a", "9.0", "10.0a", "12.0", "8.9"]
+
+
 def test_task_and_candidate_loading_errors(tmp_path):
     with pytest.raises(TaskError, match="no such file"):
         load_task(tmp_path / "missing.py")

@@ -100,6 +100,10 @@ class Backend:
         """Link flags for the few libraries the policy allows, when the sources use them."""
         return []
 
+    def worker_env(self) -> dict[str, str]:
+        """Environment for the worker processes (e.g. what `load_inline` builds for)."""
+        return {}
+
     def identity(self) -> str:
         """Everything that changes object code: part of every build-cache key."""
         return "|".join([self.name, _tool_version(self.cxx), _torch_build_info()["version"], sys.version])
@@ -234,6 +238,9 @@ class CudaBackend(Backend):
     def identity(self) -> str:
         return "|".join([super().identity(), _tool_version(self.nvcc), self.arch or detect_cuda_arch()])
 
+    def worker_env(self) -> dict[str, str]:
+        return {"TORCH_CUDA_ARCH_LIST": torch_arch_list(self.arch or detect_cuda_arch())}  # this GPU only
+
     def describe_device(self) -> str:
         import torch
 
@@ -311,6 +318,12 @@ def detect_cuda_arch() -> str:
     major, minor = cap.split(".")
     arch = f"{major}{minor}"
     return arch + "a" if arch == "90" else arch  # sm_90a unlocks wgmma/setmaxnreg on Hopper
+
+
+def torch_arch_list(arch: str) -> str:
+    """nvcc's arch spelling ('90a', '100') as TORCH_CUDA_ARCH_LIST wants it ('9.0a', '10.0')."""
+    digits = arch.rstrip("abcdefghijklmnopqrstuvwxyz")
+    return f"{digits[:-1]}.{digits[-1]}{arch[len(digits):]}"
 
 
 def get_backend(name: str) -> Backend:

@@ -325,8 +325,4 @@ class Judge:
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
                "TORCH_EXTENSIONS_DIR": str(self.cache_dir / "extensions"),
                "MAX_JOBS": str(os.cpu_count() or 1)}
-        arch = getattr(self.backend, "arch", "")
-        if arch:  # load_inline builds for this GPU only
-            env["TORCH_CUDA_ARCH_LIST"] = f"{arch[:-1]}.{arch[-1]}" if arch[-1].isdigit() else \
-                f"{arch[:-2]}.{arch[-2:]}"
-        return env
+        return {**env, **self.backend.worker_env()}
