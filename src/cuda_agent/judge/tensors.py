@@ -58,12 +58,6 @@ def to_double(obj: Any) -> Any:
     return tree_map(lambda x: x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x, obj)
 
 
-def detach_cpu(obj: Any) -> Any:
-    import torch
-
-    return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, obj)
-
-
 def tensor_bytes(obj: Any) -> int:
     import torch
 
