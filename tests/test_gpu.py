@@ -70,3 +70,91 @@ def test_outputs_cross_by_file_when_cuda_ipc_is_off(cache_dir):
     verdict = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
     assert verdict.correct and verdict.reward >= 2, verdict.error
     assert set(verdict.phases_s) >= {"build", "reference_ready", "candidate_load", "verify", "time_candidate"}
+
+
+def test_the_candidate_runs_sandboxed_on_the_gpu(gpu_judge):
+    verdict = gpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
+    assert verdict.correct, verdict.error
+    assert verdict.sandbox.startswith("namespaces: user, net, pid, mount"), verdict.sandbox
+
+
+HOST_COMPUTE = """{
+    float* h = (float*)malloc(n * sizeof(float));
+    cudaMemcpyAsync(h, x, n * sizeof(float), cudaMemcpyDeviceToHost, stream);
+    cudaStreamSynchronize(stream);
+    for (int64_t i = 0; i < n; ++i) h[i] = fmaxf(h[i] * scale + shift, 0.f) * 0.5f;
+    cudaMemcpyAsync(out, h, n * sizeof(float), cudaMemcpyHostToDevice, stream);
+    cudaStreamSynchronize(stream);
+    free(h);
+}"""
+LAUNCH = "affine_relu_kernel<<<(unsigned)blocks, threads, 0, stream>>>(out, x, scale, shift, n);"
+
+
+def test_a_decoy_kernel_that_never_runs_fails(gpu_judge, make_workspace):
+    # The kernel is compiled but never launched: the host computes and copies the result over.
+    ws = make_workspace("affine_relu_cuda", {KERNEL: [("#include <cstdint>", "#include <cstdint>\n#include <cstdlib>"),
+                                                      (LAUNCH, HOST_COMPUTE)]})
+    verdict = gpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and "none of the candidate's own kernels ran" in verdict.error, verdict.error
+
+
+def test_host_work_before_the_first_launch_fails(gpu_judge, make_workspace):
+    # 2 ms of host work before the kernel: outside every device timeline, so it would look free.
+    spin = "{ auto t0 = std::chrono::steady_clock::now(); while (std::chrono::steady_clock::now() - t0 < " \
+           "std::chrono::milliseconds(2)) {} }\n    "
+    ws = make_workspace("affine_relu_cuda", {KERNEL: [("#include <cstdint>", "#include <cstdint>\n#include <chrono>"),
+                                                      (LAUNCH, spin + LAUNCH)]})
+    verdict = gpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and verdict.error.startswith("host-side work"), verdict.error
+
+
+PERSIST = """
+import ctypes
+
+_maps = open('/proc/self/maps').read().split()
+_cudart = ctypes.CDLL(next(p for p in _maps if '/libcudart.so' in p))
+
+
+def persisting_limit():
+    value = ctypes.c_size_t(0)
+    assert _cudart.cudaDeviceGetLimit(ctypes.byref(value), 6) == 0
+    return value.value
+"""
+
+
+def test_persisting_l2_lines_are_reset_between_timed_calls(gpu_judge, make_workspace):
+    # The candidate reserves persisting L2 in every call and checks it is gone at the next: the judge resets it
+    # before each timed call, so the reservation (and any access-policy window) cannot carry over the flush.
+    ws = make_workspace("affine_relu_cuda", {"model_new.py": [
+        ("import cuda_extension\n", "import cuda_extension\n" + PERSIST),
+        ("        return cuda_extension", "        self.calls = getattr(self, 'calls', 0) + 1\n"
+         "        if 8 < self.calls < 20 and persisting_limit() != 0:  # calls 7-21 are timed, each after a flush\n"
+         "            raise RuntimeError('persisting L2 survived from the previous call')\n"
+         "        _cudart.cudaDeviceSetLimit(6, ctypes.c_size_t(4 << 20))\n"
+         "        return cuda_extension")]})
+    verdict = gpu_judge.evaluate(AFFINE, ws)
+    assert verdict.correct, verdict.error
+
+
+def test_kernel_hang_and_gpu_oom_are_verdicts_and_leave_nothing_behind(cache_dir, make_workspace, tmp_path):
+    import subprocess
+
+    from cuda_agent.judge import Judge
+
+    judge = Judge("cuda", fast_config(cache_dir, run_timeout_s=30))
+    hang = make_workspace("affine_relu_cuda", {KERNEL: [
+        ("const int64_t n4 = n / 4;", "const int64_t n4 = n / 4;\n    while (n > 0) { __nanosleep(1000); }")]})
+    verdict = judge.evaluate(AFFINE, hang)
+    assert verdict.reward == -1 and "timed out" in verdict.error, verdict.error
+    oom = tmp_path / "oom.py"
+    oom.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self, scale, shift):\n"
+                   "        super().__init__()\n\n    def forward(self, x):\n"
+                   "        return torch.empty(1 << 46, dtype=torch.uint8, device='cuda')\n")
+    verdict = judge.evaluate(AFFINE, oom)
+    assert verdict.reward == -1 and "out of memory" in verdict.error.lower(), verdict.error
+    again = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
+    assert again.correct and again.reward >= 2, again.error
+    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.strip().splitlines()
+    apps = [line for line in apps if line.split(",")[0].strip() != str(__import__("os").getpid())]
+    assert apps == [], f"GPU processes left behind: {apps}"

@@ -238,3 +238,35 @@ def test_out_of_memory_is_a_failure_verdict(cpu_judge, tmp_path):
 def test_broken_reference_is_a_clear_task_error(cpu_judge, name, message):
     with pytest.raises(TaskError, match=message.replace("(", r"\(").replace(")", r"\)")):
         cpu_judge.evaluate(TASKS / "broken" / name, CANDIDATES / "affine_relu_ok")
+
+
+@pytest.mark.parametrize("where, patch, replaced", [
+    ("import", "import time\ntime.perf_counter = lambda: 0.0", "time.perf_counter"),
+    ("import", "torch.cuda.synchronize = lambda *a: None", "torch.cuda.synchronize"),
+    # From inside forward, during the timing loop: the fingerprint of the inputs the judge checks for mutation.
+    ("forward", "import sys; sys.modules['__main__'].checksum = lambda *a: []", "__main__.checksum"),
+    ("forward", "torch.Tensor.copy_ = lambda self, src, *a: self", "torch.Tensor.copy_ (added)"),
+])
+def test_replacing_the_harness_functions_is_caught(cpu_judge, make_workspace, where, patch, replaced):
+    if where == "import":
+        edit = ("import torch\n", f"import torch\n{patch}\n")
+    else:  # the 8th call is inside the timing loop (after 5 trials and the extra shape)
+        indented = patch.replace("\n", "\n            ")
+        edit = ("    def forward(self, x):\n",
+                "    def forward(self, x):\n        self.calls = getattr(self, 'calls', 0) + 1\n"
+                f"        if self.calls == 8:\n            {indented}\n")
+    verdict = cpu_judge.evaluate(AFFINE, make_workspace(edits={"model_new.py": [edit]}))
+    assert verdict.reward == -1 and "replaced functions the judge relies on" in verdict.error, verdict.error
+    assert replaced in verdict.error, verdict.error
+
+
+def test_a_closed_form_for_the_input_distribution_fails_on_scaled_inputs(cache_dir, cpu_judge, tmp_path):
+    # Every row mean of uniform [0, 1) inputs is 0.5 to within 0.001: a constant passes every ordinary input set.
+    expectation = tmp_path / "expectation.py"
+    expectation.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+                           "        return torch.empty(x.shape[0], device=x.device).fill_(0.5)\n")
+    task = TASKS / "row_mean.py"
+    unscaled = Judge("cpu", fast_config(cache_dir, scaled_inputs=False)).evaluate(task, expectation)
+    assert unscaled.correct, unscaled.error  # the hack would pass without the scaled input set
+    verdict = cpu_judge.evaluate(task, expectation)
+    assert verdict.reward == -1 and "scaled inputs (x" in verdict.error, verdict.error

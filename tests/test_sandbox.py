@@ -1,21 +1,27 @@
-"""The candidate's sandbox on the CPU backend: what it blocks, and that a plain process would not."""
+"""The candidate's sandbox: each barrier holds inside, and (where it makes sense) the same probe gets through from
+a plain process, so the test would fail without the barrier."""
 
+import json
 import socket
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
 from conftest import TASKS, fast_config
+from cuda_agent import sandbox
 from cuda_agent.judge import Judge
-from cuda_agent.judge.sandbox import namespaces_available
+from cuda_agent.sandbox.cgroup import Cgroup
 
 AFFINE = TASKS / "affine_relu.py"
-pytestmark = pytest.mark.skipif(not namespaces_available(), reason="unshare --user --net --pid is not permitted here")
+pytestmark = pytest.mark.skipif(sandbox.probe() is not None, reason=f"sandbox unavailable: {sandbox.probe()}")
 
 
-def candidate(folder, init_body: str, forward_body: str):
+def candidate(folder: Path, init_body: str, forward_body: str) -> Path:
     path = folder / "probe.py"
-    path.write_text("import os, socket, subprocess\nimport torch\n\n\nclass ModelNew(torch.nn.Module):\n"
+    path.write_text("import ctypes, json, os, socket, subprocess\nimport torch\n\n\n"
+                    "class ModelNew(torch.nn.Module):\n"
                     f"    def __init__(self, scale, shift):\n        super().__init__()\n        {init_body}\n\n"
                     f"    def forward(self, x):\n        {forward_body}\n")
     return path
@@ -23,7 +29,8 @@ def candidate(folder, init_body: str, forward_body: str):
 
 @pytest.fixture(scope="module")
 def judges(cache_dir):
-    return {mode: Judge("cpu", fast_config(cache_dir, sandbox=mode, memory_limit_gb=8)) for mode in ("namespaces", "none")}
+    return {mode: Judge("cpu", fast_config(cache_dir, sandbox=mode, memory_limit_gb=8, max_processes=256))
+            for mode in ("namespaces", "none")}
 
 
 def test_network_is_unreachable_inside(judges, tmp_path):
@@ -63,3 +70,82 @@ def test_memory_is_bounded_inside(judges, tmp_path):
     verdict = judges["namespaces"].evaluate(AFFINE, probe)
     assert "address space <= 8.0 GiB" in verdict.sandbox
     assert verdict.reward == -1 and "MemoryError" in verdict.error, verdict.error
+
+
+FS_PROBE = """
+        r = {}
+        def attempt(name, fn):
+            try:
+                r[name] = fn()
+            except Exception as exc:
+                r[name] = 'denied: ' + type(exc).__name__
+        attempt('write_outside', lambda: open(%(outside)r, 'w').write('pwned'))
+        attempt('read_judge_db', lambda: len(open(%(db)r, 'rb').read()))
+        attempt('list_runs', lambda: os.listdir(%(runs)r))
+        libc = ctypes.CDLL(None, use_errno=True)
+        attempt('umount_hidden', lambda: libc.umount2(%(cache)r.encode(), 2))
+        attempt('remount_rw', lambda: libc.mount(None, b'/', None, 32 | 4096, None))
+        attempt('db_after_umount', lambda: len(open(%(db)r, 'rb').read()))
+        attempt('write_tmp', lambda: open('/tmp/scratch', 'w').write('ok'))
+        raise RuntimeError('FS=' + json.dumps(r))"""
+
+
+def _fs_results(verdict) -> dict:
+    assert verdict.error and "FS=" in verdict.error, verdict.error
+    return json.loads(verdict.error.split("FS=", 1)[1].strip().splitlines()[0])
+
+
+def test_filesystem_view_hides_judge_data_and_is_read_only(judges, cache_dir, tmp_path):
+    outside = tmp_path / "outside.txt"
+    assert (cache_dir / "judge.sqlite").exists()
+    body = FS_PROBE % {"outside": str(outside), "db": str(cache_dir / "judge.sqlite"),
+                       "runs": str(cache_dir / "runs"), "cache": str(cache_dir)}
+    probe = candidate(tmp_path, "pass", body.strip())
+    inside = _fs_results(judges["namespaces"].evaluate(AFFINE, probe))
+    assert not outside.exists(), "the sandboxed candidate wrote outside its folders"
+    assert inside["write_outside"].startswith("denied")
+    assert inside["read_judge_db"].startswith("denied") and inside["db_after_umount"].startswith("denied")
+    assert len(inside["list_runs"]) <= 1  # its own run folder at most: the judge's other runs are unseen
+    assert inside["umount_hidden"] == -1 and inside["remount_rw"] == -1  # the view is locked
+    assert inside["write_tmp"] == 2  # a private /tmp is writable
+    plain = _fs_results(judges["none"].evaluate(AFFINE, probe))  # the same probe gets through without it
+    assert plain["write_outside"] == 5 and outside.read_text() == "pwned"
+    assert isinstance(plain["read_judge_db"], int)
+
+
+@pytest.mark.skipif(Cgroup.layout() is None and __import__("os").geteuid() == 0,
+                    reason="no writable cgroup and running as root: nothing would stop a fork bomb")
+def test_fork_bomb_is_contained(judges, tmp_path):
+    bomb = candidate(tmp_path, "[os.fork() for _ in range(64)]", "return x * 1")
+    start = time.monotonic()
+    verdict = judges["namespaces"].evaluate(AFFINE, bomb)
+    assert time.monotonic() - start < 120
+    assert verdict.reward == -1 and verdict.error, verdict.error
+    assert "process limit reached" in verdict.error or "Resource temporarily unavailable" in verdict.error, \
+        verdict.error
+    left = subprocess.run(["pgrep", "-f", "candidate_worker"], capture_output=True, text=True).stdout.split()
+    assert left == [], "fork bomb processes survived the evaluation"
+
+
+def test_editing_the_template_binding_changes_nothing(judges, make_workspace):
+    """The judge builds with its own copy of the template's infrastructure files, whatever the workspace holds."""
+    workspace = make_workspace()
+    (workspace / "binding.cpp").write_text('#error "a tampered binding"\n')
+    (workspace / "binding_registry.h").write_text('#error "a tampered registry"\n')
+    verdict = judges["namespaces"].evaluate(AFFINE, workspace)
+    assert verdict.compiled and verdict.correct, verdict.error
+
+
+def test_sandbox_unit_describes_and_cleans_up(tmp_path):
+    box = sandbox.Sandbox(sandbox.View(writable=[tmp_path]), sandbox.Limits(max_processes=64, memory_bytes=1 << 30),
+                          cwd=tmp_path)
+    try:
+        run = subprocess.run([*box.prefix(), "sh", "-c", "pwd; touch ok; echo > /dev/null && echo devnull"],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        box.close()
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(tmp_path), "devnull"] and (tmp_path / "ok").exists()
+    assert "namespaces: user, net, pid, mount" in box.describe()
+    if box.cgroup:
+        assert all(not d.exists() for d in box.cgroup.dirs), "cgroup left behind"

@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ import torch
 from ..backend import get_backend
 from ..task import import_file
 from .audit import OpAudit, ThreadAudit
-from .process import Channel, WorkerFailure, one_line, run_worker
+from .integrity import Integrity
+from .process import Channel, Handler, WorkerFailure, one_line, run_worker
 from .tensors import checksum, leaves, make_inputs
 from .transfer import export_outputs
 from .timing import time_callable
@@ -82,14 +84,15 @@ class Candidate:
         build_dir = Path(req["build_dir"])
         if req["kind"] == "single_file":
             route_load_inline(Path(req["extension_cache"]))
+        # The op audit's first dispatch from C++ imports torch._dynamo (1-3 s): import it now, while the reference
+        # worker is still starting, instead of inside the first verified forward.
+        importlib.import_module("torch._dynamo")
+        self.integrity = Integrity((sys.modules[__name__],))  # before any candidate code runs
         try:
             model_cls = getattr(import_file(build_dir / "model_new.py", "model_new"), "ModelNew")
         except Exception as exc:
             raise WorkerFailure("load_error", f"loading the candidate failed: {one_line(exc)}") from exc
         self.model_cls = model_cls
-        # The op audit's first dispatch from C++ imports torch._dynamo (1-3 s): import it now, while the reference
-        # worker is still starting, instead of inside the first verified forward.
-        importlib.import_module("torch._dynamo")
         self.allowed_ops = tuple(req["allowed_ops"])
         self.audit = OpAudit(self.allowed_ops)
         # The task module only supplies get_inputs(): Model itself is never built in this process.
@@ -110,11 +113,12 @@ class Candidate:
             raise WorkerFailure("verify_error", f"ModelNew does not take Model's state dict (strict): {one_line(exc)}") \
                 from exc
 
-    def run_trial(self, k: int, seed: int, reuse: list | None = None, shapes: dict[str, int] | None = None) -> dict:
-        """Run ModelNew on the input set of `seed` (at other sizes with `shapes`), drawn fresh or, with `reuse`,
-        written into those buffers."""
+    def run_trial(self, k: int, seed: int, reuse: list | None = None, shapes: dict[str, int] | None = None,
+                  scale: float | None = None) -> dict:
+        """Run ModelNew on the input set of `seed` (at other sizes with `shapes`, scaled by `scale`), drawn fresh
+        or, with `reuse`, written into those buffers."""
         with ThreadAudit(self.allowed_ops) as threads:  # until the outputs are exported: they must be final
-            inputs = make_inputs(self.task, seed, self.device, shapes)
+            inputs = make_inputs(self.task, seed, self.device, shapes, scale)
             if reuse is not None:
                 inputs = refill(reuse, inputs)
             try:
@@ -141,6 +145,19 @@ class Candidate:
 
 def start(req: dict, chan: Channel) -> dict:
     cand = Candidate(req)
+    check_integrity = cand.integrity.changed
+
+    def checked(handler: Handler) -> Handler:
+        def run(cmd: dict) -> tuple[str, dict]:
+            reply = handler(cmd)
+            replaced = check_integrity()
+            if replaced:
+                raise WorkerFailure("verify_error", "candidate code replaced functions the judge relies on: "
+                                                    + ", ".join(replaced[:8]))
+            return reply
+        return run
+
+    checked(lambda cmd: ("", {}))({})  # loading the candidate ran its module code
     chan.send("loaded")
 
     def initialise(cmd: dict) -> tuple[str, dict]:
@@ -148,10 +165,12 @@ def start(req: dict, chan: Channel) -> dict:
         return "initialised", {}
 
     return {
-        "init": initialise,
-        "trial": lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]), None, cmd.get("shapes"))),
-        "time": lambda cmd: ("timed", {"stats": cand.time(int(cmd["seed"]))}),
-        "recheck": lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]), cand.timed_inputs)),
+        "init": checked(initialise),
+        "trial": checked(lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]), None,
+                                                                   cmd.get("shapes"), cmd.get("scale")))),
+        "time": checked(lambda cmd: ("timed", {"stats": cand.time(int(cmd["seed"]))})),
+        "recheck": checked(lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]),
+                                                                     cand.timed_inputs))),
     }
 
 

@@ -55,6 +55,7 @@ class JudgeConfig:
     num_trials: int = 5  # fresh random input sets, seeds drawn by the judge per evaluation
     seeds: tuple[int, ...] | None = None  # fix them only for reproducing a verdict
     extra_shapes: bool = True  # one more input set with the sizes only get_inputs() uses changed (task.py)
+    scaled_inputs: bool = True  # one more input set with floating-point inputs multiplied by 2-4 (distribution)
     allow_tf32: bool = False  # applied identically to baselines and candidate
     speedup_threshold: float = 0.05
     # Strict precision: fail when the candidate's error against fp64 exceeds this many times fp32 eager's own
@@ -71,8 +72,9 @@ class JudgeConfig:
     reference_timeout_s: float = 900.0  # reference process, including the torch.compile baseline
     cache_dir: Path = field(default_factory=default_cache_dir)
     keep_run_dirs: bool = False
-    sandbox: str = "auto"  # candidate process isolation: auto (namespaces on the cpu backend), namespaces, none
-    memory_limit_gb: float | None = None  # address-space limit inside the sandbox (None: 80% of RAM)
+    sandbox: str = "auto"  # candidate process isolation: auto (namespaces where they work), namespaces, none
+    memory_limit_gb: float | None = None  # sandbox memory: cgroup, plus address space on cpu (None: 80% of RAM)
+    max_processes: int = 4096  # sandbox process/thread count (cgroup pids, or RLIMIT_NPROC when not root)
     cuda_ipc: bool = True  # share CUDA outputs with the comparing process in place (else raw files)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 

@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 from ..backend import Backend, BackendError, get_backend
+from .. import sandbox
 from ..task import Task, TaskError, extra_shape, load_task, shape_constants
 from ..workspace.build import Builder, BuildResult
 from ..workspace.candidate import Candidate, load_candidate
 from .config import JudgeConfig
-from . import sandbox
 from .policy import scan_sources
 from .process import WorkerDied, WorkerProcess
 from .reward import milestone_reward
@@ -54,6 +54,10 @@ class Phases:
         self.last = now
 
 
+HOST_RATIO, HOST_SLACK_US = 3.0, 200.0  # host time per call beyond this much over device time fails
+TORCH_KERNEL_PREFIXES = ("void at::", "at::", "void at_cuda_detail::", "void (anonymous namespace)::elementwise")
+
+
 class Judge:
     def __init__(self, backend: str | Backend = "cuda", config: JudgeConfig | None = None):
         self.config = config or JudgeConfig()
@@ -63,11 +67,16 @@ class Judge:
         (self.cache_dir / "runs").mkdir(parents=True, exist_ok=True)
         self.builder = Builder(self.backend, self.cache_dir / "build")
         try:
-            self.sandbox = sandbox.resolve(self.config.sandbox, self.backend.name)
+            self.sandboxed = sandbox.resolve(self.config.sandbox)
         except (ValueError, RuntimeError) as exc:
             raise BackendError(str(exc)) from exc
+        # CUDA IPC handles fail to open across the sandbox's namespaces (cudaErrorMapBufferObjectFailed, measured on
+        # the H200 machine): sandboxed candidates hand their outputs over as files.
+        self.cuda_ipc = self.backend.name == "cuda" and self.config.cuda_ipc and not self.sandboxed
         limit = self.config.memory_limit_gb
-        self.memory_limit = int(limit * 2**30) if limit else sandbox.default_memory_limit()
+        self.limits = sandbox.Limits(memory_bytes=int(limit * 2**30) if limit else None,
+                                     max_processes=self.config.max_processes,
+                                     address_space=self.backend.name == "cpu")
         self.store = Store(self.cache_dir / "judge.sqlite")
 
     # ---- public --------------------------------------------------------------------------------------
@@ -79,7 +88,8 @@ class Judge:
         seeds = list(cfg.seeds) if cfg.seeds else [secrets.randbelow(2**31) for _ in range(cfg.num_trials)]
         verdict = Verdict(
             reward=-1, compiled=False, correct=False, backend=self.backend.name, torch_version=torch.__version__,
-            tolerance={"atol": cfg.atol, "rtol": cfg.rtol}, seeds=seeds, sandbox=sandbox.describe(self.sandbox, self.memory_limit),
+            tolerance={"atol": cfg.atol, "rtol": cfg.rtol}, seeds=seeds,
+            sandbox="namespaces (candidate not started)" if self.sandboxed else sandbox.NONE_DESCRIPTION,
             task={"name": task.name, "path": str(task.path), "hash": task.hash},
             candidate={"kind": cand.kind, "path": str(cand.origin), "hash": cand.hash})
         run_dir = Path(tempfile.mkdtemp(prefix=f"{task.name[:40]}-", dir=self.cache_dir / "runs"))
@@ -120,8 +130,9 @@ class Judge:
                     "task_path": str(task.path), "out_dir": str(transfer), "allow_tf32": cfg.allow_tf32,
                     "allowed_ops": list(cfg.policy.allowed_ops), "timing": self._timing(),
                     "extension_cache": str(self.cache_dir / "extensions"),
-                    "cuda_ipc": self.backend.name == "cuda" and cfg.cuda_ipc,
-                }, run_dir / "candidate", self._worker_env(), sandbox.command_prefix(self.sandbox, self.memory_limit))
+                    "cuda_ipc": self.cuda_ipc,
+                }, run_dir / "candidate", self._candidate_env(), self._candidate_sandbox(task, run_dir, transfer,
+                                                                                          verdict))
             msg = self._reference_message(task, ref, "ready", time.monotonic() + cfg.reference_timeout_s)
             phases.mark("reference_ready")
             verdict.device, verdict.torch_version, verdict.precision = \
@@ -158,7 +169,7 @@ class Judge:
                 return
             # Fresh values in the very buffers it was timed on: a cache keyed on pointers or shapes returns stale
             # outputs here.
-            recheck = {"command": "recheck", "k": len(seeds) + 1, "seed": secrets.randbelow(2**31)}
+            recheck = {"command": "recheck", "k": len(seeds) + 2, "seed": secrets.randbelow(2**31)}
             if not self._trial(task, ref, worker, recheck, "re-check after timing (fresh values, same buffers)",
                                transfer, deadline, verdict, {"candidate": [], "eager": []}):
                 verdict.correct = False
@@ -211,6 +222,12 @@ class Judge:
             command = {"command": "trial", "k": len(seeds), "seed": secrets.randbelow(2**31), "shapes": shapes}
             if not self._trial(task, ref, worker, command, label, transfer, deadline, verdict, errors):
                 return False
+        if self.config.scaled_inputs:  # 2-4x the task's inputs: moments of its input distribution no longer hold
+            scale = 2 + 2 * secrets.randbelow(10**6) / 10**6
+            command = {"command": "trial", "k": len(seeds) + 1, "seed": secrets.randbelow(2**31), "scale": scale}
+            if not self._trial(task, ref, worker, command, f"scaled inputs (x{scale:.3f})", transfer, deadline,
+                               verdict, errors):
+                return False
         verdict.correct = True
         if errors["candidate"] and errors["eager"]:
             c, e = max(errors["candidate"]), max(errors["eager"])
@@ -231,7 +248,8 @@ class Judge:
                transfer: Path, deadline: float, verdict: Verdict, errors: dict[str, list[float]]) -> bool:
         """One input set: the reference draws it and computes its outputs, the candidate runs on it (a fresh set,
         or fresh values written into the buffers it was timed on), the reference compares. False on failure."""
-        ref.send({"command": "trial", "seed": command["seed"], "shapes": command.get("shapes")})
+        ref.send({"command": "trial", "seed": command["seed"], "shapes": command.get("shapes"),
+                  "scale": command.get("scale")})
         worker.send(command)
         ready = self._reference_message(task, ref, "trial_ready", time.monotonic() + self.config.reference_timeout_s)
         msg = worker.receive(deadline)
@@ -310,16 +328,52 @@ class Judge:
                 verdict.warnings.append(
                     f"faster than the speed of light: {t:.1f} us < {bound:.1f} us for {work['bytes']} bytes and "
                     f"{work['flops']} FLOPs at this device's peak rates; the measurement or the candidate is suspect")
-        if stats["host_median_us"] > 2 * t + 100:
-            verdict.warnings.append(
-                f"host wall clock ({stats['host_median_us']:.0f} us) far exceeds device time ({t:.0f} us): "
-                "work may run outside the measured device timeline")
+        problem = self._timeline_problem(stats, t)
+        if problem:
+            verdict.correct, verdict.reward, verdict.error = False, -1, problem
+
+    def _timeline_problem(self, stats: dict[str, Any], t: float) -> str | None:
+        """The work must happen on the timed device timeline, in the candidate's own kernels (GPU)."""
+        host = stats["host_median_us"]
+        if self.backend.name == "cpu":
+            return None
+        if host > HOST_RATIO * t + HOST_SLACK_US:
+            return (f"host-side work: the host wall clock per call ({host:.0f} us) far exceeds the device time "
+                    f"({t:.0f} us); compute must run on the GPU, inside the timed calls")
+        kernels = stats.get("kernels") or []
+        if not [k for k in kernels if not k.startswith(TORCH_KERNEL_PREFIXES)]:
+            return ("none of the candidate's own kernels ran in the timed calls (seen: "
+                    f"{', '.join(k[:60] for k in kernels) or 'no kernel at all'})")
+        return None
 
     # ---- helpers -------------------------------------------------------------------------------------
     def _timing(self) -> dict[str, Any]:
         c = self.config
         return {"warmup": c.warmup, "min_iters": c.min_iters, "max_iters": c.max_iters,
                 "target_time_s": c.target_time_s}
+
+    def _candidate_sandbox(self, task: Task, run_dir: Path, transfer: Path,
+                           verdict: Verdict) -> sandbox.Sandbox | None:
+        """The candidate sees its build, the public inputs and the task file; writes only its own folders."""
+        if not self.sandboxed:
+            return None
+        for sub in ("candidate", "build"):
+            (run_dir / sub).mkdir(exist_ok=True)
+        extensions = self.cache_dir / "extensions"
+        extensions.mkdir(exist_ok=True)
+        view = sandbox.View(writable=[run_dir / "candidate", transfer, extensions],
+                            readable=[run_dir / "build", run_dir / "public", task.path],
+                            hidden=[self.cache_dir])
+        box = sandbox.Sandbox(view, self.limits, cwd=run_dir / "candidate")
+        verdict.sandbox = box.describe() + ("; outputs cross as files (no CUDA IPC across namespaces)"
+                                            if self.backend.name == "cuda" else "")
+        return box
+
+    def _candidate_env(self) -> dict[str, str]:
+        if not self.sandboxed:
+            return self._worker_env()
+        private = {"HOME": "/tmp", "TMPDIR": "/tmp", "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor"}
+        return {**self._worker_env(), **private}
 
     def _worker_env(self) -> dict[str, str]:
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),

@@ -19,6 +19,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from ..sandbox import Sandbox
+
 SIGNAL_HINTS = {
     signal.SIGSEGV: "segmentation fault",
     signal.SIGBUS: "bus error",
@@ -77,7 +79,7 @@ class WorkerDied(RuntimeError):
 
 class WorkerProcess:
     def __init__(self, module: str, request: dict, run_dir: Path, env: dict[str, str] | None = None,
-                 prefix: list[str] | None = None):
+                 sandbox: Sandbox | None = None):
         self.log_path = run_dir / f"{module.rsplit('.', 1)[-1]}.log"
         run_dir.mkdir(parents=True, exist_ok=True)
         request_path = run_dir / f"{module.rsplit('.', 1)[-1]}.request.json"
@@ -86,9 +88,10 @@ class WorkerProcess:
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full_env.get("PYTHONPATH")]))
         full_env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
-            [*(prefix or []), sys.executable, "-m", module, str(request_path)], stdin=subprocess.PIPE,
+            [*(sandbox.prefix() if sandbox else []), sys.executable, "-m", module, str(request_path)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, cwd=run_dir, env=full_env, start_new_session=True)
+        self.sandbox = sandbox
         self._log = BoundedLog(self.proc.stderr, self.log_path)
         self._buffer = b""
         self.started = time.monotonic()
@@ -139,6 +142,9 @@ class WorkerProcess:
         return f"exited with code {code}" + self._tail_hint()
 
     def _tail_hint(self) -> str:
+        limits = self.sandbox.events() if self.sandbox else []
+        if limits:
+            return f" ({', '.join(limits)})"
         tail = self.log_tail(2000).strip().splitlines()
         return f": {tail[-1][:300]}" if tail else ""
 
@@ -157,6 +163,8 @@ class WorkerProcess:
 
     def close(self) -> None:
         self.kill()
+        if self.sandbox:
+            self.sandbox.close()
         self._log.close()
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream:

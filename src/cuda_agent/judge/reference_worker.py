@@ -21,7 +21,7 @@ from ..backend import get_backend
 from ..task import import_file
 from .compare import compare_trial
 from .process import Channel, WorkerFailure, one_line, run_worker
-from .tensors import checksum, clone, make_inputs, tensor_bytes, to_double
+from .tensors import checksum, clone, leaves, make_inputs, tensor_bytes, to_double
 from .timing import time_callable
 
 
@@ -64,16 +64,19 @@ class Reference:
         torch.save(self.init_inputs, public / "init_inputs.pt")
         torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, public / "state_dict.pt")
 
-    def run_trial(self, seed: int, shapes: dict[str, int] | None = None) -> dict:
-        """Draw one input set and compute its reference outputs. With `shapes` (the extra-shape check) a failure
-        means the task does not hold at those sizes: it is reported, not raised."""
-        if shapes:
+    def run_trial(self, seed: int, shapes: dict[str, int] | None = None, scale: float | None = None) -> dict:
+        """Draw one input set and compute its reference outputs. With `shapes` or `scale` (the extra checks) a
+        failure or a non-finite output means the task does not hold there: it is reported, not raised."""
+        if shapes or scale is not None:
             try:
                 with torch.no_grad():
-                    self.model(*make_inputs(self.module, seed, self.device, shapes))
+                    probe = self.model(*make_inputs(self.module, seed, self.device, shapes, scale))
             except Exception as exc:
                 return {"checksums": None, "error": one_line(exc)}
-        inputs = _step("get_inputs()", make_inputs, self.module, seed, self.device, shapes)
+            if not all(bool(torch.isfinite(x).all()) for _, x in leaves(probe)
+                       if isinstance(x, torch.Tensor) and x.is_floating_point()):
+                return {"checksums": None, "error": "its outputs are not finite there"}
+        inputs = _step("get_inputs()", make_inputs, self.module, seed, self.device, shapes, scale)
         sums = checksum(inputs)
         with torch.no_grad():
             out = _step("Model.forward", lambda: self.model(*clone(inputs)))
@@ -118,7 +121,7 @@ def start(req: dict, chan: Channel) -> dict:
     chan.send("ready", device=ref.backend.describe_device(), torch_version=torch.__version__,
               precision=ref.precision, work=ref.work)
     return {
-        "trial": lambda cmd: ("trial_ready", ref.run_trial(int(cmd["seed"]), cmd.get("shapes"))),
+        "trial": lambda cmd: ("trial_ready", ref.run_trial(int(cmd["seed"]), cmd.get("shapes"), cmd.get("scale"))),
         "compare": lambda cmd: ("compared", {"result": ref.compare(cmd["manifest"], cmd["label"])}),
         "time": lambda cmd: ("baselines", ref.time_baselines(int(cmd["seed"]))),
     }

@@ -64,9 +64,11 @@ def tensor_bytes(obj: Any) -> int:
     return sum(x.numel() * x.element_size() for _, x in leaves(obj) if isinstance(x, torch.Tensor))
 
 
-def make_inputs(module: Any, seed: int, device: str, shapes: dict[str, int] | None = None) -> list:
+def make_inputs(module: Any, seed: int, device: str, shapes: dict[str, int] | None = None,
+                scale: float | None = None) -> list:
     """The task's inputs for one seed, created directly on the device (deterministic for seed and device).
-    `shapes` temporarily overrides module-level size constants (the extra-shape check)."""
+    `shapes` temporarily overrides module-level size constants (the extra-shape check); `scale` multiplies every
+    floating-point input (the scaled-inputs check: a closed form for the task's input distribution breaks)."""
     import torch
 
     saved = {name: getattr(module, name) for name in shapes or {}}
@@ -79,7 +81,10 @@ def make_inputs(module: Any, seed: int, device: str, shapes: dict[str, int] | No
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
-    return list(to_device(list(inputs), device))
+    inputs = to_device(list(inputs), device)
+    if scale is not None:
+        inputs = tree_map(lambda x: x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x, inputs)
+    return list(inputs)
 
 
 def checksum(obj: Any) -> list[str]:

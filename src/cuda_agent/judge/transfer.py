@@ -8,6 +8,7 @@ is written as raw bytes to a file. The reference worker validates dtype, shape a
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def export_outputs(obj: Any, folder: Path, use_ipc: bool) -> dict:
                         ipc=[dev, _b64(handle), size, offset, _b64(rc_handle), rc_offset, _b64(ev_handle), ev_sync])
         else:
             fname = folder / f"leaf{i}.bin"
-            x.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tofile(fname)
+            write_bytes(x, fname)
             item.update(kind="tensor", file=str(fname))
         items.append(item)
     return {"structure": structure(obj), "leaves": items}
@@ -69,8 +70,22 @@ def import_tensor(item: dict, device: str) -> torch.Tensor:
     if item["kind"] != "tensor":
         raise ValueError(f"unknown leaf kind {item['kind']!r}")
     numel = int(np.prod(shape)) if shape else 1
-    raw = np.fromfile(str(item["file"]), dtype=np.uint8)
     expected = numel * torch.empty((), dtype=dtype).element_size()
-    if raw.size != expected:
-        raise ValueError(f"{item['path']}: {raw.size} bytes on disk, {expected} expected")
-    return torch.from_numpy(raw).view(dtype).reshape(shape).to(device)
+    size = os.path.getsize(item["file"])
+    if size != expected:
+        raise ValueError(f"{item['path']}: {size} bytes on disk, {expected} expected")
+    if expected == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    raw = torch.from_file(str(item["file"]), shared=False, size=expected, dtype=torch.uint8)  # mapped, not read
+    return raw.view(dtype).reshape(shape).to(device)
+
+
+def write_bytes(x: torch.Tensor, path: Path) -> None:
+    """The tensor's bytes into a file, copied straight from the device into a shared mapping of it."""
+    flat = x.detach().contiguous().reshape(-1).view(torch.uint8)
+    if flat.numel() == 0:
+        path.write_bytes(b"")
+        return
+    with open(path, "wb") as f:
+        f.truncate(flat.numel())
+    torch.from_file(str(path), shared=True, size=flat.numel(), dtype=torch.uint8).copy_(flat)

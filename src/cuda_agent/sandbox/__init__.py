@@ -1,0 +1,138 @@
+"""Isolation for untrusted processes (the candidate's worker; the agent's commands): one `Sandbox` per launch.
+
+Layers, each reported by `describe()` (and in every verdict as `sandbox`):
+- namespaces via `unshare`: user (no capabilities outside), network (no interfaces: nothing leaves), PID (when
+  the command ends the kernel kills everything it started), mount (the view below);
+- a filesystem view (`init.py`): everything read-only except a private /tmp, /dev/shm and the `writable` paths;
+  the judge's data (`hidden`) covered; only standard and GPU device nodes; a second user + mount namespace locks
+  it so the command's root cannot undo it;
+- a cgroup when the hierarchy is writable: process count (fork bombs) and memory, killed as one at the end;
+- rlimits: CPU seconds, file size, no core dumps, the process count when not root (root ignores RLIMIT_NPROC),
+  and on the cpu backend an address-space limit (it breaks CUDA's initialisation, so never on the GPU).
+The process keeps the caller's host uid: an unprivileged host uid would lose read access to Python installs under
+/root, so files are protected by the read-only view rather than by ownership.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cgroup import Cgroup
+
+INIT = Path(__file__).with_name("init.py")
+OUTER = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount",
+         "--mount-proc"]
+LOCK = ["unshare", "--user", "--map-root-user", "--mount"]
+INIT_SHIM = ["sh", "-c", '"$@"; exit $?', "cuda-agent-init"]  # PID 1 ignores unhandled signals: keep it a shell
+JOIN_CGROUP = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+MODES = ("auto", "namespaces", "none")
+
+
+@dataclass
+class Limits:
+    memory_bytes: int | None = None  # None: 80% of physical memory
+    max_processes: int = 4096  # threads count too
+    cpu_seconds: int | None = 7200
+    file_bytes: int = 32 << 30
+    address_space: bool = False  # also cap the address space (cpu backend only)
+
+    def memory(self) -> int:
+        if self.memory_bytes:
+            return self.memory_bytes
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
+
+
+@dataclass
+class View:
+    """Paths as the sandboxed command sees them (at their own location)."""
+    writable: list[Path] = field(default_factory=list)
+    readable: list[Path] = field(default_factory=list)  # visible read-only even inside a hidden directory
+    hidden: list[Path] = field(default_factory=list)  # covered by an empty directory
+
+
+@functools.lru_cache(maxsize=None)
+def probe() -> str | None:
+    """None when the full sandbox works here, else why not (checked once per process)."""
+    if shutil.which("unshare") is None:
+        return "`unshare` is not installed"
+    box = Sandbox(View(), Limits(max_processes=64, cpu_seconds=60), use_cgroup=False)
+    try:
+        run = subprocess.run([*box.prefix(), "true"], capture_output=True, text=True, timeout=60, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sandbox probe failed: {exc}"
+    if run.returncode != 0:
+        return f"sandbox probe failed: {(run.stderr.strip().splitlines() or ['exit %d' % run.returncode])[-1]}"
+    return None
+
+
+def resolve(mode: str) -> bool:
+    """Whether to sandbox, for mode auto|namespaces|none; raises RuntimeError if namespaces are required but fail."""
+    if mode not in MODES:
+        raise ValueError(f"sandbox must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "none":
+        return False
+    problem = probe()
+    if problem and mode == "namespaces":
+        raise RuntimeError(f"sandbox 'namespaces' requested but unavailable: {problem}")
+    return problem is None
+
+
+class Sandbox:
+    """One sandboxed launch. `prefix()` goes before the command; `close()` after it ended (kills leftovers)."""
+
+    def __init__(self, view: View, limits: Limits, cwd: Path | str = "/", use_cgroup: bool = True):
+        self.view, self.limits, self.cwd = view, limits, str(cwd)
+        self.cgroup = Cgroup.create(limits.max_processes, limits.memory()) if use_cgroup else None
+
+    def prefix(self) -> list[str]:
+        spec = {"writable": [str(p) for p in self.view.writable], "readable": [str(p) for p in self.view.readable],
+                "hidden": [str(p) for p in self.view.hidden], "cwd": self.cwd}
+        join = ["sh", "-c", JOIN_CGROUP, "cuda-agent-cgroup", str(len(self.cgroup.procs)),
+                *map(str, self.cgroup.procs)] if self.cgroup else []
+        return [*join, *OUTER, sys.executable, "-I", str(INIT), json.dumps(spec), *LOCK, "prlimit",
+                *self._rlimits(), "--", *INIT_SHIM]
+
+    def _rlimits(self) -> list[str]:
+        lim = self.limits
+        flags = [f"--fsize={lim.file_bytes}", "--core=0"]
+        if lim.cpu_seconds:
+            flags.append(f"--cpu={lim.cpu_seconds}")
+        if os.geteuid() != 0:
+            flags.append(f"--nproc={lim.max_processes}")
+        if lim.address_space:
+            flags.append(f"--as={lim.memory()}")
+        return flags
+
+    def describe(self) -> str:
+        lim, gib = self.limits, 2**30
+        parts = ["namespaces: user, net, pid, mount (unshare)",
+                 f"filesystem read-only except {len(self.view.writable)} path(s), /tmp and /dev/shm private, "
+                 f"{len(self.view.hidden)} hidden"]
+        if self.cgroup:
+            parts.append(f"cgroup v{self.cgroup.version}: processes <= {lim.max_processes}, "
+                         f"memory <= {lim.memory() / gib:.1f} GiB")
+        elif os.geteuid() != 0:
+            parts.append(f"processes <= {lim.max_processes} (rlimit)")
+        else:
+            parts.append("no cgroup: process count unbounded")
+        parts.append(f"cpu <= {lim.cpu_seconds} s" if lim.cpu_seconds else "cpu time unbounded")
+        if lim.address_space:
+            parts.append(f"address space <= {lim.memory() / gib:.1f} GiB")
+        return "; ".join(parts)
+
+    def events(self) -> list[str]:
+        return self.cgroup.events() if self.cgroup else []
+
+    def close(self) -> None:
+        if self.cgroup:
+            self.cgroup.close()
+
+
+NONE_DESCRIPTION = "none (separate process only)"

@@ -1,0 +1,113 @@
+"""A control group per sandboxed launch: caps the process count (fork bombs) and memory (host OOM), and kills
+everything in it at the end. cgroup v2 (unified) or v1 (`pids` and `memory` hierarchies); needs write access to
+the hierarchy (root, or a delegated subtree). Where neither is writable, `Cgroup.create` returns None.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+_counter = itertools.count()
+
+
+def _write(path: Path, value: str) -> None:
+    path.write_text(value)
+
+
+class Cgroup:
+    """One group, possibly split over v1 hierarchies; `procs` are the files a process joins by writing its pid."""
+
+    def __init__(self, version: int, dirs: list[Path]):
+        self.version, self.dirs = version, dirs
+
+    @property
+    def procs(self) -> list[Path]:
+        return [d / "cgroup.procs" for d in self.dirs]
+
+    @staticmethod
+    def layout() -> tuple[int, dict[str, Path]] | None:
+        """(version, {controller: parent directory}) where pids and memory can be limited here, else None."""
+        controllers = ROOT / "cgroup.controllers"
+        if controllers.exists():
+            enabled = (ROOT / "cgroup.subtree_control").read_text().split()
+            if {"pids", "memory"} <= set(enabled) and os.access(ROOT, os.W_OK):
+                return 2, {"pids": ROOT, "memory": ROOT}
+            return None
+        parents = {c: ROOT / c for c in ("pids", "memory")}
+        if all((p / "cgroup.procs").exists() and os.access(p, os.W_OK) for p in parents.values()):
+            return 1, parents
+        return None
+
+    @classmethod
+    def create(cls, max_processes: int, memory_bytes: int) -> Cgroup | None:
+        found = cls.layout()
+        if found is None:
+            return None
+        version, parents = found
+        name = f"cuda-agent-{os.getpid()}-{next(_counter)}"
+        dirs = sorted({p / name for p in parents.values()})
+        group = cls(version, [])
+        try:
+            for d in dirs:
+                d.mkdir()
+                group.dirs.append(d)
+            pids_dir, mem_dir = parents["pids"] / name, parents["memory"] / name
+            _write(pids_dir / "pids.max", str(max_processes))
+            if version == 2:
+                _write(mem_dir / "memory.max", str(memory_bytes))
+                if (mem_dir / "memory.swap.max").exists():
+                    _write(mem_dir / "memory.swap.max", "0")
+            else:
+                _write(mem_dir / "memory.limit_in_bytes", str(memory_bytes))
+        except OSError:
+            group.close()
+            return None
+        return group
+
+    def events(self) -> list[str]:
+        """Limits that were hit, for the failure reason."""
+        notes = []
+        for d in self.dirs:
+            for fname, key, text in (("pids.events", "max", "process limit reached"),
+                                     ("memory.events", "oom_kill", "killed by the memory limit"),
+                                     ("memory.oom_control", "oom_kill", "killed by the memory limit")):
+                try:
+                    fields = dict(line.split() for line in (d / fname).read_text().splitlines() if line.strip())
+                except (OSError, ValueError):
+                    continue
+                if int(fields.get(key, 0)) > 0 and text not in notes:
+                    notes.append(text)
+        return notes
+
+    def close(self) -> None:
+        """Kill whatever is left in the group and remove it."""
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
+                except OSError:
+                    break
+                if not pids:
+                    break
+                if self.version == 2 and (d / "cgroup.kill").exists():
+                    _write(d / "cgroup.kill", "1")
+                else:
+                    for pid in pids:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                time.sleep(0.02)
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
