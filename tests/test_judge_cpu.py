@@ -270,3 +270,11 @@ def test_a_closed_form_for_the_input_distribution_fails_on_scaled_inputs(cache_d
     assert unscaled.correct, unscaled.error  # the hack would pass without the scaled input set
     verdict = cpu_judge.evaluate(task, expectation)
     assert verdict.reward == -1 and "scaled inputs (x" in verdict.error, verdict.error
+
+
+def test_uninitialised_outputs_do_not_find_the_reference_leftovers(cpu_judge, tmp_path):
+    # `empty` never written: in one process it could hand back the reference's freed output; here the reference
+    # ran in another process, so the candidate gets whatever its own allocator had.
+    lazy = python_candidate(tmp_path, "scale, shift", "pass", "torch.empty_like(x)")
+    verdict = cpu_judge.evaluate(AFFINE, lazy)
+    assert verdict.reward == -1 and verdict.error.startswith("incorrect"), verdict.error

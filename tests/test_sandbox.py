@@ -2,6 +2,7 @@
 a plain process, so the test would fail without the barrier."""
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -87,6 +88,7 @@ FS_PROBE = """
         attempt('remount_rw', lambda: libc.mount(None, b'/', None, 32 | 4096, None))
         attempt('db_after_umount', lambda: len(open(%(db)r, 'rb').read()))
         attempt('write_tmp', lambda: open('/tmp/scratch', 'w').write('ok'))
+        attempt('signal_judge', lambda: os.kill(%(judge_pid)d, 0))
         raise RuntimeError('FS=' + json.dumps(r))"""
 
 
@@ -99,7 +101,7 @@ def test_filesystem_view_hides_judge_data_and_is_read_only(judges, cache_dir, tm
     outside = tmp_path / "outside.txt"
     assert (cache_dir / "judge.sqlite").exists()
     body = FS_PROBE % {"outside": str(outside), "db": str(cache_dir / "judge.sqlite"),
-                       "runs": str(cache_dir / "runs"), "cache": str(cache_dir)}
+                       "runs": str(cache_dir / "runs"), "cache": str(cache_dir), "judge_pid": os.getpid()}
     probe = candidate(tmp_path, "pass", body.strip())
     inside = _fs_results(judges["namespaces"].evaluate(AFFINE, probe))
     assert not outside.exists(), "the sandboxed candidate wrote outside its folders"
@@ -108,12 +110,13 @@ def test_filesystem_view_hides_judge_data_and_is_read_only(judges, cache_dir, tm
     assert len(inside["list_runs"]) <= 1  # its own run folder at most: the judge's other runs are unseen
     assert inside["umount_hidden"] == -1 and inside["remount_rw"] == -1  # the view is locked
     assert inside["write_tmp"] == 2  # a private /tmp is writable
+    assert inside["signal_judge"].startswith("denied")  # the judge's processes are not even addressable
     plain = _fs_results(judges["none"].evaluate(AFFINE, probe))  # the same probe gets through without it
     assert plain["write_outside"] == 5 and outside.read_text() == "pwned"
-    assert isinstance(plain["read_judge_db"], int)
+    assert isinstance(plain["read_judge_db"], int) and plain["signal_judge"] is None
 
 
-@pytest.mark.skipif(Cgroup.layout() is None and __import__("os").geteuid() == 0,
+@pytest.mark.skipif(Cgroup.layout() is None and os.geteuid() == 0,
                     reason="no writable cgroup and running as root: nothing would stop a fork bomb")
 def test_fork_bomb_is_contained(judges, tmp_path):
     bomb = candidate(tmp_path, "[os.fork() for _ in range(64)]", "return x * 1")
@@ -125,15 +128,6 @@ def test_fork_bomb_is_contained(judges, tmp_path):
         verdict.error
     left = subprocess.run(["pgrep", "-f", "candidate_worker"], capture_output=True, text=True).stdout.split()
     assert left == [], "fork bomb processes survived the evaluation"
-
-
-def test_editing_the_template_binding_changes_nothing(judges, make_workspace):
-    """The judge builds with its own copy of the template's infrastructure files, whatever the workspace holds."""
-    workspace = make_workspace()
-    (workspace / "binding.cpp").write_text('#error "a tampered binding"\n')
-    (workspace / "binding_registry.h").write_text('#error "a tampered registry"\n')
-    verdict = judges["namespaces"].evaluate(AFFINE, workspace)
-    assert verdict.compiled and verdict.correct, verdict.error
 
 
 def test_sandbox_unit_describes_and_cleans_up(tmp_path):
