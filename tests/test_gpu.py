@@ -1,5 +1,8 @@
 """GPU end to end (run on the device machine by scripts/gpu_check.sh; CI deselects the `gpu` marker)."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from conftest import CANDIDATES, TASKS, fast_config
@@ -158,3 +161,38 @@ def test_kernel_hang_and_gpu_oom_are_verdicts_and_leave_nothing_behind(cache_dir
                           capture_output=True, text=True).stdout.strip().splitlines()
     apps = [line for line in apps if line.split(",")[0].strip() != str(__import__("os").getpid())]
     assert apps == [], f"GPU processes left behind: {apps}"
+
+
+def test_a_scripted_agent_episode_writes_a_real_cuda_kernel(gpu_judge, tmp_path):
+    """The loopback episode of tests/test_agent.py on the cuda backend: a real CUDA kernel, written with a bug,
+    fixed after `verify`, profiled; then the exported single file passes the judge too."""
+    from test_agent import EPISODE, ScriptedEndpoint
+
+    from cuda_agent.agent import Environment, LoopConfig, OpenAIClient, run_episode
+
+    ws = CANDIDATES / "affine_relu_cuda"
+    files = {"kernels/affine_relu.cpp": (ws / KERNEL).read_text(), "kernels/affine_relu_binding.cpp":
+             (ws / BINDING).read_text()}
+    script = json.loads(json.dumps(EPISODE))
+    for call in script[1]["tool_calls"]:
+        args = json.loads(call["function"]["arguments"])
+        if args["path"] == "kernels/affine_relu.cpp":
+            args = {"path": KERNEL, "content": files["kernels/affine_relu.cpp"].replace(
+                "v.w = fmaxf(v.w * scale + shift, 0.f) * 0.5f;", "v.w = fmaxf(v.w * scale + shift, 0.f) * 0.25f;")}
+        elif args["path"] == "kernels/affine_relu_binding.cpp":
+            args = {"path": BINDING, "content": files["kernels/affine_relu_binding.cpp"]}
+        else:
+            args = {"path": "model_new.py", "content": (ws / "model_new.py").read_text()}
+        call["function"]["arguments"] = json.dumps(args)
+    script[4]["tool_calls"][0]["function"]["arguments"] = json.dumps(
+        {"path": KERNEL, "old": "v.w * scale + shift, 0.f) * 0.25f;", "new": "v.w * scale + shift, 0.f) * 0.5f;"})
+    endpoint = ScriptedEndpoint(script)
+    try:
+        run_dir = tmp_path / "run"
+        summary = run_episode(Environment(gpu_judge, run_dir), OpenAIClient("scripted", endpoint.url, max_retries=0),
+                              AFFINE, run_dir, LoopConfig(max_turns=20))
+    finally:
+        endpoint.close()
+    assert summary["stop"] == "finish" and summary["final_verdict"]["reward"] >= 2, summary
+    exported = gpu_judge.evaluate(AFFINE, Path(summary["best_single_file"]))
+    assert exported.correct and exported.reward >= 1, exported.error

@@ -166,5 +166,65 @@ def eval_suite_cmd(
     out.print(f"[dim]{rep['note']}[/]")
 
 
+@app.command("optimize")
+def optimize_cmd(
+    reference: Path = typer.Argument(..., help="KernelBench-format reference file to optimise"),
+    model: str = typer.Option(..., "--model", help="model name served by the endpoint"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. "
+                                           "http://localhost:8000/v1 (vLLM, SGLang); key from $OPENAI_API_KEY"),
+    backend: str = typer.Option("cuda", help=BACKEND_HELP),
+    max_turns: int = typer.Option(200, help="turns before the episode stops"),
+    max_context: int = typer.Option(131072, help="context tokens (as the endpoint reports them) before it stops"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="run folder (default runs/<task>-<time>)"),
+    single_turn: bool = typer.Option(False, help="one generation, files parsed from the reply, judged once"),
+    temperature: float = typer.Option(1.0, help="sampling temperature"),
+    top_p: Optional[float] = typer.Option(None, help="nucleus sampling"),
+    max_tokens: int = typer.Option(16384, help="tokens per reply"),
+    sandbox_mode: str = typer.Option("auto", "--sandbox", help="agent commands and candidates: auto, namespaces, none"),
+    cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
+) -> None:
+    """Run the agent on one task and keep the best verified kernel (workspace, trajectory, summary in --out)."""
+    import time as _time
+
+    from .agent import Environment, LLMError, LoopConfig, OpenAIClient, run_episode
+    from .judge import Judge, JudgeConfig
+    from .task import load_task
+
+    try:
+        task = load_task(reference)
+        config = JudgeConfig(sandbox=sandbox_mode)
+        if cache_dir is not None:
+            config.cache_dir = cache_dir
+        judge = Judge(backend, config)
+        client = OpenAIClient(model, base_url, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+        client.check()  # fail fast on a missing or unreachable endpoint
+    except (TaskError, BackendError) as exc:
+        _fail(str(exc))
+    except LLMError as exc:
+        _fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
+    run_dir = out_dir or Path("runs") / f"{task.name}-{_time.strftime('%Y%m%d-%H%M%S')}"
+    env = Environment(judge, run_dir, use_sandbox=judge.sandboxed)
+    if not judge.sandboxed:
+        err.print("[yellow]warning:[/] no sandbox: the agent's commands run as plain processes", highlight=False)
+
+    def show(state: dict) -> None:
+        best = "-" if state["best_reward"] is None else \
+            f"{state['best_reward']} ({_fmt(state['best_speedup'], '.2f', 'x')} vs compile)"
+        err.print(f"turn {state['turn']:>3}  {state['last_tool'] or '-':<10} best reward {best}  "
+                  f"context {state['context_tokens']}", highlight=False)
+
+    summary = run_episode(env, client, reference, run_dir,
+                          LoopConfig(max_turns=max_turns, max_context=max_context, single_turn=single_turn), show)
+    final = summary.get("final_verdict") or {}
+    out.print(f"stopped: {summary['stop']} after {summary['turns']} turn(s); {summary['snapshots']} verified "
+              f"candidate(s)", highlight=False)
+    if final:
+        out.print(f"[bold]best: reward {final['reward']}[/], {_fmt(final.get('speedup_vs_compile'), '.2f', 'x')} vs "
+                  f"torch.compile -> {summary['best_dir']}", highlight=False)
+    else:
+        out.print("[bold red]no verified candidate[/]")
+    out.print(f"run folder: {run_dir} (trajectory.jsonl, summary.json)", highlight=False)
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,148 @@
+"""The agent's environment, independent of who drives it (a chat model, a scripted replay, an RL rollout).
+
+`reset(reference)` makes a fresh workspace and returns the opening messages and tool schemas; `step(name,
+arguments)` runs one tool and returns the observation; `result()` re-judges the best verified candidate from a
+clean copy and returns the episode's outcome. Every candidate the judge verified is snapshotted; the best is the
+highest reward, then the fastest.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..judge import Judge
+from ..judge.verdict import Verdict
+from ..workspace.build import TEMPLATE_DIR
+from ..workspace.candidate import Candidate, load_candidate
+from ..workspace.single_file import ExportError, to_single_file
+from .tools import SCHEMAS, Tools, ToolError
+
+SYSTEM_PROMPT = """You are an expert GPU kernel engineer working in a sandboxed workspace. Your job: make the \
+PyTorch module in reference.py faster with your own kernels, verified correct by the judge. Work like an engineer: \
+read, write, compile, verify, profile, iterate. Use the tools; call finish when done."""
+
+STARTER = '''import torch
+import torch.nn as nn
+
+import cuda_extension  # built from kernels/ by the judge
+
+
+class ModelNew(nn.Module):
+    """Same constructor arguments, parameters and outputs as reference.Model; computation in your kernels."""
+
+    def __init__(self, *args):
+        super().__init__()
+        raise NotImplementedError("write ModelNew")
+
+    def forward(self, *inputs):
+        raise NotImplementedError
+'''
+
+
+@dataclass
+class StepResult:
+    observation: str
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Snapshot:
+    index: int
+    path: Path
+    verdict: Verdict
+
+    def rank(self) -> tuple[int, float]:
+        t = self.verdict.times_us.get("candidate")
+        return self.verdict.reward, -(t if t else float("inf"))
+
+
+def skill_text(backend: str) -> str:
+    return resources.files("cuda_agent.agent").joinpath("skills", f"{backend}.md").read_text()
+
+
+class Environment:
+    def __init__(self, judge: Judge, run_dir: Path, use_sandbox: bool = True, bash_timeout: int = 180):
+        self.judge, self.run_dir = judge, Path(run_dir)
+        self.use_sandbox, self.bash_timeout = use_sandbox, bash_timeout
+        self.workspace = self.run_dir / "workspace"
+        self.snapshots: list[Snapshot] = []
+        self.tools: Tools | None = None
+        self.reference: Path | None = None
+
+    # ---- interface --------------------------------------------------------------------------------------
+    def reset(self, reference: str | Path) -> dict[str, Any]:
+        self.reference = Path(reference).resolve()
+        source = self.reference.read_text()
+        if self.workspace.exists():
+            shutil.rmtree(self.workspace)
+        (self.workspace / "kernels").mkdir(parents=True)
+        skill = skill_text(self.judge.backend.name)
+        (self.workspace / "reference.py").write_text(source)
+        (self.workspace / "SKILL.md").write_text(skill)
+        (self.workspace / "model_new.py").write_text(STARTER)
+        for name in ("binding.cpp", "binding_registry.h"):
+            shutil.copyfile(TEMPLATE_DIR / name, self.workspace / name)
+        self.snapshots = []
+        self.tools = Tools(self.workspace, self.reference, self.judge, self.use_sandbox, self.bash_timeout,
+                           on_verdict=self._record)
+        task = (f"Optimise this module for the `{self.judge.backend.name}` backend. It is in reference.py; the "
+                f"workspace holds SKILL.md (below), a starter model_new.py, kernels/ and the judge's binding files."
+                f"\n\n## reference.py\n\n```python\n{source}\n```\n\n{skill}")
+        return {"messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}],
+                "tools": SCHEMAS}
+
+    def step(self, name: str, arguments: dict[str, Any]) -> StepResult:
+        if self.tools is None:
+            raise RuntimeError("call reset() first")
+        before = len(self.snapshots)
+        try:
+            observation = self.tools.call(name, arguments)
+        except ToolError as exc:
+            return StepResult(f"error: {exc}", info={"error": True})
+        info: dict[str, Any] = {}
+        if len(self.snapshots) > before:
+            info["snapshot"] = self.snapshots[-1].index
+        if name in ("verify", "profile") and self.tools.last_verdict is not None:
+            info["verdict"] = self.tools.last_verdict.to_dict()
+        return StepResult(observation, done=name == "finish", info=info)
+
+    def best(self) -> Snapshot | None:
+        return max(self.snapshots, key=Snapshot.rank) if self.snapshots else None
+
+    def result(self) -> dict[str, Any]:
+        """Re-judge the best snapshot from a clean copy; the episode's answer."""
+        best = self.best()
+        outcome: dict[str, Any] = {"snapshots": len(self.snapshots), "best_snapshot": None, "final_verdict": None}
+        if best is None:
+            return outcome
+        final_dir = self.run_dir / "best"
+        if final_dir.exists():
+            shutil.rmtree(final_dir)
+        load_candidate(best.path).write_to(final_dir)
+        verdict = self.judge.evaluate(self.reference, final_dir)
+        (self.run_dir / "best_verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2))
+        outcome.update(best_snapshot=best.index, best_dir=str(final_dir), final_verdict=verdict.to_dict())
+        try:
+            single = self.run_dir / "best_single_file.py"
+            single.write_text(to_single_file(load_candidate(final_dir), self.judge.backend.name))
+            outcome["best_single_file"] = str(single)
+        except ExportError as exc:
+            outcome["best_single_file"] = f"not written: {exc}"
+        return outcome
+
+    # ---- snapshots --------------------------------------------------------------------------------------
+    def _record(self, tool: str, verdict: Verdict, candidate: Candidate) -> None:
+        if not verdict.correct or any(s.verdict.candidate["hash"] == candidate.hash for s in self.snapshots):
+            return
+        index = len(self.snapshots)
+        path = self.run_dir / "snapshots" / f"{index:03d}"
+        candidate.write_to(path)
+        (path / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2))
+        self.snapshots.append(Snapshot(index, path, verdict))
+

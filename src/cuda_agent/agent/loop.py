@@ -1,0 +1,171 @@
+"""The agent loop (ReAct): ask the model, run its tool calls, feed back the observations, until it finishes or a
+limit is hit. Every message, tool call, observation and verdict is appended to `trajectory.jsonl` as it happens
+(a crash loses nothing); each record's `message` is in the chat-completions format, so the records in order are
+the conversation an SFT/RFT trainer consumes.
+
+Single-turn mode (the paper's "without agent loop" ablation) asks for the files in one reply, writes them and
+judges them once, through the same environment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .environment import Environment
+from .llm import LLMError, Reply
+from .tools import ToolError, parse_arguments
+
+NUDGE = "No tool was called. Use the tools to work on the task, and call `finish` when you are done."
+SINGLE_TURN = """Answer in one reply, without tools: give every file of your solution (model_new.py and the \
+files under kernels/) as a heading `### FILE: <path>` followed by one fenced code block with its whole content."""
+FILE_BLOCK = re.compile(r"^#+\s*FILE:\s*(\S+)\s*\n```[^\n]*\n(.*?)\n```", re.MULTILINE | re.DOTALL)
+
+
+@dataclass
+class LoopConfig:
+    max_turns: int = 200
+    max_context: int = 131_072  # tokens, as reported by the endpoint
+    max_invalid: int = 3  # consecutive replies without a usable tool call
+    single_turn: bool = False
+
+
+class Trajectory:
+    """Appends one JSON record per line, flushed immediately."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = open(path, "w")
+        self.start = time.monotonic()
+
+    def write(self, kind: str, **record: Any) -> None:
+        record = {"type": kind, "t": round(time.monotonic() - self.start, 3), **record}
+        self.file.write(json.dumps(record, default=str) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def context_tokens(reply: Reply, messages: list[dict]) -> int:
+    """The conversation's size: the endpoint's count when it reports usage, else ~4 characters per token."""
+    if reply.usage.get("total_tokens"):
+        return reply.usage["total_tokens"]
+    return sum(len(json.dumps(m)) for m in messages) // 4
+
+
+def parse_files(text: str) -> dict[str, str]:
+    return {path: body + "\n" for path, body in FILE_BLOCK.findall(text or "")}
+
+
+def run_episode(env: Environment, client: Any, reference: str | Path, run_dir: Path, config: LoopConfig,
+                progress: Callable[[dict[str, Any]], None] = lambda state: None) -> dict[str, Any]:
+    """Play one episode; returns the summary (also written to run_dir/summary.json)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    opening = env.reset(reference)
+    messages, tools = opening["messages"], opening["tools"]
+    traj = Trajectory(run_dir / "trajectory.jsonl")
+    for msg in messages:
+        traj.write(msg["role"], message=msg)
+    state: dict[str, Any] = {"turn": 0, "last_tool": None, "best_reward": None, "best_speedup": None,
+                             "context_tokens": 0, "stop": None}
+    try:
+        if config.single_turn:
+            _single_turn(env, client, messages, traj, state)
+        else:
+            _loop(env, client, messages, tools, traj, state, config, progress)
+    except LLMError as exc:
+        state["stop"] = f"model error: {exc}"
+        traj.write("event", event="model_error", error=str(exc))
+    finally:
+        outcome = env.result()
+        summary = {"reference": str(reference), "stop": state["stop"], "turns": state["turn"],
+                   "context_tokens": state["context_tokens"], "wall_s": round(time.monotonic() - traj.start, 1),
+                   **outcome}
+        traj.write("result", summary=summary)
+        traj.close()
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _update_best(env: Environment, state: dict[str, Any]) -> None:
+    best = env.best()
+    if best:
+        state["best_reward"] = best.verdict.reward
+        state["best_speedup"] = best.verdict.speedup_vs_compile
+
+
+def _loop(env: Environment, client: Any, messages: list[dict], tools: list[dict], traj: Trajectory,
+          state: dict[str, Any], config: LoopConfig, progress: Callable[[dict[str, Any]], None]) -> None:
+    invalid = 0
+    while state["turn"] < config.max_turns:
+        state["turn"] += 1
+        began = time.monotonic()
+        reply = client.complete(messages, tools)
+        messages.append(reply.message())
+        state["context_tokens"] = context_tokens(reply, messages)
+        traj.write("assistant", turn=state["turn"], message=reply.message(), usage=reply.usage,
+                   wall_s=round(time.monotonic() - began, 3))
+        if not reply.tool_calls:
+            invalid += 1
+            if invalid >= config.max_invalid:
+                state["stop"] = f"{invalid} replies in a row without a tool call"
+                return
+            messages.append({"role": "user", "content": NUDGE})
+            traj.write("user", turn=state["turn"], message=messages[-1])
+            continue
+        finished = False
+        for call in reply.tool_calls:
+            began = time.monotonic()
+            try:
+                result = env.step(call.name, parse_arguments(call.arguments))
+            except ToolError as exc:
+                result = None
+                observation, info, done = f"error: {exc}", {"error": True}, False
+            if result is not None:
+                observation, info, done = result.observation, result.info, result.done
+            invalid = invalid + 1 if info.get("error") else 0
+            tool_msg = {"role": "tool", "tool_call_id": call.id, "content": observation}
+            messages.append(tool_msg)
+            traj.write("tool", turn=state["turn"], tool=call.name, message=tool_msg,
+                       wall_s=round(time.monotonic() - began, 3), **info)
+            state["last_tool"] = call.name
+            _update_best(env, state)
+            progress(dict(state))
+            finished = finished or done
+        if finished:
+            state["stop"] = "finish"
+            return
+        if invalid >= config.max_invalid:
+            state["stop"] = f"{invalid} invalid tool calls in a row"
+            return
+        if state["context_tokens"] >= config.max_context:
+            state["stop"] = f"context limit ({state['context_tokens']} >= {config.max_context} tokens)"
+            return
+    state["stop"] = f"turn limit ({config.max_turns})"
+
+
+def _single_turn(env: Environment, client: Any, messages: list[dict], traj: Trajectory,
+                 state: dict[str, Any]) -> None:
+    messages.append({"role": "user", "content": SINGLE_TURN})
+    traj.write("user", message=messages[-1])
+    state["turn"] = 1
+    reply = client.complete(messages, None)
+    messages.append(reply.message())
+    state["context_tokens"] = context_tokens(reply, messages)
+    traj.write("assistant", turn=1, message=reply.message(), usage=reply.usage)
+    files = parse_files(reply.content)
+    if not files:
+        state["stop"] = "single turn: no `### FILE:` blocks in the reply"
+        return
+    for path, content in files.items():
+        result = env.step("write_file", {"path": path, "content": content})
+        traj.write("tool", turn=1, tool="write_file", path=path, observation=result.observation)
+    result = env.step("profile", {})
+    traj.write("tool", turn=1, tool="profile", observation=result.observation, **result.info)
+    _update_best(env, state)
+    state["stop"] = "single turn"

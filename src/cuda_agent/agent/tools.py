@@ -1,0 +1,292 @@
+"""The agent's tools: OpenAI function schemas and their implementations over one workspace.
+
+File tools stay inside the workspace and never touch its read-only files (the task, SKILL.md, the template's
+binding files). `bash` runs in the sandbox (no network, writes only in the workspace, GPU visible). `compile`,
+`verify` and `profile` are served by the judge; the verdicts they produce are handed to the environment, which
+keeps the best verified candidate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import sandbox
+from ..judge import Judge
+from ..judge.verdict import Verdict
+from ..workspace.candidate import Candidate, CandidateError, load_candidate
+
+READ_ONLY = ("reference.py", "SKILL.md", "binding.cpp", "binding_registry.h")
+OUTPUT_LIMIT = 12_000  # characters of tool output kept: head and tail halves
+MAX_READ_LINES = 2000
+
+
+class ToolError(Exception):
+    """A tool call the agent got wrong: the message goes back to it as the observation."""
+
+
+def _param(kind: str, description: str, **extra: Any) -> dict:
+    return {"type": kind, "description": description, **extra}
+
+
+def _schema(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required, "additionalProperties": False}}}
+
+
+SCHEMAS = [
+    _schema("bash", "Run a shell command in the workspace (sandboxed: no network, writes only inside the "
+            "workspace; the GPU is visible). Long output is cut to its head and tail.",
+            {"command": _param("string", "the command, run by bash -c"),
+             "timeout": _param("integer", "seconds before the command is killed (default 180)")}, ["command"]),
+    _schema("read_file", "Read a text file of the workspace, with line numbers.",
+            {"path": _param("string", "path relative to the workspace"),
+             "start_line": _param("integer", "first line (1-based, default 1)"),
+             "end_line": _param("integer", "last line (inclusive, default: the end)")}, ["path"]),
+    _schema("write_file", "Create or overwrite a file of the workspace.",
+            {"path": _param("string", "path relative to the workspace"),
+             "content": _param("string", "the whole new content")}, ["path", "content"]),
+    _schema("edit", "Replace one exact, unique piece of text in a file.",
+            {"path": _param("string", "path relative to the workspace"),
+             "old": _param("string", "text that occurs exactly once in the file"),
+             "new": _param("string", "its replacement")}, ["path", "old", "new"]),
+    _schema("multi_edit", "Apply several exact, unique replacements to one file, in order, all or none.",
+            {"path": _param("string", "path relative to the workspace"),
+             "edits": _param("array", "the replacements", items={
+                 "type": "object", "properties": {"old": {"type": "string"}, "new": {"type": "string"}},
+                 "required": ["old", "new"]})}, ["path", "edits"]),
+    _schema("glob", "List workspace files matching a glob pattern (e.g. kernels/*.cu).",
+            {"pattern": _param("string", "glob pattern relative to the workspace")}, ["pattern"]),
+    _schema("grep", "Search workspace files for a regular expression; prints file:line: text.",
+            {"pattern": _param("string", "Python regular expression"),
+             "path": _param("string", "file or folder to search (default: the workspace)")}, ["pattern"]),
+    _schema("compile", "Build the workspace (model_new.py + kernels/) the way the judge does; prints compiler "
+            "errors with file:line.", {}, []),
+    _schema("verify", "Build and check correctness against the reference on fresh inputs (and the judge's "
+            "other checks); prints the first failing check with its numbers.", {}, []),
+    _schema("profile", "Judge the workspace completely: correctness, then the timing table against eager "
+            "PyTorch and torch.compile, and the reward.", {}, []),
+    _schema("finish", "End the episode: the best verified candidate seen is the answer.",
+            {"summary": _param("string", "what was achieved, in a sentence or two")}, []),
+]
+TOOL_NAMES = [s["function"]["name"] for s in SCHEMAS]
+
+
+def clip(text: str, limit: int = OUTPUT_LIMIT) -> str:
+    """Head and tail of a long output, with a marker saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+@dataclass
+class Tools:
+    workspace: Path
+    reference: Path
+    judge: Judge
+    use_sandbox: bool = True
+    bash_timeout: int = 180
+    on_verdict: Callable[[str, Verdict, Candidate], None] = lambda tool, verdict, candidate: None
+    last_verdict: Verdict | None = None
+    _verdicts: dict[str, Verdict] = field(default_factory=dict)  # candidate hash -> its full verdict
+
+    # ---- dispatch ---------------------------------------------------------------------------------------
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        self.last_verdict = None
+        method = getattr(self, f"tool_{name}", None)
+        if name not in TOOL_NAMES or method is None:
+            raise ToolError(f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}")
+        try:
+            return method(**arguments)
+        except TypeError as exc:
+            raise ToolError(f"{name}: bad arguments ({exc})") from exc
+
+    def _path(self, rel: str, writing: bool = False) -> Path:
+        if not isinstance(rel, str) or not rel or rel.startswith("/"):
+            raise ToolError(f"path must be relative to the workspace, not {rel!r}")
+        path = (self.workspace / rel).resolve()
+        root = self.workspace.resolve()
+        if path != root and root not in path.parents:
+            raise ToolError(f"{rel}: outside the workspace")
+        if writing and str(path.relative_to(root)) in READ_ONLY:
+            raise ToolError(f"{rel} is read-only (the judge uses its own copy)")
+        if writing and path.is_symlink():
+            raise ToolError(f"{rel} is a symbolic link")
+        return path
+
+    # ---- files ------------------------------------------------------------------------------------------
+    def tool_read_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> str:
+        target = self._path(path)
+        if not target.is_file():
+            raise ToolError(f"{path}: no such file")
+        lines = target.read_text(errors="replace").splitlines()
+        first = max(1, int(start_line))
+        last = min(len(lines), int(end_line) if end_line else len(lines), first + MAX_READ_LINES - 1)
+        body = "\n".join(f"{i:6d}  {lines[i - 1]}" for i in range(first, last + 1))
+        more = f"\n[lines {last + 1}-{len(lines)} not shown]" if last < len(lines) else ""
+        return (body or "(empty file)") + more
+
+    def tool_write_file(self, path: str, content: str) -> str:
+        target = self._path(path, writing=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+        return f"wrote {path} ({len(content.splitlines())} lines)"
+
+    def tool_edit(self, path: str, old: str, new: str) -> str:
+        return self.tool_multi_edit(path, [{"old": old, "new": new}])
+
+    def tool_multi_edit(self, path: str, edits: list[dict]) -> str:
+        target = self._path(path, writing=True)
+        if not target.is_file():
+            raise ToolError(f"{path}: no such file")
+        text = target.read_text()
+        for i, item in enumerate(edits):
+            old, new = item.get("old"), item.get("new")
+            if not isinstance(old, str) or not isinstance(new, str) or not old:
+                raise ToolError(f"edit {i}: 'old' (non-empty) and 'new' must be strings")
+            count = text.count(old)
+            if count != 1:
+                where = "not found" if count == 0 else f"found {count} times; add context to make it unique"
+                raise ToolError(f"edit {i} in {path}: the old text was {where}; nothing was changed")
+            text = text.replace(old, new)
+        target.write_text(text)
+        return f"applied {len(edits)} edit(s) to {path}"
+
+    def tool_glob(self, pattern: str) -> str:
+        root = self.workspace.resolve()
+        found = sorted(str(p.relative_to(root)) for p in root.glob(pattern) if p.is_file())
+        return "\n".join(found[:500]) or "(no match)"
+
+    def tool_grep(self, pattern: str, path: str = ".") -> str:
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise ToolError(f"bad regular expression: {exc}") from exc
+        base = self._path(path) if path != "." else self.workspace.resolve()
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
+        hits = []
+        for f in files:
+            for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+                if regex.search(line):
+                    hits.append(f"{f.relative_to(self.workspace.resolve())}:{n}: {line}")
+        return clip("\n".join(hits[:300]) + (f"\n[{len(hits) - 300} more]" if len(hits) > 300 else "")) \
+            if hits else "(no match)"
+
+    # ---- shell ------------------------------------------------------------------------------------------
+    def tool_bash(self, command: str, timeout: int | None = None) -> str:
+        limit = int(timeout or self.bash_timeout)
+        box = None
+        prefix: list[str] = []
+        if self.use_sandbox:
+            ro = [self.workspace / name for name in READ_ONLY if (self.workspace / name).exists()]
+            box = sandbox.Sandbox(sandbox.View(writable=[self.workspace], readable=ro,
+                                               hidden=[Path(self.judge.cache_dir)]),
+                                  sandbox.Limits(cpu_seconds=None), cwd=self.workspace)
+            prefix = box.prefix()
+        start = time.monotonic()
+        proc = subprocess.Popen([*prefix, "bash", "-c", command], cwd=self.workspace, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=command_env())
+        try:
+            output, _ = proc.communicate(timeout=limit)
+            status = f"exit code {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            status = f"killed after {limit} s (timeout)"
+        finally:
+            if box:
+                box.close()
+        text = output.decode(errors="replace")
+        return f"[{status}, {time.monotonic() - start:.1f} s]\n{clip(text)}"
+
+    # ---- judge ------------------------------------------------------------------------------------------
+    def _candidate(self):
+        try:
+            cand = load_candidate(self.workspace)
+        except CandidateError as exc:
+            raise ToolError(str(exc)) from exc
+        if "model_new.py" not in cand.files:
+            raise ToolError("model_new.py is missing: write it first (see SKILL.md)")
+        return cand
+
+    def tool_compile(self) -> str:
+        cand = self._candidate()
+        with tempfile.TemporaryDirectory(dir=Path(self.judge.cache_dir) / "runs") as tmp:
+            result = self.judge.builder.build(cand, Path(tmp))
+        steps = ", ".join(f"{s.source}{' (cached)' if s.cached else ''}" for s in result.steps)
+        if result.ok:
+            return f"build ok in {result.seconds:.1f} s: {steps}"
+        return f"build FAILED in {result.seconds:.1f} s\n{clip(result.log or result.error or '')}"
+
+    def _judged(self, tool: str) -> Verdict:
+        cand = self._candidate()
+        verdict = self._verdicts.get(cand.hash)
+        if verdict is None:
+            verdict = self.judge.evaluate(self.reference, cand)
+            self._verdicts[cand.hash] = verdict
+        self.last_verdict = verdict
+        self.on_verdict(tool, verdict, cand)
+        return verdict
+
+    def tool_verify(self) -> str:
+        v = self._judged("verify")
+        lines = [f"compiled: {v.compiled}", f"correct: {v.correct}"]
+        if v.error:
+            lines.append(f"first failure: {v.error}")
+        if v.correct:
+            lines.append(f"max abs error {v.max_abs_error:.3g}, max rel error {v.max_rel_error:.3g} "
+                         f"(tolerance atol {v.tolerance['atol']}, rtol {v.tolerance['rtol']})")
+        lines += [f"warning: {w}" for w in v.warnings]
+        return "\n".join(lines)
+
+    def tool_profile(self) -> str:
+        v = self._judged("profile")
+        if not v.correct or not v.times_us.get("candidate"):
+            return self.tool_verify() + f"\nreward: {v.reward}"
+        t = v.times_us
+        rows = [("eager PyTorch", t["eager"]), ("torch.compile", t["compile"]), ("your kernels", t["candidate"])]
+        table = "\n".join(f"{name:<15} {us:12.2f} us" for name, us in rows)
+        kernels = (v.timing.get("candidate") or {}).get("kernels") or []
+        return (f"{table}\nspeedup vs eager {v.speedup_vs_eager:.3f}x, vs torch.compile {v.speedup_vs_compile:.3f}x"
+                f"\nreward: {v.reward} (3 = at least 5% faster than torch.compile)"
+                + (f"\nkernels in the timed calls: {', '.join(k[:80] for k in kernels[:8])}" if kernels else "")
+                + "".join(f"\nwarning: {w}" for w in v.warnings))
+
+    def tool_finish(self, summary: str = "") -> str:
+        return "finished" + (f": {summary}" if summary else "")
+
+
+def command_env() -> dict[str, str]:
+    """The environment of the agent's commands: tools and GPU selection, never the caller's secrets (API keys)."""
+    env = {"PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": "/tmp",
+           "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    for key in ("CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "PYTHONPATH"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def parse_arguments(raw: Any) -> dict[str, Any]:
+    """Tool-call arguments arrive as a JSON string (or a dict from text-parsed calls)."""
+    if isinstance(raw, dict):
+        return raw
+    if raw in (None, ""):
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ToolError(f"arguments are not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ToolError("arguments must be a JSON object")
+    return value

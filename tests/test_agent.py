@@ -1,0 +1,256 @@
+"""The agent: tools, clients, and whole episodes on the CPU backend (a scripted model behind a real HTTP endpoint,
+driven through the real `openai` client)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from conftest import CANDIDATES, TASKS, fast_config
+from cuda_agent import sandbox
+from cuda_agent.agent import Environment, LoopConfig, OpenAIClient, ScriptedClient, run_episode
+from cuda_agent.agent.llm import parse_text_tool_calls
+from cuda_agent.agent.loop import parse_files
+from cuda_agent.agent.tools import ToolError, clip
+from cuda_agent.judge import Judge
+
+AFFINE = TASKS / "affine_relu.py"
+OK = CANDIDATES / "affine_relu_ok"
+KERNEL = (OK / "kernels" / "affine_relu.cpp").read_text()
+BINDING = (OK / "kernels" / "affine_relu_binding.cpp").read_text()
+MODEL_NEW = (OK / "model_new.py").read_text()
+BUGGY = KERNEL.replace("* 0.5f;", "* 0.25f;")
+SANDBOX = sandbox.probe() is None
+
+
+@pytest.fixture(scope="module")
+def judge(cache_dir):
+    return Judge("cpu", fast_config(cache_dir))
+
+
+@pytest.fixture
+def env(judge, tmp_path):
+    environment = Environment(judge, tmp_path / "run", use_sandbox=SANDBOX, bash_timeout=60)
+    environment.reset(AFFINE)
+    return environment
+
+
+# ---- tools ------------------------------------------------------------------------------------------------
+def test_reset_makes_a_fresh_workspace_with_the_task_and_skill(env):
+    ws = env.workspace
+    assert {p.name for p in ws.iterdir()} == {"reference.py", "SKILL.md", "model_new.py", "kernels", "binding.cpp",
+                                              "binding_registry.h"}
+    opening = env.reset(AFFINE)
+    assert opening["messages"][0]["role"] == "system" and "SKILL" in opening["messages"][1]["content"]
+    assert "class Model" in opening["messages"][1]["content"]
+    assert {t["function"]["name"] for t in opening["tools"]} >= {"bash", "read_file", "write_file", "edit",
+                                                                  "multi_edit", "glob", "grep", "compile",
+                                                                  "verify", "profile", "finish"}
+
+
+def test_file_tools_edit_exactly_and_refuse_what_they_must(env):
+    assert env.step("write_file", {"path": "kernels/a.cpp", "content": "int a = 1;\nint b = 1;\n"}).observation \
+        .startswith("wrote")
+    not_unique = env.step("edit", {"path": "kernels/a.cpp", "old": "= 1;", "new": "= 2;"})
+    assert not_unique.info["error"] and "found 2 times" in not_unique.observation
+    absent = env.step("edit", {"path": "kernels/a.cpp", "old": "int c", "new": "x"})
+    assert "not found" in absent.observation
+    atomic = env.step("multi_edit", {"path": "kernels/a.cpp", "edits": [{"old": "int a = 1;", "new": "int a = 3;"},
+                                                                       {"old": "missing", "new": "x"}]})
+    assert atomic.info["error"] and (env.workspace / "kernels/a.cpp").read_text() == "int a = 1;\nint b = 1;\n"
+    assert env.step("edit", {"path": "kernels/a.cpp", "old": "int a = 1;", "new": "int a = 3;"}).observation \
+        .startswith("applied 1 edit")
+    assert env.step("read_file", {"path": "kernels/a.cpp", "start_line": 2}).observation.strip() == "2  int b = 1;"
+    for path in ("binding.cpp", "reference.py", "SKILL.md"):
+        assert "read-only" in env.step("write_file", {"path": path, "content": "x"}).observation
+    assert "outside the workspace" in env.step("write_file", {"path": "../evil.py", "content": "x"}).observation
+    assert "relative" in env.step("read_file", {"path": "/etc/passwd"}).observation
+    assert env.step("glob", {"pattern": "kernels/*.cpp"}).observation == "kernels/a.cpp"
+    assert "kernels/a.cpp:1: int a = 3;" in env.step("grep", {"pattern": r"a = \d"}).observation
+    assert "unknown tool" in env.step("teleport", {}).observation
+    assert "bad arguments" in env.step("read_file", {"file": "x"}).observation
+
+
+def test_bash_output_is_clipped_and_a_hang_is_killed(env):
+    long = env.step("bash", {"command": "python3 -c \"print('x' * 50000)\""}).observation
+    assert "characters cut" in long and len(long) < 13_000
+    hang = env.step("bash", {"command": "sleep 30", "timeout": 2}).observation
+    assert "killed after 2 s" in hang
+    assert clip("short") == "short"
+
+
+@pytest.mark.skipif(not SANDBOX, reason="sandbox unavailable here")
+def test_bash_barriers_as_the_agent_sees_them(env, tmp_path):
+    outside = tmp_path / "outside.txt"
+    os.environ["OPENAI_API_KEY"] = "sk-secret-test"
+    try:
+        obs = env.step("bash", {"command": f"echo hi > {outside}; echo rc=$?; touch kernels/ok && echo ws-ok; "
+                                           "echo x >> binding.cpp; echo bind-rc=$?; "
+                                           "python3 -c \"import socket; print('net', socket.socket().connect_ex(("
+                                           "'1.1.1.1', 80)))\"; echo key=${OPENAI_API_KEY:-none}"}).observation
+    finally:
+        del os.environ["OPENAI_API_KEY"]
+    assert not outside.exists() and "rc=1" in obs
+    assert "ws-ok" in obs and (env.workspace / "kernels" / "ok").exists()
+    assert "bind-rc=1" in obs and "x" not in (env.workspace / "binding.cpp").read_text().splitlines()[-1:]
+    assert "net 0" not in obs and "net " in obs
+    assert "key=none" in obs
+
+
+# ---- clients ----------------------------------------------------------------------------------------------
+def test_text_tool_calls_and_single_turn_files_are_parsed():
+    calls = parse_text_tool_calls('Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": '
+                                  '"reference.py"}}\n</tool_call>\n<tool_call>{bad json}</tool_call>')
+    assert [(c.name, c.arguments) for c in calls] == [("read_file", {"path": "reference.py"})]
+    files = parse_files("Here:\n### FILE: model_new.py\n```python\nimport torch\n```\n\n### FILE: kernels/k.cpp\n"
+                        "```cpp\nint x;\n```\n")
+    assert files == {"model_new.py": "import torch\n", "kernels/k.cpp": "int x;\n"}
+
+
+def call(name: str, **arguments) -> dict:
+    call.n = getattr(call, "n", 0) + 1
+    return {"id": f"call_{call.n}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+EPISODE = [  # a model that writes a kernel with a bug, sees verify fail, fixes it, profiles, finishes
+    {"role": "assistant", "content": "Reading the task.", "tool_calls": [call("read_file", path="reference.py")]},
+    {"role": "assistant", "content": "Fused kernel, binding and ModelNew.", "tool_calls": [
+        call("write_file", path="kernels/affine_relu.cpp", content=BUGGY),
+        call("write_file", path="kernels/affine_relu_binding.cpp", content=BINDING),
+        call("write_file", path="model_new.py", content=MODEL_NEW)]},
+    {"role": "assistant", "content": "", "tool_calls": [call("compile")]},
+    {"role": "assistant", "content": "", "tool_calls": [call("verify")]},
+    {"role": "assistant", "content": "The factor is wrong.", "tool_calls": [
+        call("edit", path="kernels/affine_relu.cpp", old="* 0.25f;", new="* 0.5f;")]},
+    {"role": "assistant", "content": "", "tool_calls": [call("verify")]},
+    {"role": "assistant", "content": "", "tool_calls": [call("profile")]},
+    {"role": "assistant", "content": "Done.", "tool_calls": [call("finish", summary="fused affine+relu")]},
+]
+
+
+class ScriptedEndpoint:
+    """A chat-completions server on loopback that answers with the next scripted assistant message."""
+
+    def __init__(self, replies: list[dict]):
+        self.replies, self.requests = list(replies), []
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, body: dict, status: int = 200) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send({"object": "list", "data": [{"id": "scripted", "object": "model", "created": 0,
+                                                        "owned_by": "test"}]})
+
+            def do_POST(self):
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                endpoint.requests.append(request)
+                if not endpoint.replies:
+                    return self._send({"error": {"message": "script exhausted"}}, 500)
+                message = endpoint.replies.pop(0)
+                prompt = sum(len(json.dumps(m)) for m in request["messages"]) // 4
+                self._send({"id": f"chatcmpl-{len(endpoint.requests)}", "object": "chat.completion", "created": 0,
+                            "model": request["model"], "choices": [{
+                                "index": 0, "message": message,
+                                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+                            "usage": {"prompt_tokens": prompt, "completion_tokens": 50, "total_tokens": prompt + 50}})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_whole_episode_over_http_through_the_openai_client(judge, tmp_path):
+    endpoint = ScriptedEndpoint(EPISODE)
+    run_dir = tmp_path / "run"
+    states = []
+    try:
+        client = OpenAIClient("scripted", endpoint.url, api_key="test", max_retries=0)
+        client.check()
+        env = Environment(judge, run_dir, use_sandbox=SANDBOX)
+        summary = run_episode(env, client, AFFINE, run_dir, LoopConfig(max_turns=20), states.append)
+    finally:
+        endpoint.close()
+    assert summary["stop"] == "finish" and summary["turns"] == len(EPISODE)
+    final = summary["final_verdict"]
+    assert final["correct"] and final["reward"] >= 1, final["error"]
+    assert summary["snapshots"] == 1 and (run_dir / "best" / "model_new.py").exists()
+    assert "0.5f" in (run_dir / "best" / "kernels" / "affine_relu.cpp").read_text()
+    assert summary["best_single_file"] == str(run_dir / "best_single_file.py")
+    # The model saw the failure it had to fix, with its numbers.
+    verify_results = [m["content"] for r in endpoint.requests for m in r["messages"] if m["role"] == "tool"
+                      and "correct:" in m["content"]]
+    assert any("correct: False" in c and "first failure: incorrect" in c for c in verify_results)
+    records = [json.loads(line) for line in (run_dir / "trajectory.jsonl").read_text().splitlines()]
+    kinds = [r["type"] for r in records]
+    assert kinds[:2] == ["system", "user"] and kinds[-1] == "result"
+    tools = [r["tool"] for r in records if r["type"] == "tool"]
+    assert tools == ["read_file", "write_file", "write_file", "write_file", "compile", "verify", "edit", "verify",
+                     "profile", "finish"]
+    assert all(r["usage"]["total_tokens"] > 0 for r in records if r["type"] == "assistant")
+    verdicts = [r["verdict"] for r in records if r.get("verdict")]
+    assert [v["correct"] for v in verdicts] == [False, True, True]
+    assert states[-1]["best_reward"] >= 1 and states[-1]["last_tool"] == "finish"
+    assert json.loads((run_dir / "summary.json").read_text())["final_verdict"]["reward"] == final["reward"]
+
+
+def test_single_turn_mode_judges_the_files_of_one_reply(judge, tmp_path):
+    reply = (f"### FILE: model_new.py\n```python\n{MODEL_NEW}```\n\n### FILE: kernels/affine_relu.cpp\n```cpp\n"
+             f"{KERNEL}```\n\n### FILE: kernels/affine_relu_binding.cpp\n```cpp\n{BINDING}```\n")
+    client = ScriptedClient([{"role": "assistant", "content": reply}])
+    run_dir = tmp_path / "single"
+    summary = run_episode(Environment(judge, run_dir, use_sandbox=SANDBOX), client, AFFINE, run_dir,
+                          LoopConfig(single_turn=True))
+    assert summary["stop"] == "single turn" and summary["final_verdict"]["reward"] >= 1
+    replay = ScriptedClient.from_trajectory(str(run_dir / "trajectory.jsonl"))
+    assert replay.messages[0]["content"] == reply
+
+
+def test_replies_without_tool_calls_end_the_episode(judge, tmp_path):
+    client = ScriptedClient([{"role": "assistant", "content": "Thinking..."}] * 3)
+    run_dir = tmp_path / "idle"
+    summary = run_episode(Environment(judge, run_dir, use_sandbox=SANDBOX), client, AFFINE, run_dir,
+                          LoopConfig(max_invalid=3))
+    assert summary["stop"] == "3 replies in a row without a tool call" and summary["final_verdict"] is None
+
+
+def test_optimize_with_an_unreachable_endpoint_is_one_clear_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    run = subprocess.run([sys.executable, "-m", "cuda_agent", "optimize", str(AFFINE), "--model", "m",
+                          "--base-url", f"http://127.0.0.1:{port}/v1", "--backend", "cpu", "--out",
+                          str(tmp_path / "run")], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "CUDA_AGENT_CACHE": str(tmp_path / "cache")})
+    assert run.returncode == 2
+    lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) <= 2 and "unusable" in run.stderr and "Connection" in run.stderr, run.stderr
+
+
+def test_the_best_workspace_exported_as_one_file_passes_the_judge(judge, tmp_path):
+    from cuda_agent.workspace.candidate import load_candidate
+    from cuda_agent.workspace.single_file import to_single_file
+
+    single = tmp_path / "affine_relu_single_export.py"
+    single.write_text(to_single_file(load_candidate(OK), "cpu"))
+    verdict = judge.evaluate(AFFINE, single)
+    assert verdict.candidate["kind"] == "single_file" and verdict.correct and verdict.reward >= 1, verdict.error
