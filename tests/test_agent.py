@@ -254,3 +254,18 @@ def test_the_best_workspace_exported_as_one_file_passes_the_judge(judge, tmp_pat
     single.write_text(to_single_file(load_candidate(OK), "cpu"))
     verdict = judge.evaluate(AFFINE, single)
     assert verdict.candidate["kind"] == "single_file" and verdict.correct and verdict.reward >= 1, verdict.error
+
+
+def test_optimize_command_runs_the_episode_and_reports_the_best(cache_dir, tmp_path):
+    endpoint = ScriptedEndpoint(EPISODE)
+    try:
+        run = subprocess.run([sys.executable, "-m", "cuda_agent", "optimize", str(AFFINE), "--model", "scripted",
+                              "--base-url", endpoint.url, "--backend", "cpu", "--out", str(tmp_path / "run"),
+                              "--cache-dir", str(cache_dir), "--max-turns", "20"],
+                             capture_output=True, text=True, timeout=600)
+    finally:
+        endpoint.close()
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "turn   8  finish" in run.stderr  # live progress, one line per tool call
+    assert "stopped: finish after 8 turn(s); 1 verified candidate(s)" in run.stdout
+    assert "best: reward" in run.stdout and (tmp_path / "run" / "best_single_file.py").exists()
