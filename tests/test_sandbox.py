@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -143,3 +144,19 @@ def test_sandbox_unit_describes_and_cleans_up(tmp_path):
     assert "namespaces: user, net, pid, mount" in box.describe()
     if box.cgroup:
         assert all(not d.exists() for d in box.cgroup.dirs), "cgroup left behind"
+
+
+def test_home_directories_and_password_hashes_are_hidden_but_python_works(tmp_path):
+    secret_dir = Path.home()
+    box = sandbox.Sandbox(sandbox.View(writable=[tmp_path]), sandbox.Limits(max_processes=64), cwd=tmp_path)
+    try:
+        run = subprocess.run([*box.prefix(), "sh", "-c", f"ls -A {secret_dir} | wc -l; wc -c < /etc/shadow; "
+                              f"{sys.executable} -c 'import torch, cuda_agent; print(\"py-ok\")'"],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        box.close()
+    assert run.returncode == 0, run.stderr
+    visible, shadow, py = run.stdout.split()
+    outside = len([p for p in secret_dir.iterdir()])
+    assert int(visible) < outside or outside == 0  # only what Python needs is bound back
+    assert shadow == "0" and py == "py-ok"

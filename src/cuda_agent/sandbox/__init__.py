@@ -49,12 +49,37 @@ class Limits:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
 
 
+SECRETS = ("/root", "/home", "/etc/shadow", "/etc/gshadow")  # hidden from every sandboxed command
+REPLACED = ("/tmp", "/dev")  # fresh inside (init.py): an interpreter living there (a venv in /tmp) is bound back
+
+
 @dataclass
 class View:
-    """Paths as the sandboxed command sees them (at their own location)."""
+    """Paths as the sandboxed command sees them (at their own location). Home directories and the password hashes
+    are always hidden (they hold keys and tokens); what Python needs from them is bound back read-only."""
     writable: list[Path] = field(default_factory=list)
     readable: list[Path] = field(default_factory=list)  # visible read-only even inside a hidden directory
-    hidden: list[Path] = field(default_factory=list)  # covered by an empty directory
+    hidden: list[Path] = field(default_factory=list)  # covered by an empty directory (or file)
+
+    def spec(self) -> dict[str, list[str]]:
+        hidden = [*map(str, self.hidden), *(p for p in SECRETS if os.path.exists(p))]
+        readable = [*map(str, self.readable), *_python_paths([*hidden, *REPLACED])]
+        return {"writable": [str(p) for p in self.writable], "readable": list(dict.fromkeys(readable)),
+                "hidden": hidden}
+
+
+def _python_paths(hidden: list[str]) -> list[str]:
+    """The interpreter, its libraries and this package where they lie inside a hidden directory."""
+    roots = [sys.base_prefix, sys.prefix, *sys.path, str(Path(__file__).resolve().parents[2])]
+    found = []
+    for root in roots:
+        if root and os.path.isdir(root) and any(root == h or root.startswith(h.rstrip("/") + "/") for h in hidden):
+            found.append(os.path.realpath(root))
+    # an interpreter reached through a symlink (pyenv shims, venvs) needs its real location too
+    for exe in (sys.executable, os.path.realpath(sys.executable)):
+        found.append(os.path.dirname(exe))
+    inside = [p for p in dict.fromkeys(found) if any(p == h or p.startswith(h.rstrip("/") + "/") for h in hidden)]
+    return [p for p in inside if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in inside)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,8 +117,7 @@ class Sandbox:
         self.cgroup = Cgroup.create(limits.max_processes, limits.memory()) if use_cgroup else None
 
     def prefix(self) -> list[str]:
-        spec = {"writable": [str(p) for p in self.view.writable], "readable": [str(p) for p in self.view.readable],
-                "hidden": [str(p) for p in self.view.hidden], "cwd": self.cwd}
+        spec = {**self.view.spec(), "cwd": self.cwd}
         join = ["sh", "-c", JOIN_CGROUP, "cuda-agent-cgroup", str(len(self.cgroup.procs)),
                 *map(str, self.cgroup.procs)] if self.cgroup else []
         return [*join, *OUTER, sys.executable, "-I", str(INIT), json.dumps(spec), *LOCK, "prlimit",
@@ -114,7 +138,7 @@ class Sandbox:
         lim, gib = self.limits, 2**30
         parts = ["namespaces: user, net, pid, mount (unshare)",
                  f"filesystem read-only except {len(self.view.writable)} path(s), /tmp and /dev/shm private, "
-                 f"{len(self.view.hidden)} hidden"]
+                 f"judge data and home directories hidden"]
         if self.cgroup:
             parts.append(f"cgroup v{self.cgroup.version}: processes <= {lim.max_processes}, "
                          f"memory <= {lim.memory() / gib:.1f} GiB")

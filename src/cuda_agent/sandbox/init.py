@@ -4,7 +4,8 @@ Standalone (standard library only) and run by path, `python -I init.py SPEC_JSON
 the environment is imported with namespace-root rights. The view:
 - every mount read-only (recursively), except: a fresh `/tmp`, a fresh `/dev` holding only the usual character
   devices and the GPU's, a fresh `/dev/shm`, `/proc`, and the `writable` paths;
-- `hidden` directories covered by an empty read-only tmpfs (the judge's cache, other runs);
+- `hidden` directories covered by an empty read-only tmpfs (the judge's cache, home directories), hidden files
+  replaced by an empty one (`/etc/shadow`);
 - `writable` and `readable` paths bound back at their own path, even inside a hidden or replaced directory.
 The command then runs inside a further user + mount namespace (see `sandbox.command`), which locks these mounts:
 its root cannot unmount or remount them.
@@ -86,6 +87,9 @@ def build_view(spec: dict) -> None:
     for path in hidden:
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
     populate_dev(dev_fd)
+    for path in spec["hidden"]:  # a hidden file reads as empty
+        if os.path.isfile(path):
+            mount("/dev/null", path, None, MS_BIND)
     for fd, (path, readonly) in zip(fds, binds):
         bind(fd, path, readonly)
         os.close(fd)
