@@ -44,7 +44,7 @@ def env(judge, tmp_path):
 # ---- tools ------------------------------------------------------------------------------------------------
 def test_reset_makes_a_fresh_workspace_with_the_task_and_skill(env):
     ws = env.workspace
-    assert {p.name for p in ws.iterdir()} == {"reference.py", "SKILL.md", "model_new.py", "kernels", "binding.cpp",
+    assert {p.name for p in ws.iterdir()} == {"model.py", "SKILL.md", "model_new.py", "kernels", "binding.cpp",
                                               "binding_registry.h"}
     opening = env.reset(AFFINE)
     assert opening["messages"][0]["role"] == "system" and "SKILL" in opening["messages"][1]["content"]
@@ -67,7 +67,7 @@ def test_file_tools_edit_exactly_and_refuse_what_they_must(env):
     assert env.step("edit", {"path": "kernels/a.cpp", "old": "int a = 1;", "new": "int a = 3;"}).observation \
         .startswith("applied 1 edit")
     assert env.step("read_file", {"path": "kernels/a.cpp", "start_line": 2}).observation.strip() == "2  int b = 1;"
-    for path in ("binding.cpp", "reference.py", "SKILL.md"):
+    for path in ("binding.cpp", "model.py", "SKILL.md"):
         assert "read-only" in env.step("write_file", {"path": path, "content": "x"}).observation
     assert "outside the workspace" in env.step("write_file", {"path": "../evil.py", "content": "x"}).observation
     assert "relative" in env.step("read_file", {"path": "/etc/passwd"}).observation
@@ -106,8 +106,8 @@ def test_bash_barriers_as_the_agent_sees_them(env, tmp_path):
 # ---- clients ----------------------------------------------------------------------------------------------
 def test_text_tool_calls_and_single_turn_files_are_parsed():
     calls = parse_text_tool_calls('Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": '
-                                  '"reference.py"}}\n</tool_call>\n<tool_call>{bad json}</tool_call>')
-    assert [(c.name, c.arguments) for c in calls] == [("read_file", {"path": "reference.py"})]
+                                  '"model.py"}}\n</tool_call>\n<tool_call>{bad json}</tool_call>')
+    assert [(c.name, c.arguments) for c in calls] == [("read_file", {"path": "model.py"})]
     files = parse_files("Here:\n### FILE: model_new.py\n```python\nimport torch\n```\n\n### FILE: kernels/k.cpp\n"
                         "```cpp\nint x;\n```\n")
     assert files == {"model_new.py": "import torch\n", "kernels/k.cpp": "int x;\n"}
@@ -119,7 +119,7 @@ def call(name: str, **arguments) -> dict:
 
 
 EPISODE = [  # a model that writes a kernel with a bug, sees verify fail, fixes it, profiles, finishes
-    {"role": "assistant", "content": "Reading the task.", "tool_calls": [call("read_file", path="reference.py")]},
+    {"role": "assistant", "content": "Reading the task.", "tool_calls": [call("read_file", path="model.py")]},
     {"role": "assistant", "content": "Fused kernel, binding and ModelNew.", "tool_calls": [
         call("write_file", path="kernels/affine_relu.cpp", content=BUGGY),
         call("write_file", path="kernels/affine_relu_binding.cpp", content=BINDING),

@@ -23,7 +23,7 @@ from ..workspace.single_file import ExportError, to_single_file
 from .tools import SCHEMAS, Tools, ToolError
 
 SYSTEM_PROMPT = """You are an expert GPU kernel engineer working in a sandboxed workspace. Your job: make the \
-PyTorch module in reference.py faster with your own kernels, verified correct by the judge. Work like an engineer: \
+PyTorch module in model.py faster with your own kernels, verified correct by the judge. Work like an engineer: \
 read, write, compile, verify, profile, iterate. Use the tools; call finish when done."""
 
 STARTER = '''import torch
@@ -83,7 +83,7 @@ class Environment:
             shutil.rmtree(self.workspace)
         (self.workspace / "kernels").mkdir(parents=True)
         skill = skill_text(self.judge.backend.name)
-        (self.workspace / "reference.py").write_text(source)
+        (self.workspace / "model.py").write_text(source)
         (self.workspace / "SKILL.md").write_text(skill)
         (self.workspace / "model_new.py").write_text(STARTER)
         for name in ("binding.cpp", "binding_registry.h"):
@@ -91,9 +91,9 @@ class Environment:
         self.snapshots = []
         self.tools = Tools(self.workspace, self.reference, self.judge, self.use_sandbox, self.bash_timeout,
                            on_verdict=self._record)
-        task = (f"Optimise this module for the `{self.judge.backend.name}` backend. It is in reference.py; the "
+        task = (f"Optimise this module for the `{self.judge.backend.name}` backend. It is in model.py; the "
                 f"workspace holds SKILL.md (below), a starter model_new.py, kernels/ and the judge's binding files."
-                f"\n\n## reference.py\n\n```python\n{source}\n```\n\n{skill}")
+                f"\n\n## model.py\n\n```python\n{source}\n```\n\n{skill}")
         return {"messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}],
                 "tools": SCHEMAS}
 

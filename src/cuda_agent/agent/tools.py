@@ -25,7 +25,7 @@ from ..judge import Judge
 from ..judge.verdict import Verdict
 from ..workspace.candidate import Candidate, CandidateError, load_candidate
 
-READ_ONLY = ("reference.py", "SKILL.md", "binding.cpp", "binding_registry.h")
+READ_ONLY = ("model.py", "SKILL.md", "binding.cpp", "binding_registry.h")
 OUTPUT_LIMIT = 12_000  # characters of tool output kept: head and tail halves
 MAX_READ_LINES = 2000
 
