@@ -226,5 +226,55 @@ def optimize_cmd(
     out.print(f"run folder: {run_dir} (trajectory.jsonl, summary.json)", highlight=False)
 
 
+data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The fused-operator training set.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("build")
+def data_build_cmd(
+    target: int = typer.Option(..., "--target", help="tasks to keep"),
+    out_dir: Path = typer.Option(..., "--out", help="output folder (rerun with the same folder to resume)"),
+    backend: str = typer.Option("cuda", help="device the filters run and time on: cuda or cpu"),
+    kernelbench: Optional[Path] = typer.Option(None, help="KernelBench problems for the similarity filter "
+                                               "(e.g. ../shared/kernelbench); without it the filter is not applied"),
+    window_ms: str = typer.Option("1,100", help="eager runtime window in ms, LO,HI"),
+    workers: int = typer.Option(2, help="parallel worker processes"),
+    seed: int = typer.Option(0, help="seed of candidate 0 (candidate k uses seed + k)"),
+    no_compile: bool = typer.Option(False, help="skip the torch.compile agreement filter (faster, weaker)"),
+) -> None:
+    """Compose fused tasks offline, filter them, deduplicate, export parquet + jsonl and a stats report."""
+    from .data.build import BuildConfig, Builder
+    from .data.filters import FilterConfig
+
+    try:
+        lo, hi = (float(x) for x in window_ms.split(","))
+    except ValueError:
+        _fail(f"--window-ms must be LO,HI in milliseconds, got '{window_ms}'")
+    if backend not in ("cuda", "cpu"):
+        _fail(f"--backend must be cuda or cpu, not {backend!r}")
+    if target < 1:
+        _fail("--target must be at least 1")
+    cfg = BuildConfig(target, out_dir, FilterConfig(device=backend, window_ms=(lo, hi), check_compile=not no_compile),
+                      kernelbench=kernelbench, workers=workers, seed=seed)
+    try:
+        builder = Builder(cfg)
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.fields[last]}"), console=err)
+    with progress:
+        bar = progress.add_task("kept", total=target, completed=builder.kept_count(), last="")
+
+        def on_attempt(kept: int, tried: int, rec: dict | None) -> None:
+            why = "kept" if rec and rec["kept"] else next((c["name"] for c in (rec or {}).get("checks", [])
+                                                          if not c["passed"]), "")
+            progress.update(bar, completed=kept, last=f"{tried} tried; last {why}")
+
+        stats = builder.run(on_attempt)
+    out.print((out_dir / "stats.md").read_text())
+    if stats["kept"] < target:
+        err.print(f"[yellow]only {stats['kept']} of {target} tasks after {stats['attempts']} attempts[/]")
+
+
 if __name__ == "__main__":
     app()

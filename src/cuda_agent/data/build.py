@@ -1,0 +1,197 @@
+"""The dataset build: crawl, compose, filter in parallel workers, deduplicate, export (`cuda-agent data build`).
+
+Candidate k is composed from seed `seed + k`, so a build is reproducible and resumable: every attempt is
+appended to `attempts.jsonl` as it finishes (kept or rejected, with the checks), and a restarted build skips
+the attempts already there. The export (`dataset.parquet`, `dataset.jsonl`, `stats.json`, `stats.md`) is
+rewritten from the attempts at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .catalog import crawl
+from .compose import compose, draw_num_ops
+from .filters import Check, FilterConfig, TaskResult, check_task
+from .similarity import Index, fingerprint
+
+
+@dataclass
+class BuildConfig:
+    target: int
+    out: Path
+    filters: FilterConfig = field(default_factory=FilterConfig)
+    kernelbench: Path | None = None  # suite for the similarity filter (all .py files below it)
+    max_kernelbench_similarity: float = 0.9
+    max_duplicate_similarity: float = 0.95  # to a task already kept
+    workers: int = 2
+    seed: int = 0
+    max_attempts: int | None = None  # default 20 x target
+
+
+def _attempt(index: int, seed: int, cfg: FilterConfig) -> dict[str, Any]:
+    """Worker: compose candidate `index` and run the execution filters on it."""
+    import torch
+
+    torch.set_num_threads(1)
+    rng = random.Random(seed + index)
+    ops, _ = _catalog()
+    num_ops = draw_num_ops(rng)
+    comp = compose(ops, rng, num_ops)
+    if comp is None:
+        return {"index": index, "ops": [], "num_ops": num_ops, "kept": False,
+                "checks": [asdict(Check("composes", False, detail="no chain of fitting shapes found"))]}
+    result = check_task(comp.source, cfg)
+    return {"index": index, "ops": comp.ops, "num_ops": num_ops, **result.to_dict(), "kept": result.passed}
+
+
+_CATALOG: tuple | None = None
+
+
+def _catalog():
+    global _CATALOG
+    if _CATALOG is None:
+        _CATALOG = crawl()
+    return _CATALOG
+
+
+class Builder:
+    def __init__(self, cfg: BuildConfig):
+        self.cfg = cfg
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        self.attempts_path = cfg.out / "attempts.jsonl"
+        self.index = Index.from_suite(cfg.kernelbench)
+        self.kept = Index({})
+        self.records: dict[int, dict] = {}
+        if self.attempts_path.exists():  # resume
+            for line in self.attempts_path.read_text().splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    self.records[rec["index"]] = rec
+                    if rec["kept"]:
+                        self.kept.add(str(rec["index"]), fingerprint(rec["source"]))
+
+    def kept_count(self) -> int:
+        return sum(1 for r in self.records.values() if r["kept"])
+
+    def run(self, progress: Callable[[int, int, dict | None], None] = lambda kept, tried, rec: None) -> dict:
+        cfg = self.cfg
+        limit = cfg.max_attempts or 20 * cfg.target
+        todo = (i for i in range(limit) if i not in self.records)
+        with open(self.attempts_path, "a") as log:
+            pool = ProcessPoolExecutor(max_workers=cfg.workers)
+            running: dict = {}
+            try:
+                while self.kept_count() < cfg.target:
+                    while len(running) < cfg.workers:
+                        index = next(todo, None)
+                        if index is None:
+                            break
+                        running[pool.submit(_attempt, index, cfg.seed, cfg.filters)] = index
+                    if not running:
+                        break
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        index = running.pop(fut)
+                        try:
+                            rec = fut.result()
+                        except BrokenProcessPool:  # a task crashed its worker: record it, start a fresh pool
+                            rec = {"index": index, "ops": [], "num_ops": 0, "kept": False, "source": "",
+                                   "checks": [asdict(Check("runs_in_eager", False, detail="crashed the worker"))]}
+                            pool.shutdown(cancel_futures=True)
+                            pool = ProcessPoolExecutor(max_workers=cfg.workers)
+                            for other, idx in list(running.items()):
+                                running.pop(other)
+                                running[pool.submit(_attempt, idx, cfg.seed, cfg.filters)] = idx
+                        self._similarity(rec)
+                        self.records[index] = rec
+                        log.write(json.dumps(rec) + "\n")
+                        log.flush()
+                        progress(self.kept_count(), len(self.records), rec)
+            finally:
+                pool.shutdown(cancel_futures=True)
+        return self.export()
+
+    def _similarity(self, rec: dict) -> None:
+        """The dataset-level rules, in the parent: benchmark similarity, then near-duplicates of kept tasks."""
+        if not rec["kept"]:
+            return
+        tokens = fingerprint(rec["source"])
+        if self.index.items:
+            score, where = self.index.max_similarity(tokens)
+            rec["max_kernelbench_similarity"] = round(score, 4)
+            rec["checks"].append(asdict(Check("kernelbench_similarity", score <= self.cfg.max_kernelbench_similarity,
+                                              round(score, 4), self.cfg.max_kernelbench_similarity, where or "")))
+        dup, other = self.kept.max_similarity(tokens)
+        rec["checks"].append(asdict(Check("not_a_duplicate", dup <= self.cfg.max_duplicate_similarity,
+                                          round(dup, 4), self.cfg.max_duplicate_similarity, other or "")))
+        rec["kept"] = all(c["passed"] for c in rec["checks"])
+        if rec["kept"]:
+            self.kept.add(str(rec["index"]), tokens)
+
+    def export(self) -> dict:
+        rows = [self._row(r) for i, r in sorted(self.records.items()) if r["kept"]][: self.cfg.target]
+        out = self.cfg.out
+        with open(out / "dataset.jsonl", "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        write_parquet(rows, out / "dataset.parquet")
+        stats = self.stats(rows)
+        (out / "stats.json").write_text(json.dumps(stats, indent=2))
+        (out / "stats.md").write_text(stats_markdown(stats))
+        return stats
+
+    @staticmethod
+    def _row(rec: dict) -> dict:
+        return {"code": rec["source"], "ops": json.dumps(rec["ops"]), "data_source": f"torch#{rec['num_ops']}",
+                "num_ops": rec["num_ops"], "eager_ms": rec["eager_ms"], "compile_ms": rec["compile_ms"],
+                "output_mean": rec["output_stats"].get("mean"), "output_std": rec["output_stats"].get("std"),
+                "output_abs_max": rec["output_stats"].get("abs_max"),
+                "max_kernelbench_similarity": rec.get("max_kernelbench_similarity"), "attempt": rec["index"]}
+
+    def stats(self, rows: list[dict]) -> dict:
+        rejected = Counter()
+        for rec in self.records.values():
+            if not rec["kept"]:
+                rejected[next((c["name"] for c in rec["checks"] if not c["passed"]), "unknown")] += 1
+        composition = Counter(r["data_source"] for r in rows)
+        ops, failed = _catalog()
+        return {"kept": len(rows), "attempts": len(self.records), "rejected_by": dict(rejected),
+                "composition": {k: round(v / max(1, len(rows)), 4) for k, v in sorted(composition.items())},
+                "thresholds": {**asdict(self.cfg.filters),
+                               "max_kernelbench_similarity": self.cfg.max_kernelbench_similarity,
+                               "max_duplicate_similarity": self.cfg.max_duplicate_similarity,
+                               "kernelbench": str(self.cfg.kernelbench) if self.cfg.kernelbench else None},
+                "catalog": {"operators": len(ops), "not_instantiated": failed}}
+
+
+def write_parquet(rows: list[dict], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = ["code", "ops", "data_source", "num_ops", "eager_ms", "compile_ms", "output_mean", "output_std",
+               "output_abs_max", "max_kernelbench_similarity", "attempt"]
+    table = pa.table({c: [r.get(c) for r in rows] for c in columns})
+    pq.write_table(table, path)
+
+
+def stats_markdown(stats: dict) -> str:
+    lines = [f"# Dataset build: {stats['kept']} tasks kept of {stats['attempts']} attempts", "",
+             "| rejected by | count |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(stats["rejected_by"].items(), key=lambda kv: -kv[1])]
+    lines += ["", "| data_source | share |", "|---|---|"]
+    lines += [f"| {k} | {v:.1%} |" for k, v in stats["composition"].items()]
+    lines += ["", f"Operators in the catalog: {stats['catalog']['operators']}; not instantiated: "
+                  f"{len(stats['catalog']['not_instantiated'])} (reasons in stats.json).", "",
+              "Thresholds: `" + json.dumps(stats["thresholds"]) + "`", ""]
+    return "\n".join(lines)
+
+
+__all__ = ["BuildConfig", "Builder", "TaskResult"]

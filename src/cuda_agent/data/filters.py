@@ -1,0 +1,185 @@
+"""Filter: each rule a named check with its threshold, run on one task's source in a worker process.
+
+`check_task` runs the execution rules (eager and torch.compile agree, deterministic, not degenerate, runtime in
+the window, after scaling the batch toward the window); the similarity rules need the whole dataset and run in
+the builder (`build.py`). Every result carries the measured value and the threshold, so the export says why a
+task was kept or rejected.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import types
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .compose import with_batch
+
+
+@dataclass
+class FilterConfig:
+    device: str = "cpu"
+    window_ms: tuple[float, float] = (1.0, 100.0)
+    compile_tolerance: float = 1e-3  # eager vs torch.compile, relative to the output's scale
+    min_output_scale: float = 1e-2  # max |output| below this: zeros would pass a 1e-2 tolerance
+    min_change: float = 1e-3  # relative change of the output with other inputs / other weights
+    timing_iters: int = 5
+    check_compile: bool = True
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    value: Any = None
+    threshold: Any = None
+    detail: str = ""
+
+
+@dataclass
+class TaskResult:
+    source: str
+    checks: list[Check] = field(default_factory=list)
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+    output_stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def rejected_by(self) -> str | None:
+        return next((c.name for c in self.checks if not c.passed), None)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load(source: str) -> types.ModuleType:
+    module = types.ModuleType("task")
+    exec(compile(source, "<task>", "exec"), module.__dict__)
+    for name in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(module, name):
+            raise ValueError(f"the task defines no {name}")
+    return module
+
+
+def _run(module, device: str, input_seed: int, weight_seed: int = 0, model=None):
+    torch.manual_seed(weight_seed)
+    if model is None:
+        with torch.device(device):
+            model = module.Model(*module.get_init_inputs()).eval()
+    torch.manual_seed(input_seed)
+    with torch.device(device):
+        inputs = module.get_inputs()
+    with torch.no_grad():
+        return model(*inputs), model, inputs
+
+
+def _ms(fn, device: str, iters: int) -> float:
+    times = []
+    for _ in range(iters + 1):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[1:])
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / (b.norm() + 1e-30))
+
+
+def check_task(source: str, cfg: FilterConfig) -> TaskResult:
+    """Run the execution rules, scaling BATCH toward the runtime window first; stops at the first failure."""
+    result = TaskResult(source)
+    checks = result.checks
+    try:
+        module = load(source)
+        out, model, inputs = _run(module, cfg.device, 0)
+    except Exception as exc:
+        checks.append(Check("runs_in_eager", False, detail=f"{type(exc).__name__}: {str(exc)[:200]}"))
+        return result
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        checks.append(Check("runs_in_eager", False, detail="the output is not one floating-point tensor"))
+        return result
+    checks.append(Check("runs_in_eager", True))
+
+    # Runtime window: scale BATCH so that eager lands near the window's geometric middle.
+    lo, hi = cfg.window_ms
+    ms = _ms(lambda: model(*inputs), cfg.device, cfg.timing_iters)
+    if "BATCH = " in source and not lo <= ms <= hi:
+        batch = getattr(module, "BATCH", None)
+        if isinstance(batch, int):
+            target = (lo * hi) ** 0.5
+            new_batch = max(1, min(1 << 16, round(batch * target / max(ms, 1e-3))))
+            if new_batch != batch:
+                source = result.source = with_batch(source, new_batch)
+                module = load(source)
+                out, model, inputs = _run(module, cfg.device, 0)
+                ms = _ms(lambda: model(*inputs), cfg.device, cfg.timing_iters)
+    result.eager_ms = ms
+    checks.append(Check("runtime_window", lo <= ms <= hi, round(ms, 4), [lo, hi], "eager ms"))
+    if not checks[-1].passed:
+        return result
+
+    again, _, _ = _run(module, cfg.device, 0)
+    with torch.no_grad():
+        second_call = model(*inputs)  # the RNG has moved on: a stochastic op shows here
+    same = lambda a, b: bool(torch.equal(a, b)) or bool(torch.isnan(a).all() and torch.isnan(b).all())  # noqa: E731
+    problem = ("the same seeds gave different outputs" if not same(out, again) else
+               "a second call on the same inputs gave a different output (stochastic op)"
+               if not same(out, second_call) else "")
+    checks.append(Check("deterministic", not problem, detail=problem or "same inputs, same output"))
+    if problem:
+        return result
+
+    finite = bool(torch.isfinite(out).all())
+    scale = float(out.abs().max()) if finite and out.numel() else 0.0
+    result.output_stats = {"mean": float(out.double().mean()) if finite else float("nan"),
+                           "std": float(out.double().std()) if finite and out.numel() > 1 else 0.0,
+                           "abs_max": scale, "numel": out.numel()}
+    other_inputs, _, _ = _run(module, cfg.device, 1, model=model)
+    d_inputs = _rel(other_inputs, out) if finite else 0.0
+    params = list(model.parameters())
+    d_weights = None
+    if params:
+        other_weights, _, _ = _run(module, cfg.device, 0, weight_seed=1)
+        d_weights = _rel(other_weights, out) if finite else 0.0
+    problems = []
+    if not finite:
+        problems.append("NaN or Inf in the output")
+    elif scale < cfg.min_output_scale:
+        problems.append(f"output scale {scale:.2e} < {cfg.min_output_scale} (zeros would pass)")
+    elif result.output_stats["std"] == 0.0:
+        problems.append("constant output")
+    elif d_inputs < cfg.min_change:
+        problems.append(f"output barely depends on the inputs ({d_inputs:.2e})")
+    elif d_weights is not None and d_weights < cfg.min_change:
+        problems.append(f"output barely depends on the weights ({d_weights:.2e})")
+    checks.append(Check("not_degenerate", not problems, {"scale": scale, "change_inputs": d_inputs,
+                                                          "change_weights": d_weights},
+                        {"min_scale": cfg.min_output_scale, "min_change": cfg.min_change}, "; ".join(problems)))
+    if problems:
+        return result
+
+    if cfg.check_compile:
+        try:
+            compiled = torch.compile(model)
+            with torch.no_grad():
+                c_out = compiled(*inputs)
+            err = _rel(c_out, out)
+            result.compile_ms = _ms(lambda: compiled(*inputs), cfg.device, cfg.timing_iters)
+            checks.append(Check("runs_in_compile", err <= cfg.compile_tolerance, err, cfg.compile_tolerance,
+                                "relative error of torch.compile vs eager"))
+        except Exception as exc:
+            checks.append(Check("runs_in_compile", False, detail=f"{type(exc).__name__}: {str(exc)[:200]}"))
+    return result

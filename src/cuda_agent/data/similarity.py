@@ -1,0 +1,65 @@
+"""Python-AST similarity between tasks (the benchmark-leak and near-duplicate filters; docs/data.md).
+
+A task becomes a token sequence: the AST's node types in walk order, with the called or accessed name for calls
+and attributes (`Call:Conv2d`, `Attr:relu`) and the type only for constants and variable names, so renaming
+variables or changing sizes does not hide a copy. Similarity is difflib's ratio of the two sequences (2M/T:
+matching tokens over total), 1.0 for identical structure.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from pathlib import Path
+
+
+def fingerprint(source: str) -> list[str]:
+    tokens = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            continue  # docstrings
+        name = type(node).__name__
+        if isinstance(node, ast.Call):
+            func = node.func
+            name += ":" + (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "?"))
+        elif isinstance(node, ast.Attribute):
+            name += ":" + node.attr
+        elif isinstance(node, ast.Constant):
+            name += ":" + type(node.value).__name__
+        tokens.append(name)
+    return tokens
+
+
+def similarity(a: list[str], b: list[str]) -> float:
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    return matcher.ratio()
+
+
+class Index:
+    """Fingerprints of a suite (e.g. KernelBench levels 1-3) for the maximum similarity of a new task to it."""
+
+    def __init__(self, sources: dict[str, str]):
+        self.items = {name: fingerprint(src) for name, src in sources.items()}
+
+    @classmethod
+    def from_suite(cls, root: str | Path | None) -> Index:
+        if root is None:
+            return cls({})
+        root = Path(root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"suite {root}: no such folder")
+        return cls({str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*.py"))})
+
+    def max_similarity(self, tokens: list[str]) -> tuple[float, str | None]:
+        best, where = 0.0, None
+        for name, other in self.items.items():
+            matcher = difflib.SequenceMatcher(None, tokens, other, autojunk=False)
+            if matcher.real_quick_ratio() <= best or matcher.quick_ratio() <= best:
+                continue
+            score = matcher.ratio()
+            if score > best:
+                best, where = score, name
+        return best, where
+
+    def add(self, name: str, tokens: list[str]) -> None:
+        self.items[name] = tokens

@@ -1,0 +1,120 @@
+"""The dataset pipeline on the CPU: a small build end to end, resumed; every filter rejecting a task built to fail
+it; exported rows judged as references."""
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import TASKS, fast_config
+from cuda_agent.data.build import BuildConfig, Builder
+from cuda_agent.data.catalog import crawl
+from cuda_agent.data.filters import FilterConfig, check_task
+from cuda_agent.data.similarity import Index, fingerprint, similarity
+from cuda_agent.judge import Judge
+
+CPU = FilterConfig(device="cpu", window_ms=(0.02, 500.0), timing_iters=3)
+
+
+def task(forward: str, init: str = "pass", shape: str = "BATCH, 64", extra: str = "") -> str:
+    return (f"import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+            f"        super().__init__()\n        {init}\n\n    def forward(self, x):\n        return {forward}\n\n\n"
+            f"BATCH = 32\n{extra}\n\ndef get_inputs():\n    return [torch.randn({shape})]\n\n\n"
+            "def get_init_inputs():\n    return []\n")
+
+
+def failed(result) -> tuple[str, str]:
+    check = next(c for c in result.checks if not c.passed)
+    return check.name, check.detail
+
+
+def test_a_healthy_task_passes_every_execution_filter():
+    result = check_task(task("torch.tanh(self.lin(x))", "self.lin = nn.Linear(64, 64)"), CPU)
+    assert result.passed, result.checks
+    assert [c.name for c in result.checks] == ["runs_in_eager", "runtime_window", "deterministic", "not_degenerate",
+                                               "runs_in_compile"]
+    assert result.eager_ms > 0 and result.compile_ms > 0 and result.output_stats["abs_max"] > 0.01
+
+
+@pytest.mark.parametrize("source, rule, detail", [
+    (task("x.undefined_method()"), "runs_in_eager", "AttributeError"),
+    (task("torch.dropout(x, 0.5, True)"), "deterministic", "stochastic op"),
+    (task("x * 0 + 1"), "not_degenerate", "constant output"),
+    (task("x * 1e-6"), "not_degenerate", "zeros would pass"),
+    (task("torch.log(-x.abs() - 1)"), "not_degenerate", "NaN or Inf"),
+    (task("torch.tanh(x.mean(dim=0, keepdim=True) * 0 + x.detach().new_ones(1))"), "not_degenerate",
+     "constant output"),
+    (task("x + 0 * self.lin(x)", "self.lin = nn.Linear(64, 64)"), "not_degenerate", "depends on the weights"),
+    (task("x * 2 if torch.compiler.is_compiling() else x * 3"), "runs_in_compile", "relative error"),
+])
+def test_each_execution_filter_rejects_the_task_built_to_fail_it(source, rule, detail):
+    name, why = failed(check_task(source, CPU))
+    assert name == rule, (name, why)
+    assert detail in why or detail == "relative error", why
+
+
+def test_the_runtime_window_rejects_and_the_batch_is_scaled_toward_it():
+    slow_window = FilterConfig(device="cpu", window_ms=(5000.0, 9000.0), timing_iters=1)
+    result = check_task(task("torch.tanh(x)", shape="4, 64"), slow_window)  # no BATCH in get_inputs: cannot scale
+    assert failed(result)[0] == "runtime_window"
+    scaled = check_task(task("torch.tanh(x)", shape="BATCH, 4096"), FilterConfig(device="cpu", window_ms=(2.0, 50.0)))
+    assert scaled.passed and "BATCH = 32\n" not in scaled.source, scaled.checks  # BATCH was raised into the window
+
+
+def test_similarity_is_structural_and_catches_renamed_copies():
+    a = fingerprint(task("torch.relu(self.conv(x))", "self.conv = nn.Conv2d(3, 8, 3)"))
+    renamed = fingerprint(task("torch.relu(self.c(y))", "self.c = nn.Conv2d(16, 32, 5)").replace("x)", "y)"))
+    other = fingerprint(task("torch.softmax(x, dim=-1).cumsum(-1)"))
+    assert similarity(a, a) == 1.0 and similarity(a, renamed) > 0.9 > similarity(a, other)
+
+
+def test_a_small_build_end_to_end_resumes_and_applies_the_dataset_rules(tmp_path):
+    suite = tmp_path / "suite" / "level1"
+    suite.mkdir(parents=True)
+    (suite / "mine.py").write_text((TASKS / "affine_relu.py").read_text())
+    cfg = BuildConfig(3, tmp_path / "ds", CPU, kernelbench=tmp_path / "suite", workers=2)
+    stats = Builder(cfg).run()
+    assert stats["kept"] == 3
+    first = (tmp_path / "ds" / "attempts.jsonl").read_text().splitlines()
+    cfg.target = 5
+    stats = Builder(cfg).run()  # resumes: earlier attempts are not redone
+    lines = (tmp_path / "ds" / "attempts.jsonl").read_text().splitlines()
+    assert lines[:len(first)] == first
+    assert len({json.loads(line)["index"] for line in lines}) == len(lines)
+    assert stats["kept"] == 5 and abs(sum(stats["composition"].values()) - 1) < 1e-6
+    table = pq.read_table(tmp_path / "ds" / "dataset.parquet")
+    assert table.num_rows == 5 and {"code", "ops", "data_source", "num_ops", "eager_ms", "compile_ms",
+                                    "max_kernelbench_similarity"} <= set(table.column_names)
+    rows = [json.loads(line) for line in (tmp_path / "ds" / "dataset.jsonl").read_text().splitlines()]
+    assert all(r["data_source"] == f"torch#{r['num_ops']}" and r["max_kernelbench_similarity"] <= 0.9 for r in rows)
+    assert "| data_source | share |" in (tmp_path / "ds" / "stats.md").read_text()
+
+    # The dataset rules: a copy of a suite problem, and a duplicate of a kept task, are rejected.
+    builder = Builder(cfg)
+    copy = {"index": 10_000, "kept": True, "source": (TASKS / "affine_relu.py").read_text(), "checks": []}
+    builder._similarity(copy)
+    assert not copy["kept"] and copy["checks"][0]["name"] == "kernelbench_similarity"
+    dup = {"index": 10_001, "kept": True, "source": rows[0]["code"], "checks": []}
+    builder._similarity(dup)
+    assert not dup["kept"] and [c["name"] for c in dup["checks"] if not c["passed"]] == ["not_a_duplicate"]
+
+
+def test_exported_rows_run_as_references_in_the_judge(cache_dir, tmp_path):
+    cfg = BuildConfig(1, tmp_path / "ds", CPU, workers=1, seed=7)
+    Builder(cfg).run()
+    row = json.loads((tmp_path / "ds" / "dataset.jsonl").read_text().splitlines()[0])
+    reference = tmp_path / "row0.py"
+    reference.write_text(row["code"])
+    cheat = tmp_path / "cheat.py"  # runs the reference's own torch ops: the judge must see and refuse them
+    cheat.write_text(row["code"].replace("class Model(", "class ModelNew("))
+    verdict = Judge("cpu", fast_config(cache_dir)).evaluate(reference, cheat)
+    assert verdict.error.startswith("policy violation: torch op"), verdict.error  # the reference ran, trials ran
+
+
+def test_the_crawl_records_what_it_could_not_instantiate():
+    ops, rejected = crawl()
+    names = {op.name for op in ops}
+    assert {"nn.Conv2d", "nn.Linear", "nn.LayerNorm", "nn.GELU", "torch.softmax"} <= names
+    reasons = {r["name"]: r["reason"] for r in rejected}
+    assert reasons["nn.Dropout"] == "stochastic" and "several inputs" in reasons["nn.MSELoss"]
