@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,7 @@ from cuda_agent import sandbox
 from cuda_agent.agent import Environment, LoopConfig, OpenAIClient, ScriptedClient, run_episode
 from cuda_agent.agent.llm import parse_text_tool_calls
 from cuda_agent.agent.loop import parse_files
-from cuda_agent.agent.tools import ToolError, clip
+from cuda_agent.agent.tools import clip
 from cuda_agent.judge import Judge
 
 AFFINE = TASKS / "affine_relu.py"

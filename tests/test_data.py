@@ -2,7 +2,6 @@
 it; exported rows judged as references."""
 
 import json
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -11,7 +10,7 @@ from conftest import TASKS, fast_config
 from cuda_agent.data.build import BuildConfig, Builder
 from cuda_agent.data.catalog import crawl
 from cuda_agent.data.filters import FilterConfig, check_task
-from cuda_agent.data.similarity import Index, fingerprint, similarity
+from cuda_agent.data.similarity import fingerprint, similarity
 from cuda_agent.judge import Judge
 
 CPU = FilterConfig(device="cpu", window_ms=(0.02, 500.0), timing_iters=3)

@@ -9,6 +9,7 @@ rewritten from the attempts at the end.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import random
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -19,7 +20,7 @@ from typing import Any, Callable
 
 from .catalog import crawl
 from .compose import compose, draw_num_ops
-from .filters import Check, FilterConfig, TaskResult, check_task
+from .filters import Check, FilterConfig, check_task
 from .similarity import Index, fingerprint
 
 
@@ -86,7 +87,7 @@ class Builder:
         limit = cfg.max_attempts or 20 * cfg.target
         todo = (i for i in range(limit) if i not in self.records)
         with open(self.attempts_path, "a") as log:
-            pool = ProcessPoolExecutor(max_workers=cfg.workers)
+            pool = self._pool()
             running: dict = {}
             try:
                 while self.kept_count() < cfg.target:
@@ -106,7 +107,7 @@ class Builder:
                             rec = {"index": index, "ops": [], "num_ops": 0, "kept": False, "source": "",
                                    "checks": [asdict(Check("runs_in_eager", False, detail="crashed the worker"))]}
                             pool.shutdown(cancel_futures=True)
-                            pool = ProcessPoolExecutor(max_workers=cfg.workers)
+                            pool = self._pool()
                             for other, idx in list(running.items()):
                                 running.pop(other)
                                 running[pool.submit(_attempt, idx, cfg.seed, cfg.filters)] = idx
@@ -118,6 +119,10 @@ class Builder:
             finally:
                 pool.shutdown(cancel_futures=True)
         return self.export()
+
+    def _pool(self) -> ProcessPoolExecutor:
+        # spawn, not fork: forking a process that runs torch (and torch.compile's workers) can deadlock
+        return ProcessPoolExecutor(max_workers=self.cfg.workers, mp_context=multiprocessing.get_context("spawn"))
 
     def _similarity(self, rec: dict) -> None:
         """The dataset-level rules, in the parent: benchmark similarity, then near-duplicates of kept tasks."""
@@ -193,5 +198,3 @@ def stats_markdown(stats: dict) -> str:
               "Thresholds: `" + json.dumps(stats["thresholds"]) + "`", ""]
     return "\n".join(lines)
 
-
-__all__ = ["BuildConfig", "Builder", "TaskResult"]

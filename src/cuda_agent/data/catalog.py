@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -171,6 +171,3 @@ def _validate(op: Op) -> str | None:
     op.ranks = tuple(good)
     return None if good else "; ".join(errors)[:300]
 
-
-def to_dict(op: Op) -> dict:
-    return asdict(op)
