@@ -117,3 +117,10 @@ def test_the_crawl_records_what_it_could_not_instantiate():
     assert {"nn.Conv2d", "nn.Linear", "nn.LayerNorm", "nn.GELU", "torch.softmax"} <= names
     reasons = {r["name"]: r["reason"] for r in rejected}
     assert reasons["nn.Dropout"] == "stochastic" and "several inputs" in reasons["nn.MSELoss"]
+
+
+def test_a_task_that_fails_at_the_scaled_batch_is_rejected_not_fatal():
+    fragile = task("x.tanh() if x.shape[0] <= 32 else x.no_such_method()", shape="BATCH, 4096")
+    result = check_task(fragile, FilterConfig(device="cpu", window_ms=(50.0, 100.0), timing_iters=1))
+    name, why = failed(result)
+    assert name == "runtime_window" and "failed: AttributeError" in why, why

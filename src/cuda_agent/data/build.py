@@ -104,13 +104,14 @@ class Builder:
                         try:
                             rec = fut.result()
                         except BrokenProcessPool:  # a task crashed its worker: record it, start a fresh pool
-                            rec = {"index": index, "ops": [], "num_ops": 0, "kept": False, "source": "",
-                                   "checks": [asdict(Check("runs_in_eager", False, detail="crashed the worker"))]}
+                            rec = self._failure(index, "crashed the worker")
                             pool.shutdown(cancel_futures=True)
                             pool = self._pool()
                             for other, idx in list(running.items()):
                                 running.pop(other)
                                 running[pool.submit(_attempt, idx, cfg.seed, cfg.filters)] = idx
+                        except Exception as exc:  # the attempt raised outside its checks: record, go on
+                            rec = self._failure(index, f"{type(exc).__name__}: {str(exc)[:200]}")
                         self._similarity(rec)
                         self.records[index] = rec
                         log.write(json.dumps(rec) + "\n")
@@ -119,6 +120,11 @@ class Builder:
             finally:
                 pool.shutdown(cancel_futures=True)
         return self.export()
+
+    @staticmethod
+    def _failure(index: int, why: str) -> dict:
+        return {"index": index, "ops": [], "num_ops": 0, "kept": False, "source": "",
+                "checks": [asdict(Check("runs_in_eager", False, detail=why))]}
 
     def _pool(self) -> ProcessPoolExecutor:
         # spawn, not fork: forking a process that runs torch (and torch.compile's workers) can deadlock

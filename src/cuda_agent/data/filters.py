@@ -28,6 +28,7 @@ class FilterConfig:
     min_change: float = 1e-3  # relative change of the output with other inputs / other weights
     timing_iters: int = 5
     check_compile: bool = True
+    max_input_elements: int = 1 << 28  # BATCH is never scaled beyond this many input elements
 
 
 @dataclass
@@ -120,12 +121,20 @@ def check_task(source: str, cfg: FilterConfig) -> TaskResult:
         batch = getattr(module, "BATCH", None)
         if isinstance(batch, int):
             target = (lo * hi) ** 0.5
-            new_batch = max(1, min(1 << 16, round(batch * target / max(ms, 1e-3))))
+            per_item = max(1, inputs[0].numel() // batch) if isinstance(inputs[0], torch.Tensor) else 1
+            cap = max(1, cfg.max_input_elements // per_item)
+            new_batch = max(1, min(cap, round(batch * target / max(ms, 1e-3))))
             if new_batch != batch:
-                source = result.source = with_batch(source, new_batch)
-                module = load(source)
-                out, model, inputs = _run(module, cfg.device, 0)
-                ms = _ms(lambda: model(*inputs), cfg.device, cfg.timing_iters)
+                try:
+                    scaled = with_batch(source, new_batch)
+                    module = load(scaled)
+                    out, model, inputs = _run(module, cfg.device, 0)
+                    ms = _ms(lambda: model(*inputs), cfg.device, cfg.timing_iters)
+                    source = result.source = scaled
+                except Exception as exc:  # e.g. out of memory at the larger batch
+                    checks.append(Check("runtime_window", False, round(ms, 4), [lo, hi],
+                                        f"BATCH={new_batch} failed: {type(exc).__name__}: {str(exc)[:150]}"))
+                    return result
     result.eager_ms = ms
     checks.append(Check("runtime_window", lo <= ms <= hi, round(ms, 4), [lo, hi], "eager ms"))
     if not checks[-1].passed:
