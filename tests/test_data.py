@@ -2,6 +2,7 @@
 it; exported rows judged as references."""
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -124,3 +125,57 @@ def test_a_task_that_fails_at_the_scaled_batch_is_rejected_not_fatal():
     result = check_task(fragile, FilterConfig(device="cpu", window_ms=(50.0, 100.0), timing_iters=1))
     name, why = failed(result)
     assert name == "runtime_window" and "failed: AttributeError" in why, why
+
+
+LLM_TASK = '''Here is the task.
+```python
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.lin = nn.Linear(features, features)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+BATCH = 64
+
+
+def get_inputs():
+    return [torch.randn(BATCH, 128)]
+
+
+def get_init_inputs():
+    return [128]
+```'''
+
+
+@pytest.mark.skipif(__import__("cuda_agent.sandbox", fromlist=["probe"]).probe() is not None,
+                    reason="sandbox unavailable: model-written code is not run")
+def test_the_llm_composer_s_code_is_checked_in_the_sandbox(tmp_path):
+    from cuda_agent.data.build import ReplayComposer
+
+    outside = Path(__file__).parent / "pwned.txt"  # the repository: read-only inside the sandbox
+    hostile = LLM_TASK.replace("import torch\n", f"import torch\nopen({str(outside)!r}, 'w').write('x')\n", 1)
+    replies = [{"role": "assistant", "content": LLM_TASK}, {"role": "assistant", "content": hostile},
+               {"role": "assistant", "content": "I cannot do that."}]
+    cfg = BuildConfig(1, tmp_path / "ds", CPU, workers=1, composer=ReplayComposer(replies), max_attempts=3)
+    stats = Builder(cfg).run()
+    records = [json.loads(line) for line in (tmp_path / "ds" / "attempts.jsonl").read_text().splitlines()]
+    assert stats["kept"] == 1 and records[0]["kept"] and "nn.Linear" in records[0]["source"]
+    row = json.loads((tmp_path / "ds" / "dataset.jsonl").read_text().splitlines()[0])
+    assert row["composer"] == "ReplayComposer"
+    cfg.target = 2  # resume: the hostile task runs (sandboxed) and fails, the third reply has no code
+    Builder(cfg).run()
+    records = [json.loads(line) for line in (tmp_path / "ds" / "attempts.jsonl").read_text().splitlines()]
+    written = outside.exists()
+    outside.unlink(missing_ok=True)
+    assert not written
+    assert [r["kept"] for r in records] == [True, False, False]
+    hostile_check = next(c for c in records[1]["checks"] if not c["passed"])
+    assert hostile_check["name"] == "runs_in_eager" and "Read-only file system" in hostile_check["detail"]
+    assert records[2]["checks"][0]["detail"] == "the reply held no usable task"

@@ -241,10 +241,28 @@ def data_build_cmd(
     workers: int = typer.Option(2, help="parallel worker processes"),
     seed: int = typer.Option(0, help="seed of candidate 0 (candidate k uses seed + k)"),
     no_compile: bool = typer.Option(False, help="skip the torch.compile agreement filter (faster, weaker)"),
+    composer: str = typer.Option("offline", help="offline (no model) or llm (an OpenAI-compatible endpoint; its "
+                                 "code runs only in the sandbox)"),
+    model: Optional[str] = typer.Option(None, "--model", help="model for --composer llm"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="endpoint for --composer llm "
+                                           "(key from $OPENAI_API_KEY)"),
 ) -> None:
-    """Compose fused tasks offline, filter them, deduplicate, export parquet + jsonl and a stats report."""
-    from .data.build import BuildConfig, Builder
+    """Compose fused tasks, filter them, deduplicate, export parquet + jsonl and a stats report."""
+    from .agent.llm import LLMError, OpenAIClient
+    from .data.build import BuildConfig, Builder, LLMComposer
     from .data.filters import FilterConfig
+
+    if composer not in ("offline", "llm"):
+        _fail(f"--composer must be offline or llm, not {composer!r}")
+    llm = None
+    if composer == "llm":
+        if not model:
+            _fail("--composer llm needs --model (and --base-url for a local server)")
+        try:
+            OpenAIClient(model, base_url).check()
+        except LLMError as exc:
+            _fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
+        llm = LLMComposer(model, base_url)
 
     try:
         lo, hi = (float(x) for x in window_ms.split(","))
@@ -255,7 +273,7 @@ def data_build_cmd(
     if target < 1:
         _fail("--target must be at least 1")
     cfg = BuildConfig(target, out_dir, FilterConfig(device=backend, window_ms=(lo, hi), check_compile=not no_compile),
-                      kernelbench=kernelbench, workers=workers, seed=seed)
+                      kernelbench=kernelbench, workers=workers, seed=seed, composer=llm)
     try:
         builder = Builder(cfg)
     except FileNotFoundError as exc:

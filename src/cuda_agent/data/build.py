@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .catalog import crawl
-from .compose import compose, draw_num_ops
-from .filters import Check, FilterConfig, check_task
+from .compose import compose, compose_llm, draw_num_ops
+from .filters import Check, FilterConfig, check_task, check_task_sandboxed
 from .similarity import Index, fingerprint
 
 
@@ -34,22 +34,60 @@ class BuildConfig:
     max_duplicate_similarity: float = 0.95  # to a task already kept
     workers: int = 2
     seed: int = 0
+    composer: LLMComposer | ReplayComposer | None = None  # None: the offline composer
     max_attempts: int | None = None  # default 20 x target
 
 
-def _attempt(index: int, seed: int, cfg: FilterConfig) -> dict[str, Any]:
-    """Worker: compose candidate `index` and run the execution filters on it."""
+@dataclass
+class LLMComposer:
+    """Tasks written by a model behind an OpenAI-compatible endpoint (the agent's client); run only sandboxed."""
+    model: str
+    base_url: str | None = None
+    temperature: float = 1.0
+
+    def client_for(self, index: int):
+        from ..agent.llm import OpenAIClient
+
+        return OpenAIClient(self.model, self.base_url, temperature=self.temperature, max_tokens=8192)
+
+
+@dataclass
+class ReplayComposer:
+    """Saved model replies, reply k answering attempt k (tests; re-running a build without the endpoint)."""
+    replies: list[dict]
+
+    def client_for(self, index: int):
+        from ..agent.llm import ScriptedClient
+
+        return ScriptedClient([self.replies[index % len(self.replies)]])
+
+
+def _attempt(index: int, seed: int, cfg: FilterConfig, composer, workdir: Path) -> dict[str, Any]:
+    """Worker: compose candidate `index` and run the execution filters on it (sandboxed for model-written code)."""
     import torch
 
     torch.set_num_threads(1)
     rng = random.Random(seed + index)
     ops, _ = _catalog()
     num_ops = draw_num_ops(rng)
-    comp = compose(ops, rng, num_ops)
+    if composer is None:
+        comp = compose(ops, rng, num_ops)
+    else:
+        from ..agent.llm import LLMError
+
+        try:
+            comp = compose_llm(composer.client_for(index), ops, rng, num_ops)
+        except LLMError as exc:
+            return {"index": index, "ops": [], "num_ops": num_ops, "kept": False, "source": "",
+                    "checks": [asdict(Check("composes", False, detail=f"model error: {exc}"))]}
     if comp is None:
-        return {"index": index, "ops": [], "num_ops": num_ops, "kept": False,
-                "checks": [asdict(Check("composes", False, detail="no chain of fitting shapes found"))]}
-    result = check_task(comp.source, cfg)
+        why = "no chain of fitting shapes found" if composer is None else "the reply held no usable task"
+        return {"index": index, "ops": [], "num_ops": num_ops, "kept": False, "source": "",
+                "checks": [asdict(Check("composes", False, detail=why))]}
+    if composer is None:
+        result = check_task(comp.source, cfg)
+    else:
+        result = check_task_sandboxed(comp.source, cfg, workdir / f"attempt{index}")
     return {"index": index, "ops": comp.ops, "num_ops": num_ops, **result.to_dict(), "kept": result.passed}
 
 
@@ -95,7 +133,7 @@ class Builder:
                         index = next(todo, None)
                         if index is None:
                             break
-                        running[pool.submit(_attempt, index, cfg.seed, cfg.filters)] = index
+                        running[self._submit(pool, index)] = index
                     if not running:
                         break
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -109,7 +147,7 @@ class Builder:
                             pool = self._pool()
                             for other, idx in list(running.items()):
                                 running.pop(other)
-                                running[pool.submit(_attempt, idx, cfg.seed, cfg.filters)] = idx
+                                running[self._submit(pool, idx)] = idx
                         except Exception as exc:  # the attempt raised outside its checks: record, go on
                             rec = self._failure(index, f"{type(exc).__name__}: {str(exc)[:200]}")
                         self._similarity(rec)
@@ -120,6 +158,10 @@ class Builder:
             finally:
                 pool.shutdown(cancel_futures=True)
         return self.export()
+
+    def _submit(self, pool: ProcessPoolExecutor, index: int):
+        cfg = self.cfg
+        return pool.submit(_attempt, index, cfg.seed, cfg.filters, cfg.composer, cfg.out / "scratch")
 
     @staticmethod
     def _failure(index: int, why: str) -> dict:
@@ -159,9 +201,9 @@ class Builder:
         (out / "stats.md").write_text(stats_markdown(stats))
         return stats
 
-    @staticmethod
-    def _row(rec: dict) -> dict:
+    def _row(self, rec: dict) -> dict:
         return {"code": rec["source"], "ops": json.dumps(rec["ops"]), "data_source": f"torch#{rec['num_ops']}",
+                "composer": "offline" if self.cfg.composer is None else type(self.cfg.composer).__name__,
                 "num_ops": rec["num_ops"], "eager_ms": rec["eager_ms"], "compile_ms": rec["compile_ms"],
                 "output_mean": rec["output_stats"].get("mean"), "output_std": rec["output_stats"].get("std"),
                 "output_abs_max": rec["output_stats"].get("abs_max"),
@@ -187,7 +229,7 @@ def write_parquet(rows: list[dict], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = ["code", "ops", "data_source", "num_ops", "eager_ms", "compile_ms", "output_mean", "output_std",
+    columns = ["code", "ops", "data_source", "composer", "num_ops", "eager_ms", "compile_ms", "output_mean", "output_std",
                "output_abs_max", "max_kernelbench_similarity", "attempt"]
     table = pa.table({c: [r.get(c) for r in rows] for c in columns})
     pq.write_table(table, path)

@@ -7,8 +7,10 @@ and the judge's extra-shape check applies.
 
 from __future__ import annotations
 
+import ast
 import math
 import random
+import re
 from dataclasses import dataclass
 
 from .catalog import LAYOUTS, Op, check
@@ -76,3 +78,32 @@ def with_batch(source: str, batch: int) -> str:
 
 def draw_num_ops(rng: random.Random) -> int:
     return rng.choices(list(NUM_OPS_WEIGHTS), weights=list(NUM_OPS_WEIGHTS.values()))[0]
+
+
+LLM_PROMPT = """Write a PyTorch task in KernelBench format that applies these operators to its input, in this \
+order: {ops}.
+Rules: one Python file; `class Model(nn.Module)` whose `forward` takes one tensor `x` and returns one tensor; a \
+module-level constant `BATCH` used only by `get_inputs()`; `get_inputs()` returns `[torch.randn(BATCH, ...)]` \
+with sizes at which every operator fits; `get_init_inputs()` returns the constructor's arguments (or `[]`). No \
+randomness in `forward`, no file or network access. Answer with one ```python code block and nothing else."""
+CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+def compose_llm(client, ops: list[Op], rng: random.Random, num_ops: int) -> Composition | None:
+    """Ask a model to chain `num_ops` drawn operators; its code is parsed and checked here, and only ever run in
+    the sandbox (`filters.check_task_sandboxed`). None when the reply holds no usable task."""
+    chosen = [op.name for op in rng.sample(ops, num_ops)]
+    reply = client.complete([{"role": "user", "content": LLM_PROMPT.format(ops=", ".join(chosen))}], None)
+    match = CODE_BLOCK.search(reply.content or "")
+    if not match:
+        return None
+    source = match.group(1)
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    defined = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    if not {"Model", "get_inputs", "get_init_inputs", "BATCH"} <= defined:
+        return None
+    return Composition(chosen, source, ())

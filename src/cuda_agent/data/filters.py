@@ -8,10 +8,15 @@ task was kept or rejected.
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 import types
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -106,7 +111,7 @@ def check_task(source: str, cfg: FilterConfig) -> TaskResult:
     try:
         module = load(source)
         out, model, inputs = _run(module, cfg.device, 0)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a task's code can do anything
         checks.append(Check("runs_in_eager", False, detail=f"{type(exc).__name__}: {str(exc)[:200]}"))
         return result
     if not isinstance(out, torch.Tensor) or not out.is_floating_point():
@@ -192,3 +197,53 @@ def check_task(source: str, cfg: FilterConfig) -> TaskResult:
         except Exception as exc:
             checks.append(Check("runs_in_compile", False, detail=f"{type(exc).__name__}: {str(exc)[:200]}"))
     return result
+
+
+def check_task_sandboxed(source: str, cfg: FilterConfig, workdir: Path) -> TaskResult:
+    """`check_task` in a sandboxed process, for code the pipeline did not write itself (the LLM composer's):
+    no network, no writes outside `workdir`, the judge's and the user's files out of sight."""
+    from .. import sandbox
+
+    if sandbox.probe() is not None:
+        result = TaskResult(source)
+        result.checks.append(Check("runs_in_eager", False, detail="sandbox unavailable: LLM-written code is not run "
+                                   f"outside it ({sandbox.probe()})"))
+        return result
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "task.py").write_text(source)
+    (workdir / "config.json").write_text(json.dumps(asdict(cfg)))
+    box = sandbox.Sandbox(sandbox.View(writable=[workdir]), sandbox.Limits(cpu_seconds=3600), cwd=workdir)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "HOME": "/tmp",
+           "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor"}
+    env.pop("OPENAI_API_KEY", None)
+    try:
+        run = subprocess.run([*box.prefix(), sys.executable, "-m", "cuda_agent.data.filters", "task.py",
+                              "config.json"], capture_output=True, text=True, timeout=1800, env=env, cwd=workdir)
+    finally:
+        box.close()
+    lines = run.stdout.strip().splitlines()
+    try:
+        data = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        result = TaskResult(source)
+        tail = (run.stderr.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
+        result.checks.append(Check("runs_in_eager", False, detail=f"the checking process failed: {tail[:200]}"))
+        return result
+    data["checks"] = [Check(**c) for c in data["checks"]]
+    return TaskResult(**data)
+
+
+def main() -> None:
+    """Sandboxed entry point: python -m cuda_agent.data.filters TASK.py CONFIG.json -> one JSON line."""
+    source = Path(sys.argv[1]).read_text()
+    raw = json.loads(Path(sys.argv[2]).read_text())
+    raw["window_ms"] = tuple(raw["window_ms"])
+    try:
+        result = check_task(source, FilterConfig(**raw))
+    except BaseException as exc:  # whatever the task does, the parent gets a verdict line
+        result = TaskResult(source, [Check("runs_in_eager", False, detail=f"{type(exc).__name__}: {str(exc)[:200]}")])
+    print(json.dumps(result.to_dict()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
