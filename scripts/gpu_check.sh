@@ -2,7 +2,9 @@
 # GPU checks, run on a machine with an NVIDIA GPU (the device machine): the `gpu` tests, the build-speed and
 # evaluation-latency benchmarks, and eval-suite on real KernelBench problems when KERNELBENCH points at them.
 # Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements.md.
-# Usage: scripts/gpu_check.sh [tests] [build] [latency] [suite]   (default: all four)
+# Usage: scripts/gpu_check.sh [tests] [build] [latency] [suite] [data]   (default: the first four)
+# `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into $OUT/data (resumable: rerun
+# with the same DATA_DIR to continue after a call's time limit); KERNELBENCH should then hold levels 1-3.
 set -uo pipefail
 stages=" ${*:-tests build latency suite} "
 cd "$(dirname "$0")/.."
@@ -25,6 +27,11 @@ fi
 if [[ $stages == *" latency "* ]]; then
   python3 benchmarks/eval_latency.py --backend cuda --out "$OUT/eval_latency.json" \
     ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} 2>&1 | tee "$OUT/eval_latency.log" || status=1
+fi
+if [[ $stages == *" data "* ]]; then
+  python3 -m cuda_agent data build --target "${DATA_TARGET:-500}" --out "${DATA_DIR:-$OUT/data}" --backend cuda \
+    --workers "${DATA_WORKERS:-8}" ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} > "$OUT/data.log" 2>&1 || status=1
+  tail -30 "$OUT/data.log"
 fi
 if [[ $stages == *" suite "* && -n "${KERNELBENCH:-}" ]]; then
   python3 -m cuda_agent eval-suite "$KERNELBENCH" --solutions benchmarks/solutions --levels 1 --backend cuda \

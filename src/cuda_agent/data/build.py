@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import random
+import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -122,6 +123,7 @@ class Builder:
 
     def run(self, progress: Callable[[int, int, dict | None], None] = lambda kept, tried, rec: None) -> dict:
         cfg = self.cfg
+        started, kept_before = time.monotonic(), self.kept_count()
         limit = cfg.max_attempts or 20 * cfg.target
         todo = (i for i in range(limit) if i not in self.records)
         with open(self.attempts_path, "a") as log:
@@ -157,6 +159,10 @@ class Builder:
                         progress(self.kept_count(), len(self.records), rec)
             finally:
                 pool.shutdown(cancel_futures=True)
+        hours = (time.monotonic() - started) / 3600
+        self.last_run = {"seconds": round(hours * 3600, 1), "kept": self.kept_count() - kept_before,
+                         "kept_per_hour": round((self.kept_count() - kept_before) / hours, 1) if hours else None,
+                         "workers": cfg.workers, "device": cfg.filters.device}
         return self.export()
 
     def _submit(self, pool: ProcessPoolExecutor, index: int):
@@ -217,6 +223,7 @@ class Builder:
         composition = Counter(r["data_source"] for r in rows)
         ops, failed = _catalog()
         return {"kept": len(rows), "attempts": len(self.records), "rejected_by": dict(rejected),
+                "last_run": getattr(self, "last_run", None),
                 "composition": {k: round(v / max(1, len(rows)), 4) for k, v in sorted(composition.items())},
                 "thresholds": {**asdict(self.cfg.filters),
                                "max_kernelbench_similarity": self.cfg.max_kernelbench_similarity,
@@ -236,7 +243,10 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 
 
 def stats_markdown(stats: dict) -> str:
+    run = stats.get("last_run") or {}
     lines = [f"# Dataset build: {stats['kept']} tasks kept of {stats['attempts']} attempts", "",
+             f"Last run: {run.get('kept')} kept in {run.get('seconds')} s ({run.get('kept_per_hour')} per hour, "
+             f"{run.get('workers')} workers, {run.get('device')}).", "",
              "| rejected by | count |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(stats["rejected_by"].items(), key=lambda kv: -kv[1])]
     lines += ["", "| data_source | share |", "|---|---|"]
