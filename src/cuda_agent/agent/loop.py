@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .environment import Environment
+from .environment import Environment, StepResult
 from .llm import LLMError, Reply
 from .tools import ToolError, parse_arguments
 
@@ -123,11 +123,9 @@ def _loop(env: Environment, client: Any, messages: list[dict], tools: list[dict]
             began = time.monotonic()
             try:
                 result = env.step(call.name, parse_arguments(call.arguments))
-            except ToolError as exc:
-                result = None
-                observation, info, done = f"error: {exc}", {"error": True}, False
-            if result is not None:
-                observation, info, done = result.observation, result.info, result.done
+            except ToolError as exc:  # arguments that are not a JSON object
+                result = StepResult(f"error: {exc}", info={"error": True})
+            observation, info, done = result.observation, result.info, result.done
             invalid = invalid + 1 if info.get("error") else 0
             tool_msg = {"role": "tool", "tool_call_id": call.id, "content": observation}
             messages.append(tool_msg)
