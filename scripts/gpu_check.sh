@@ -3,8 +3,9 @@
 # evaluation-latency benchmarks, and eval-suite on real KernelBench problems when KERNELBENCH points at them.
 # Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements.md.
 # Usage: scripts/gpu_check.sh [tests] [build] [latency] [suite] [data]   (default: the first four)
-# `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into $OUT/data (resumable: rerun
-# with the same DATA_DIR to continue after a call's time limit); KERNELBENCH should then hold levels 1-3.
+# `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into DATA_DIR (default $OUT/data;
+# DATA_WORKERS, DATA_TIME_LIMIT seconds, DATA_MAX_ATTEMPTS; rerun with the same DATA_DIR to resume); KERNELBENCH
+# should then hold levels 1-3.
 set -uo pipefail
 stages=" ${*:-tests build latency suite} "
 cd "$(dirname "$0")/.."
@@ -30,7 +31,9 @@ if [[ $stages == *" latency "* ]]; then
 fi
 if [[ $stages == *" data "* ]]; then
   python3 -m cuda_agent data build --target "${DATA_TARGET:-500}" --out "${DATA_DIR:-$OUT/data}" --backend cuda \
-    --workers "${DATA_WORKERS:-8}" ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} > "$OUT/data.log" 2>&1 || status=1
+    --workers "${DATA_WORKERS:-12}" ${DATA_TIME_LIMIT:+--time-limit "$DATA_TIME_LIMIT"} \
+    ${DATA_MAX_ATTEMPTS:+--max-attempts "$DATA_MAX_ATTEMPTS"} ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} \
+    > "$OUT/data.log" 2>&1 || status=1
   tail -30 "$OUT/data.log"
 fi
 if [[ $stages == *" suite "* && -n "${KERNELBENCH:-}" ]]; then

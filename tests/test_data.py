@@ -11,7 +11,7 @@ from conftest import TASKS, fast_config
 from cuda_agent.data.build import BuildConfig, Builder
 from cuda_agent.data.catalog import crawl
 from cuda_agent.data.filters import FilterConfig, check_task
-from cuda_agent.data.similarity import fingerprint, similarity
+from cuda_agent.data.similarity import fingerprint, operator_sequence, similarity
 from cuda_agent.judge import Judge
 
 CPU = FilterConfig(device="cpu", window_ms=(0.02, 500.0), timing_iters=3)
@@ -67,6 +67,24 @@ def test_similarity_is_structural_and_catches_renamed_copies():
     renamed = fingerprint(task("torch.relu(self.c(y))", "self.c = nn.Conv2d(16, 32, 5)").replace("x)", "y)"))
     other = fingerprint(task("torch.softmax(x, dim=-1).cumsum(-1)"))
     assert similarity(a, a) == 1.0 and similarity(a, renamed) > 0.9 > similarity(a, other)
+
+
+def test_constant_initialised_weights_still_count_as_weights():
+    # LayerNorm starts at weight 1, bias 0 under every seed: the weights probe must perturb them, not re-seed them
+    result = check_task(task("self.norm(x)", "self.norm = nn.LayerNorm(64)"), CPU)
+    assert result.passed, result.checks
+    assert next(c for c in result.checks if c.name == "not_degenerate").value["change_weights"] > 1e-2
+
+
+def test_near_duplicates_are_the_same_operator_sequence():
+    conv_relu = task("torch.relu(self.conv(x))", "self.conv = nn.Conv2d(3, 8, 3)")
+    resized_alias = task("F.relu(self.c(x))", "self.c = nn.Conv2d(16, 32, 5)")
+    reordered = task("self.conv(torch.relu(x))", "self.conv = nn.Conv2d(3, 8, 3)")
+    other_op = task("torch.sigmoid(self.conv(x))", "self.conv = nn.Conv2d(3, 8, 3)")
+    assert operator_sequence(conv_relu) == operator_sequence(resized_alias) == ("conv2d", "relu")
+    assert operator_sequence(reordered) == ("relu", "conv2d") and operator_sequence(other_op) == ("conv2d", "sigmoid")
+    # the whole-file AST measure cannot tell them apart: the shared boilerplate dominates it
+    assert similarity(fingerprint(conv_relu), fingerprint(other_op)) > 0.95
 
 
 def test_a_small_build_end_to_end_resumes_and_applies_the_dataset_rules(tmp_path):

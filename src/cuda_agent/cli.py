@@ -241,6 +241,10 @@ def data_build_cmd(
     workers: int = typer.Option(2, help="parallel worker processes"),
     seed: int = typer.Option(0, help="seed of candidate 0 (candidate k uses seed + k)"),
     no_compile: bool = typer.Option(False, help="skip the torch.compile agreement filter (faster, weaker)"),
+    memory_gb: float = typer.Option(8.0, "--memory-gb", help="cuda: GPU memory per worker; BATCH is sized to fit"),
+    max_attempts: Optional[int] = typer.Option(None, help="give up after this many attempts (default 20 x target)"),
+    time_limit: Optional[float] = typer.Option(None, help="seconds: then finish the running attempts and export "
+                                               "(rerun to continue)"),
     composer: str = typer.Option("offline", help="offline (no model) or llm (an OpenAI-compatible endpoint; its "
                                  "code runs only in the sandbox)"),
     model: Optional[str] = typer.Option(None, "--model", help="model for --composer llm"),
@@ -272,11 +276,13 @@ def data_build_cmd(
         _fail(f"--backend must be cuda or cpu, not {backend!r}")
     if target < 1:
         _fail("--target must be at least 1")
-    cfg = BuildConfig(target, out_dir, FilterConfig(device=backend, window_ms=(lo, hi), check_compile=not no_compile),
-                      kernelbench=kernelbench, workers=workers, seed=seed, composer=llm)
+    cfg = BuildConfig(target, out_dir, FilterConfig(device=backend, window_ms=(lo, hi), check_compile=not no_compile,
+                                                   memory_budget_gb=memory_gb),
+                      kernelbench=kernelbench, workers=workers, seed=seed, composer=llm,
+                      max_attempts=max_attempts, time_limit_s=time_limit)
     try:
         builder = Builder(cfg)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[last]}"), console=err)
@@ -291,7 +297,7 @@ def data_build_cmd(
         stats = builder.run(on_attempt)
     out.print((out_dir / "stats.md").read_text())
     if stats["kept"] < target:
-        err.print(f"[yellow]only {stats['kept']} of {target} tasks after {stats['attempts']} attempts[/]")
+        err.print(f"[yellow]{stats['kept']} of {target} tasks after {stats['attempts']} attempts[/]")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@ from typing import Any, Callable
 from .catalog import crawl
 from .compose import compose, compose_llm, draw_num_ops
 from .filters import Check, FilterConfig, check_task, check_task_sandboxed
-from .similarity import Index, fingerprint
+from .similarity import Index, fingerprint, operator_sequence
+
+
+DUPLICATE_RULE = "operator sequence differs from every kept task's"
 
 
 @dataclass
@@ -32,11 +35,11 @@ class BuildConfig:
     filters: FilterConfig = field(default_factory=FilterConfig)
     kernelbench: Path | None = None  # suite for the similarity filter (all .py files below it)
     max_kernelbench_similarity: float = 0.9
-    max_duplicate_similarity: float = 0.95  # to a task already kept
     workers: int = 2
     seed: int = 0
     composer: LLMComposer | ReplayComposer | None = None  # None: the offline composer
     max_attempts: int | None = None  # default 20 x target
+    time_limit_s: float | None = None  # stop starting attempts after this long, finish the running ones, export
 
 
 @dataclass
@@ -107,8 +110,15 @@ class Builder:
         self.cfg = cfg
         cfg.out.mkdir(parents=True, exist_ok=True)
         self.attempts_path = cfg.out / "attempts.jsonl"
+        if cfg.filters.device == "cuda":
+            import torch
+
+            gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+            if cfg.workers * cfg.filters.memory_budget_gb > 0.95 * gib:
+                raise ValueError(f"{cfg.workers} workers x {cfg.filters.memory_budget_gb:g} GiB do not fit the GPU's "
+                                 f"{gib:.0f} GiB: lower --workers or --memory-gb")
         self.index = Index.from_suite(cfg.kernelbench)
-        self.kept = Index({})
+        self.kept: dict[tuple[str, ...], int] = {}  # operator sequence -> the kept attempt that has it
         self.records: dict[int, dict] = {}
         if self.attempts_path.exists():  # resume
             for line in self.attempts_path.read_text().splitlines():
@@ -116,7 +126,7 @@ class Builder:
                     rec = json.loads(line)
                     self.records[rec["index"]] = rec
                     if rec["kept"]:
-                        self.kept.add(str(rec["index"]), fingerprint(rec["source"]))
+                        self.kept[operator_sequence(rec["source"])] = rec["index"]
 
     def kept_count(self) -> int:
         return sum(1 for r in self.records.values() if r["kept"])
@@ -131,7 +141,8 @@ class Builder:
             running: dict = {}
             try:
                 while self.kept_count() < cfg.target:
-                    while len(running) < cfg.workers:
+                    out_of_time = cfg.time_limit_s is not None and time.monotonic() - started > cfg.time_limit_s
+                    while len(running) < cfg.workers and not out_of_time:
                         index = next(todo, None)
                         if index is None:
                             break
@@ -182,18 +193,18 @@ class Builder:
         """The dataset-level rules, in the parent: benchmark similarity, then near-duplicates of kept tasks."""
         if not rec["kept"]:
             return
-        tokens = fingerprint(rec["source"])
         if self.index.items:
-            score, where = self.index.max_similarity(tokens)
+            score, where = self.index.max_similarity(fingerprint(rec["source"]))
             rec["max_kernelbench_similarity"] = round(score, 4)
             rec["checks"].append(asdict(Check("kernelbench_similarity", score <= self.cfg.max_kernelbench_similarity,
                                               round(score, 4), self.cfg.max_kernelbench_similarity, where or "")))
-        dup, other = self.kept.max_similarity(tokens)
-        rec["checks"].append(asdict(Check("not_a_duplicate", dup <= self.cfg.max_duplicate_similarity,
-                                          round(dup, 4), self.cfg.max_duplicate_similarity, other or "")))
+        sequence = operator_sequence(rec["source"])
+        other = self.kept.get(sequence)
+        rec["checks"].append(asdict(Check("not_a_duplicate", other is None, " -> ".join(sequence), DUPLICATE_RULE,
+                                          "" if other is None else f"same operators as attempt {other}")))
         rec["kept"] = all(c["passed"] for c in rec["checks"])
         if rec["kept"]:
-            self.kept.add(str(rec["index"]), tokens)
+            self.kept[sequence] = rec["index"]
 
     def export(self) -> dict:
         rows = [self._row(r) for i, r in sorted(self.records.items()) if r["kept"]][: self.cfg.target]
@@ -227,7 +238,7 @@ class Builder:
                 "composition": {k: round(v / max(1, len(rows)), 4) for k, v in sorted(composition.items())},
                 "thresholds": {**asdict(self.cfg.filters),
                                "max_kernelbench_similarity": self.cfg.max_kernelbench_similarity,
-                               "max_duplicate_similarity": self.cfg.max_duplicate_similarity,
+                               "not_a_duplicate": DUPLICATE_RULE,
                                "kernelbench": str(self.cfg.kernelbench) if self.cfg.kernelbench else None},
                 "catalog": {"operators": len(ops), "not_instantiated": failed}}
 

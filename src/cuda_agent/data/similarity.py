@@ -1,9 +1,14 @@
-"""Python-AST similarity between tasks (the benchmark-leak and near-duplicate filters; docs/data.md).
+"""Python-AST similarity between tasks (the benchmark-leak filter) and operator sequences (near-duplicates).
 
 A task becomes a token sequence: the AST's node types in walk order, with the called or accessed name for calls
 and attributes (`Call:Conv2d`, `Attr:relu`) and the type only for constants and variable names, so renaming
 variables or changing sizes does not hide a copy. Similarity is difflib's ratio of the two sequences (2M/T:
 matching tokens over total), 1.0 for identical structure.
+
+The boilerplate every task shares dominates that sequence (two unrelated two-operator chains score about 0.95), so
+near-duplicates inside a dataset are judged on the operator sequence instead: the operators the `Model` class calls,
+in source order, lower-cased (`nn.ReLU`, `F.relu` and `torch.relu` are all `relu`). Same sequence, differing only
+in sizes, arguments or names: a duplicate.
 """
 
 from __future__ import annotations
@@ -28,6 +33,48 @@ def fingerprint(source: str) -> list[str]:
             name += ":" + type(node.value).__name__
         tokens.append(name)
     return tokens
+
+
+def operator_sequence(source: str) -> tuple[str, ...]:
+    """The operators a task's classes call, in execution order; `self.op(x)` counts as the module built for `op`."""
+    calls: list[str] = []
+    for cls in ast.parse(source).body:
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        built = {}  # self.<attr> = nn.Something(...) in any method
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and _is_self(target.value):
+                        built[target.attr] = _called(node.value)
+        for method in cls.body:
+            if isinstance(method, ast.FunctionDef) and method.name != "__init__":
+                _CallOrder(built, calls).visit(method)
+    return tuple(name.lower() for name in calls)
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _called(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "?")
+
+
+class _CallOrder(ast.NodeVisitor):
+    """Post-order: a call's arguments run before it."""
+
+    def __init__(self, built: dict[str, str], out: list[str]):
+        self.built, self.out = built, out
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self.generic_visit(node)
+        func = node.func
+        if isinstance(func, ast.Attribute) and _is_self(func.value):
+            self.out.append(self.built.get(func.attr, func.attr))
+        elif _called(node) not in ("super",):
+            self.out.append(_called(node))
 
 
 def similarity(a: list[str], b: list[str]) -> float:
