@@ -11,6 +11,7 @@ from conftest import TASKS, fast_config
 from cuda_agent.data.build import BuildConfig, Builder
 from cuda_agent.data.catalog import crawl
 from cuda_agent.data.filters import FilterConfig, check_task
+from cuda_agent.data.transformers_ops import crawl_transformers
 from cuda_agent.data.similarity import fingerprint, operator_sequence, similarity
 from cuda_agent.judge import Judge
 
@@ -197,3 +198,23 @@ def test_the_llm_composer_s_code_is_checked_in_the_sandbox(tmp_path):
     hostile_check = next(c for c in records[1]["checks"] if not c["passed"])
     assert hostile_check["name"] == "runs_in_eager" and "Read-only file system" in hostile_check["detail"]
     assert records[2]["checks"][0]["detail"] == "the reply held no usable task"
+
+
+def test_transformers_operators_are_crawled_built_standalone_and_judged(cache_dir, tmp_path):
+    ops, rejected = crawl_transformers()
+    assert {"transformers:act:gelu_new", "transformers:LlamaRMSNorm", "transformers:LlamaMLP",
+            "transformers:LlamaAttention", "transformers:LlamaRotaryEmbedding"} <= {op.name for op in ops}
+    assert {"name": "transformers:BertCrossAttention", "reason": "cross attention: two inputs"} in rejected
+    cfg = BuildConfig(2, tmp_path / "hf", FilterConfig(device="cpu", window_ms=(0.02, 2000.0), timing_iters=1,
+                                                       check_compile=False), workers=2, transformers_share=1.0)
+    stats = Builder(cfg).run()
+    rows = [json.loads(line) for line in (tmp_path / "hf" / "dataset.jsonl").read_text().splitlines()]
+    assert stats["composition"] == {"transformers": 1.0} and len(rows) == 2
+    assert all(r["num_ops"] == 1 and json.loads(r["ops"])[0].startswith("transformers:") for r in rows)
+    reference = tmp_path / "hf_row.py"
+    reference.write_text(rows[0]["code"])
+    cheat = tmp_path / "hf_cheat.py"  # the block's own torch ops: refused, after the reference ran in the judge
+    cheat.write_text(rows[0]["code"].replace("class Model(", "class ModelNew("))
+    verdict = Judge("cpu", fast_config(cache_dir)).evaluate(reference, cheat)
+    assert verdict.error.startswith("policy violation: torch op"), verdict.error
+

@@ -245,6 +245,8 @@ def data_build_cmd(
     max_attempts: Optional[int] = typer.Option(None, help="give up after this many attempts (default 20 x target)"),
     time_limit: Optional[float] = typer.Option(None, help="seconds: then finish the running attempts and export "
                                                "(rerun to continue)"),
+    transformers: bool = typer.Option(True, help="add transformers operators as standalone tasks (needs the "
+                                      "transformers package; --no-transformers for torch operators only)"),
     composer: str = typer.Option("offline", help="offline (no model) or llm (an OpenAI-compatible endpoint; its "
                                  "code runs only in the sandbox)"),
     model: Optional[str] = typer.Option(None, "--model", help="model for --composer llm"),
@@ -276,10 +278,15 @@ def data_build_cmd(
         _fail(f"--backend must be cuda or cpu, not {backend!r}")
     if target < 1:
         _fail("--target must be at least 1")
+    if transformers:
+        try:
+            import transformers as _  # noqa: F401
+        except ImportError:
+            _fail("transformers is not installed: pip install transformers, or pass --no-transformers")
     cfg = BuildConfig(target, out_dir, FilterConfig(device=backend, window_ms=(lo, hi), check_compile=not no_compile,
                                                    memory_budget_gb=memory_gb),
                       kernelbench=kernelbench, workers=workers, seed=seed, composer=llm,
-                      max_attempts=max_attempts, time_limit_s=time_limit)
+                      max_attempts=max_attempts, time_limit_s=time_limit, transformers=transformers)
     try:
         builder = Builder(cfg)
     except (FileNotFoundError, ValueError) as exc:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .catalog import crawl
-from .compose import compose, compose_llm, draw_num_ops
+from .compose import Composition, compose, compose_llm, draw_source
 from .filters import Check, FilterConfig, check_task, check_task_sandboxed
 from .similarity import Index, fingerprint, operator_sequence
 
@@ -38,6 +38,8 @@ class BuildConfig:
     workers: int = 2
     seed: int = 0
     composer: LLMComposer | ReplayComposer | None = None  # None: the offline composer
+    transformers: bool = True  # crawl transformers operators (standalone tasks, the paper's 1.18% share)
+    transformers_share: float | None = None  # 0-1, instead of the paper's share
     max_attempts: int | None = None  # default 20 x target
     time_limit_s: float | None = None  # stop starting attempts after this long, finish the running ones, export
 
@@ -66,15 +68,21 @@ class ReplayComposer:
         return ScriptedClient([self.replies[index % len(self.replies)]])
 
 
-def _attempt(index: int, seed: int, cfg: FilterConfig, composer, workdir: Path) -> dict[str, Any]:
+def _attempt(index: int, seed: int, cfg: FilterConfig, composer, workdir: Path, transformers: bool,
+             transformers_share: float | None) -> dict[str, Any]:
     """Worker: compose candidate `index` and run the execution filters on it (sandboxed for model-written code)."""
     import torch
 
     torch.set_num_threads(1)
     rng = random.Random(seed + index)
-    ops, _ = _catalog()
-    num_ops = draw_num_ops(rng)
-    if composer is None:
+    ops, _, hf_ops, _ = _catalog(transformers)
+    source = draw_source(rng, transformers_share if transformers else 0.0)
+    num_ops = 1 if source == "transformers" else int(source.split("#")[1])
+    head = {"index": index, "data_source": source, "num_ops": num_ops}
+    if source == "transformers":  # standalone, as crawled: no composer involved
+        op = rng.choice(hf_ops)
+        comp = Composition([op.name], op.source, ())
+    elif composer is None:
         comp = compose(ops, rng, num_ops)
     else:
         from ..agent.llm import LLMError
@@ -82,27 +90,28 @@ def _attempt(index: int, seed: int, cfg: FilterConfig, composer, workdir: Path) 
         try:
             comp = compose_llm(composer.client_for(index), ops, rng, num_ops)
         except LLMError as exc:
-            return {"index": index, "ops": [], "num_ops": num_ops, "kept": False, "source": "",
+            return {**head, "ops": [], "kept": False, "source": "",
                     "checks": [asdict(Check("composes", False, detail=f"model error: {exc}"))]}
     if comp is None:
         why = "no chain of fitting shapes found" if composer is None else "the reply held no usable task"
-        return {"index": index, "ops": [], "num_ops": num_ops, "kept": False, "source": "",
-                "checks": [asdict(Check("composes", False, detail=why))]}
-    if composer is None:
+        return {**head, "ops": [], "kept": False, "source": "", "checks": [asdict(Check("composes", False, detail=why))]}
+    if composer is None or source == "transformers":
         result = check_task(comp.source, cfg)
     else:
         result = check_task_sandboxed(comp.source, cfg, workdir / f"attempt{index}")
-    return {"index": index, "ops": comp.ops, "num_ops": num_ops, **result.to_dict(), "kept": result.passed}
+    return {**head, "ops": comp.ops, **result.to_dict(), "kept": result.passed}
 
 
-_CATALOG: tuple | None = None
+_CATALOG: dict[bool, tuple] = {}
 
 
-def _catalog():
-    global _CATALOG
-    if _CATALOG is None:
-        _CATALOG = crawl()
-    return _CATALOG
+def _catalog(transformers: bool) -> tuple:
+    """(torch operators, their rejects, transformers operators, their rejects), crawled once per process."""
+    if transformers not in _CATALOG:
+        from .transformers_ops import crawl_transformers
+
+        _CATALOG[transformers] = (*crawl(), *(crawl_transformers() if transformers else ([], [])))
+    return _CATALOG[transformers]
 
 
 class Builder:
@@ -178,7 +187,8 @@ class Builder:
 
     def _submit(self, pool: ProcessPoolExecutor, index: int):
         cfg = self.cfg
-        return pool.submit(_attempt, index, cfg.seed, cfg.filters, cfg.composer, cfg.out / "scratch")
+        return pool.submit(_attempt, index, cfg.seed, cfg.filters, cfg.composer, cfg.out / "scratch", cfg.transformers,
+                           cfg.transformers_share)
 
     @staticmethod
     def _failure(index: int, why: str) -> dict:
@@ -219,7 +229,7 @@ class Builder:
         return stats
 
     def _row(self, rec: dict) -> dict:
-        return {"code": rec["source"], "ops": json.dumps(rec["ops"]), "data_source": f"torch#{rec['num_ops']}",
+        return {"code": rec["source"], "ops": json.dumps(rec["ops"]), "data_source": rec.get("data_source", f"torch#{rec['num_ops']}"),
                 "composer": "offline" if self.cfg.composer is None else type(self.cfg.composer).__name__,
                 "num_ops": rec["num_ops"], "eager_ms": rec["eager_ms"], "compile_ms": rec["compile_ms"],
                 "output_mean": rec["output_stats"].get("mean"), "output_std": rec["output_stats"].get("std"),
@@ -232,15 +242,17 @@ class Builder:
             if not rec["kept"]:
                 rejected[next((c["name"] for c in rec["checks"] if not c["passed"]), "unknown")] += 1
         composition = Counter(r["data_source"] for r in rows)
-        ops, failed = _catalog()
+        ops, failed, hf_ops, hf_failed = _catalog(self.cfg.transformers)
         return {"kept": len(rows), "attempts": len(self.records), "rejected_by": dict(rejected),
                 "last_run": getattr(self, "last_run", None),
                 "composition": {k: round(v / max(1, len(rows)), 4) for k, v in sorted(composition.items())},
                 "thresholds": {**asdict(self.cfg.filters),
                                "max_kernelbench_similarity": self.cfg.max_kernelbench_similarity,
-                               "not_a_duplicate": DUPLICATE_RULE,
+                               "not_a_duplicate": DUPLICATE_RULE, "transformers_share": self.cfg.transformers_share,
                                "kernelbench": str(self.cfg.kernelbench) if self.cfg.kernelbench else None},
-                "catalog": {"operators": len(ops), "not_instantiated": failed}}
+                "catalog": {"operators": len(ops), "not_instantiated": failed,
+                            "transformers_operators": len(hf_ops) if self.cfg.transformers else None,
+                            "transformers_not_instantiated": hf_failed}}
 
 
 def write_parquet(rows: list[dict], path: Path) -> None:
@@ -262,8 +274,11 @@ def stats_markdown(stats: dict) -> str:
     lines += [f"| {k} | {v} |" for k, v in sorted(stats["rejected_by"].items(), key=lambda kv: -kv[1])]
     lines += ["", "| data_source | share |", "|---|---|"]
     lines += [f"| {k} | {v:.1%} |" for k, v in stats["composition"].items()]
-    lines += ["", f"Operators in the catalog: {stats['catalog']['operators']}; not instantiated: "
-                  f"{len(stats['catalog']['not_instantiated'])} (reasons in stats.json).", "",
+    catalog = stats["catalog"]
+    hf = ("not crawled" if catalog["transformers_operators"] is None else
+          f"{catalog['transformers_operators']}; not instantiated: {len(catalog['transformers_not_instantiated'])}")
+    lines += ["", f"Operators in the catalog: torch {catalog['operators']}; not instantiated: "
+                  f"{len(catalog['not_instantiated'])}. transformers {hf} (reasons in stats.json).", "",
               "Thresholds: `" + json.dumps(stats["thresholds"]) + "`", ""]
     return "\n".join(lines)
 

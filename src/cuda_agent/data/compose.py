@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from .catalog import LAYOUTS, Op, check
 
-# Share of tasks by number of operators in the paper's released set (torch tasks only, renormalised).
-NUM_OPS_WEIGHTS = {1: 3.40, 2: 83.77, 3: 7.62, 4: 2.80, 5: 1.23}
+# Shares of the paper's released set, in percent: torch tasks by number of operators, and transformers operators.
+SOURCE_SHARES = {"torch#1": 3.40, "torch#2": 83.77, "torch#3": 7.62, "torch#4": 2.80, "torch#5": 1.23,
+                 "transformers": 1.18}
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
 
@@ -76,8 +77,14 @@ def with_batch(source: str, batch: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw_num_ops(rng: random.Random) -> int:
-    return rng.choices(list(NUM_OPS_WEIGHTS), weights=list(NUM_OPS_WEIGHTS.values()))[0]
+def draw_source(rng: random.Random, transformers_share: float | None = None) -> str:
+    """`torch#k` or `transformers` with the paper's shares; `transformers_share` (0-1) overrides the latter's."""
+    shares = dict(SOURCE_SHARES)
+    if transformers_share is not None:
+        torch_total = sum(v for k, v in shares.items() if k != "transformers")
+        shares = {k: v / torch_total * (1 - transformers_share) for k, v in shares.items() if k != "transformers"}
+        shares["transformers"] = transformers_share
+    return rng.choices(list(shares), weights=list(shares.values()))[0]
 
 
 LLM_PROMPT = """Write a PyTorch task in KernelBench format that applies these operators to its input, in this \
