@@ -19,6 +19,8 @@ status=0
   "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; nvcc --version | tail -2; } \
   2>&1 | tee "$OUT/env.txt"
 if [[ $stages == *" tests "* ]]; then
+  python3 -c "import openai" 2>/dev/null || echo "WARNING: no openai package here: the agent episode test will" \
+    "fail; install requirements-ci.txt's openai pins (on the device machine: carry their wheels)" | tee -a "$OUT/env.txt"
   python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" || status=1
 fi
 if [[ $stages == *" build "* ]]; then
