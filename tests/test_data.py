@@ -218,3 +218,11 @@ def test_transformers_operators_are_crawled_built_standalone_and_judged(cache_di
     verdict = Judge("cpu", fast_config(cache_dir)).evaluate(reference, cheat)
     assert verdict.error.startswith("policy violation: torch op"), verdict.error
 
+
+
+def test_a_build_past_its_time_limit_starts_nothing_more_and_still_exports(tmp_path):
+    cfg = BuildConfig(50, tmp_path / "t", CPU, workers=1, time_limit_s=1e-9, transformers=False)
+    stats = Builder(cfg).run()
+    assert stats["kept"] == 0 and stats["attempts"] == 0 and stats["catalog"]["transformers_operators"] is None
+    assert (tmp_path / "t" / "dataset.parquet").exists()
+    assert "transformers not crawled" in (tmp_path / "t" / "stats.md").read_text()
