@@ -73,3 +73,25 @@ def test_eval_suite_reports_levels_and_resumes(cache_dir, tmp_path):
     rerun = json.loads(again.stdout)
     assert [t["verdict"]["seeds"] for t in rerun["tasks"]] == [t["verdict"]["seeds"] for t in report["tasks"]]
     assert "resumed" in again.stderr
+
+
+def test_a_dataset_row_is_a_reference(cache_dir, tmp_path):
+    from cuda_agent.data.build import write_parquet
+
+    row = {"code": (TASKS / "affine_relu.py").read_text(), "ops": "[]", "data_source": "torch#2", "num_ops": 2}
+    write_parquet([{**row, "code": "broken"}, row], tmp_path / "ops.parquet")
+    (tmp_path / "ops.jsonl").write_text(json.dumps({"code": "broken"}) + "\n" + json.dumps(row) + "\n")
+    for dataset in ("ops.parquet", "ops.jsonl"):
+        result = runner.invoke(app, ["eval", str(tmp_path / dataset), "--row", "1", "--solution",
+                                     str(CANDIDATES / "affine_relu_ok"), "--backend", "cpu", "--json",
+                                     "--cache-dir", str(cache_dir)])
+        assert result.exit_code == 0, result.output
+        verdict = json.loads(result.stdout)
+        assert verdict["reward"] >= 1 and verdict["task"]["name"] == "ops_row1", verdict
+    result = runner.invoke(app, ["eval", str(tmp_path / "ops.parquet"), "--solution",
+                                 str(CANDIDATES / "affine_relu_ok"), "--backend", "cpu", "--cache-dir", str(cache_dir)])
+    assert result.exit_code == 2 and "has 2 rows: pick one with --row 0..1" in result.output
+    result = runner.invoke(app, ["optimize", str(tmp_path / "ops.jsonl"), "--row", "7", "--model", "m",
+                                 "--base-url", "http://127.0.0.1:9/v1", "--backend", "cpu",
+                                 "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "has 2 rows" in result.output and not (tmp_path / "run").exists()

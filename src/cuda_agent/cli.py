@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -13,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .backend import BackendError
-from .task import TaskError
+from .task import DATASET_SUFFIXES, TaskError, dataset_row
 from .workspace.candidate import CandidateError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -76,7 +78,9 @@ def _print_verdict(v) -> None:
 
 @app.command("eval")
 def eval_cmd(
-    reference: Path = typer.Argument(..., help="KernelBench-format reference file (class Model, get_inputs, ...)"),
+    reference: Path = typer.Argument(..., help="KernelBench-format reference file (class Model, get_inputs, ...), "
+                                     "or a dataset from `data build` (.parquet/.jsonl) with --row"),
+    row: Optional[int] = typer.Option(None, help="the dataset row to use as the reference"),
     solution: Path = typer.Option(..., "--solution", "-s", help="a single .py (ModelNew + load_inline) or a workspace"),
     backend: str = typer.Option("cuda", help=BACKEND_HELP),
     as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
@@ -94,13 +98,19 @@ def eval_cmd(
     keep: bool = typer.Option(False, help="keep the evaluation's working folder for debugging"),
 ) -> None:
     """Judge one candidate against a reference: build, verify, audit, time, reward."""
+    rows = Path(tempfile.mkdtemp(prefix="cuda-agent-row-")) if reference.suffix in DATASET_SUFFIXES else None
     try:
+        if rows is not None:
+            reference = dataset_row(reference, row, rows)
         judge = _judge(backend, atol, rtol, trials, seed, allow_tf32, cache_dir, keep, compile_mode, timeout,
                        max_error_ratio)
         with err.status(f"judging {solution} against {reference.name} on {backend}..."):
             verdict = judge.evaluate(reference, solution)
     except (TaskError, CandidateError, BackendError) as exc:
         _fail(str(exc))
+    finally:
+        if rows is not None:
+            shutil.rmtree(rows, ignore_errors=True)
     if as_json:
         sys.stdout.write(verdict.to_json() + "\n")
     else:
@@ -168,7 +178,9 @@ def eval_suite_cmd(
 
 @app.command("optimize")
 def optimize_cmd(
-    reference: Path = typer.Argument(..., help="KernelBench-format reference file to optimise"),
+    reference: Path = typer.Argument(..., help="KernelBench-format reference file to optimise, or a dataset from "
+                                     "`data build` (.parquet/.jsonl) with --row"),
+    row: Optional[int] = typer.Option(None, help="the dataset row to optimise"),
     model: str = typer.Option(..., "--model", help="model name served by the endpoint"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. "
                                            "http://localhost:8000/v1 (vLLM, SGLang); key from $OPENAI_API_KEY"),
@@ -190,7 +202,11 @@ def optimize_cmd(
     from .judge import Judge, JudgeConfig
     from .task import load_task
 
+    stamp = _time.strftime('%Y%m%d-%H%M%S')
     try:
+        if reference.suffix in DATASET_SUFFIXES:  # the row's code becomes the run's reference file
+            out_dir = out_dir or Path("runs") / f"{reference.stem}_row{row}-{stamp}"
+            reference = dataset_row(reference, row, out_dir)
         task = load_task(reference)
         config = JudgeConfig(sandbox=sandbox_mode)
         if cache_dir is not None:
@@ -202,7 +218,7 @@ def optimize_cmd(
         _fail(str(exc))
     except LLMError as exc:
         _fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
-    run_dir = out_dir or Path("runs") / f"{task.name}-{_time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = out_dir or Path("runs") / f"{task.name}-{stamp}"
     env = Environment(judge, run_dir, use_sandbox=judge.sandboxed)
     if not judge.sandboxed:
         err.print("[yellow]warning:[/] no sandbox: the agent's commands run as plain processes", highlight=False)

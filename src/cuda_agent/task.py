@@ -55,6 +55,34 @@ def load_task(path: str | Path) -> Task:
     return Task(path=path.resolve(), source=source)
 
 
+DATASET_SUFFIXES = (".parquet", ".jsonl")
+
+
+def dataset_row(path: str | Path, row: int | None, folder: Path) -> Path:
+    """Write row `row` of a `cuda-agent data build` export (parquet or JSONL, column `code`) as a reference file
+    `<dataset>_row<N>.py` in `folder`, and return its path."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskError(f"dataset {path}: no such file")
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            codes = pq.read_table(path, columns=["code"]).column("code").to_pylist()
+        else:
+            import json
+
+            codes = [json.loads(line)["code"] for line in path.read_text().splitlines() if line.strip()]
+    except Exception as exc:  # a damaged or foreign file: one line the user can act on
+        raise TaskError(f"dataset {path}: cannot read a `code` column: {type(exc).__name__}: {exc}") from exc
+    if row is None or not 0 <= row < len(codes):
+        raise TaskError(f"dataset {path} has {len(codes)} rows: pick one with --row 0..{len(codes) - 1}")
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = folder / f"{path.stem}_row{row}.py"
+    dest.write_text(codes[row])
+    return dest
+
+
 def _int_value(node: ast.AST) -> int | None:
     """The value of an integer literal or constant arithmetic on literals (`1 << 21`, `16 * 1024`), else None."""
     if isinstance(node, ast.Constant) and type(node.value) is int:
