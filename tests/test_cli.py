@@ -3,6 +3,7 @@
 import json
 import shutil
 
+import pytest
 from typer.testing import CliRunner
 
 from conftest import CANDIDATES, TASKS
@@ -59,9 +60,12 @@ def test_eval_suite_reports_levels_and_resumes(cache_dir, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     level1, overall = report["levels"]["level1"], report["overall"]
-    assert level1["n"] == 2 and level1["pass_rate"] == 0.5 and level1["faster_than_eager"] == 0.5
+    assert level1["n"] == 2 and level1["pass_rate"] == 0.5
     assert report["levels"]["level2"]["n"] == 1 and overall["n"] == 3
-    assert overall["geomean_speedup_vs_eager"] > 1.0
+    # the aggregates are those of the verdicts (speeds themselves vary with the machine's load)
+    speedups = [t["verdict"]["speedup_vs_eager"] for t in report["tasks"] if t["verdict"]["correct"]]
+    assert len(speedups) == 2 and overall["faster_than_eager"] == sum(x > 1.0 for x in speedups) / 3
+    assert overall["geomean_speedup_vs_eager"] == pytest.approx((speedups[0] * speedups[1]) ** 0.5)
     for key in ("pass_rate", "faster_than_eager", "faster_than_compile", "geomean_speedup_vs_eager",
                 "geomean_speedup_vs_compile"):
         assert key in overall
