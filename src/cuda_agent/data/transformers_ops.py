@@ -100,10 +100,11 @@ def _try(op: HFOp, ops: list[HFOp], rejected: list[dict], tiny: str | None = Non
     """Keep `op` if its task runs at tiny sizes on the CPU and returns one floating-point tensor."""
     import torch
 
+    from .compose import with_batch
     from .filters import load
 
     try:
-        module = load(tiny or op.source.replace("BATCH = 64", "BATCH = 2"))
+        module = load(tiny or with_batch(op.source, 2))
         model = module.Model(*module.get_init_inputs()).eval()
         with torch.no_grad():
             out = model(*module.get_inputs())
