@@ -226,3 +226,21 @@ def test_a_build_past_its_time_limit_starts_nothing_more_and_still_exports(tmp_p
     assert stats["kept"] == 0 and stats["attempts"] == 0 and stats["catalog"]["transformers_operators"] is None
     assert (tmp_path / "t" / "dataset.parquet").exists()
     assert "transformers not crawled" in (tmp_path / "t" / "stats.md").read_text()
+
+
+def test_seed_tasks_are_every_crawled_operator_alone(tmp_path):
+    from cuda_agent.data.filters import load
+    from cuda_agent.data.seeds import write_seeds
+    from cuda_agent.task import load_task
+
+    catalog = write_seeds(tmp_path, transformers=True)
+    ops, _ = crawl()
+    torch_files = sorted((tmp_path / "torch").glob("*.py"))
+    assert [f.stem for f in torch_files] == sorted(op.name for op in ops) == sorted(catalog["torch"]["operators"])
+    assert len(list((tmp_path / "transformers").glob("*.py"))) == len(catalog["transformers"]["operators"]) > 50
+    assert json.loads((tmp_path / "catalog.json").read_text())["torch"]["not_instantiated"]
+    for path in [*torch_files, tmp_path / "transformers" / "LlamaRMSNorm.py"]:
+        load_task(path)
+        module = load(path.read_text())
+        out = module.Model(*module.get_init_inputs())(*module.get_inputs())
+        assert out.is_floating_point(), path.name

@@ -246,6 +246,24 @@ data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The fus
 app.add_typer(data_app, name="data")
 
 
+@data_app.command("seeds")
+def data_seeds_cmd(
+    out_dir: Path = typer.Option(..., "--out", help="output folder"),
+    transformers: bool = typer.Option(True, help="include transformers operators (needs the package)"),
+) -> None:
+    """Write every crawled operator alone as a KernelBench task, and catalog.json (what could not be used, why)."""
+    from .data.seeds import write_seeds
+
+    try:
+        catalog = write_seeds(out_dir, transformers)
+    except ImportError as exc:
+        _fail(f"{exc}: pip install transformers, or pass --no-transformers")
+    for source, found in catalog.items():
+        if found is not None:
+            out.print(f"{source}: {len(found['operators'])} seed tasks in {out_dir / source}, "
+                      f"{len(found['not_instantiated'])} not instantiated (catalog.json)", highlight=False)
+
+
 @data_app.command("build")
 def data_build_cmd(
     target: int = typer.Option(..., "--target", help="tasks to keep"),
