@@ -54,6 +54,9 @@ def crawl_transformers() -> tuple[list[HFOp], list[dict]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, source in _activation_sources():
+            if name in NOT_ACTIVATIONS:
+                rejected.append({"name": f"transformers:act:{name}", "reason": NOT_ACTIVATIONS[name]})
+                continue
             _try(HFOp(f"transformers:act:{name}", "activation", source), ops, rejected)
         for arch in ARCHITECTURES:
             try:
@@ -90,8 +93,6 @@ def _activation_sources():
     from transformers.activations import ACT2CLS
 
     for name in sorted(ACT2CLS):
-        if name in NOT_ACTIVATIONS:
-            continue
         yield name, _render(["from transformers.activations import ACT2FN"], [f"self.block = ACT2FN[{name!r}]"],
                             ["x = self.block(x)"], ["x"], ["BATCH, 4096"], batch=64)
 
