@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .catalog import crawl
+from .catalog import crawl_all
 from .compose import Composition, compose, compose_llm, draw_source
 from .filters import Check, FilterConfig, check_task, check_task_sandboxed
 from .similarity import Index, fingerprint, operator_sequence
@@ -108,9 +108,7 @@ _CATALOG: dict[bool, tuple] = {}
 def _catalog(transformers: bool) -> tuple:
     """(torch operators, their rejects, transformers operators, their rejects), crawled once per process."""
     if transformers not in _CATALOG:
-        from .transformers_ops import crawl_transformers
-
-        _CATALOG[transformers] = (*crawl(), *(crawl_transformers() if transformers else ([], [])))
+        _CATALOG[transformers] = crawl_all(transformers)
     return _CATALOG[transformers]
 
 

@@ -127,6 +127,16 @@ def crawl() -> tuple[list[Op], list[dict]]:
         return _crawl()
 
 
+def crawl_all(transformers: bool) -> tuple[list[Op], list[dict], list, list[dict]]:
+    """(torch operators, their rejects, transformers operators, their rejects); the last two empty when
+    `transformers` is False. Raises ImportError when it is True and transformers is not installed."""
+    if not transformers:
+        return (*crawl(), [], [])
+    from .transformers_ops import crawl_transformers
+
+    return (*crawl(), *crawl_transformers())
+
+
 def _crawl() -> tuple[list[Op], list[dict]]:
     ops: list[Op] = []
     rejected: list[dict] = []

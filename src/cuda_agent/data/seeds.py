@@ -10,18 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .catalog import LAYOUTS, crawl
+from .catalog import LAYOUTS, crawl_all
 from .compose import render
 
 
 def write_seeds(out: Path, transformers: bool = True) -> dict:
     """Write `out/torch/<op>.py`, `out/transformers/<op>.py` and `out/catalog.json`; returns the catalog."""
-    ops, rejected = crawl()
-    hf_ops, hf_rejected = ([], [])
-    if transformers:
-        from .transformers_ops import crawl_transformers
-
-        hf_ops, hf_rejected = crawl_transformers()
+    ops, rejected, hf_ops, hf_rejected = crawl_all(transformers)
     for folder in ("torch", "transformers"):
         (out / folder).mkdir(parents=True, exist_ok=True)
     for op in ops:
