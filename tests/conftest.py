@@ -1,11 +1,13 @@
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from cuda_agent.judge import Judge, JudgeConfig
 
+ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
 TASKS = DATA / "tasks"
 CANDIDATES = DATA / "candidates"
@@ -16,6 +18,19 @@ def cache_dir(tmp_path_factory) -> Path:
     """One judge cache for the whole run (objects, precompiled header, baselines are built once)."""
     env = os.environ.get("CUDA_AGENT_TEST_CACHE")
     return Path(env) if env else tmp_path_factory.mktemp("judge-cache")
+
+
+@pytest.fixture(scope="session")
+def visible_dir():
+    """Scratch space the sandbox neither replaces (/tmp) nor hides (home directories): a probe denied there is
+    denied by the read-only view, not fooled by a file that is simply absent inside."""
+    for parent in ("/var/tmp", str(ROOT)):
+        if os.access(parent, os.W_OK) and not parent.startswith(("/tmp", "/root", "/home")):
+            path = Path(tempfile.mkdtemp(prefix="cuda-agent-test-", dir=parent))
+            yield path
+            shutil.rmtree(path, ignore_errors=True)
+            return
+    pytest.skip("no writable folder outside /tmp and the home directories")
 
 
 def fast_config(cache_dir: Path, **overrides) -> JudgeConfig:

@@ -85,20 +85,29 @@ def test_bash_output_is_clipped_and_a_hang_is_killed(env):
 
 
 @pytest.mark.skipif(not SANDBOX, reason="sandbox unavailable here")
-def test_bash_barriers_as_the_agent_sees_them(env, tmp_path):
-    outside = tmp_path / "outside.txt"
+def test_bash_barriers_as_the_agent_sees_them(env, visible_dir):
+    outside = visible_dir / "agent-outside.txt"  # outside /tmp, which the sandbox replaces: only the view can deny it
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    probe = (f"echo hi > {outside}; echo outside-rc=$?; touch kernels/ok && echo ws-ok; "
+             "echo x >> binding.cpp; echo binding-rc=$?; "
+             "python3 -c \"import socket; print('net', socket.socket().connect_ex(('127.0.0.1', "
+             f"{server.getsockname()[1]})))\"; echo key=${{OPENAI_API_KEY:-none}}")
     os.environ["OPENAI_API_KEY"] = "sk-secret-test"
     try:
-        obs = env.step("bash", {"command": f"echo hi > {outside}; echo rc=$?; touch kernels/ok && echo ws-ok; "
-                                           "echo x >> binding.cpp; echo bind-rc=$?; "
-                                           "python3 -c \"import socket; print('net', socket.socket().connect_ex(("
-                                           "'1.1.1.1', 80)))\"; echo key=${OPENAI_API_KEY:-none}"}).observation
+        obs = env.step("bash", {"command": probe}).observation
+        written_inside = outside.exists()
+        plain = subprocess.run(["bash", "-c", probe], cwd=env.workspace, capture_output=True, text=True).stdout
     finally:
         del os.environ["OPENAI_API_KEY"]
-    assert not outside.exists() and "rc=1" in obs
+        server.close()
+    assert "outside-rc=0" in plain and "net 0" in plain  # the same command gets through without the sandbox
+    outside.unlink()
+    assert not written_inside and "outside-rc=1" in obs and "Read-only file system" in obs, obs
     assert "ws-ok" in obs and (env.workspace / "kernels" / "ok").exists()
-    assert "bind-rc=1" in obs and "x" not in (env.workspace / "binding.cpp").read_text().splitlines()[-1:]
-    assert "net 0" not in obs and "net " in obs
+    assert "binding-rc=1" in obs and obs.count("Read-only file system") >= 2, obs
+    assert "net " in obs and "net 0" not in obs, obs
     assert "key=none" in obs
 
 

@@ -26,20 +26,29 @@ out = Console()
 BACKEND_HELP = "cuda (the product) or cpu (C++/OpenMP kernels, for machines without a GPU)"
 
 
-def _judge(backend: str, atol: float, rtol: float, trials: int, seed: Optional[int], allow_tf32: bool,
-           cache_dir: Optional[Path], keep: bool, compile_mode: str = "default", timeout: float = 300.0,
-           max_error_ratio: Optional[float] = None):
+SANDBOX_HELP = ("candidate isolation: auto (namespaces where they work, else plain processes, with a warning), "
+                "required (refuse without them), none")
+POLICY_HELP = ("strict (CUDA Agent's rules: compute only in your own kernels; what rewards use) or kernelbench "
+               "(KernelBench's: torch ops allowed in ModelNew; every correctness and timing check kept)")
+
+
+def _judge(backend: str, cache_dir: Optional[Path], trials: int = 5, seed: Optional[int] = None, **settings):
+    """A Judge from the command's options (`settings` are JudgeConfig fields); says loudly when it runs unsandboxed."""
+    from . import sandbox
     from .judge import Judge, JudgeConfig
 
     if trials < 1:
         raise BackendError("--trials must be at least 1")
-    config = JudgeConfig(atol=atol, rtol=rtol, num_trials=trials, allow_tf32=allow_tf32, keep_run_dirs=keep,
-                         compile_mode=compile_mode, run_timeout_s=timeout, max_error_ratio=max_error_ratio)
+    config = JudgeConfig(num_trials=trials, **settings)
     if seed is not None:
         config.seeds = tuple(seed + i for i in range(trials))
     if cache_dir is not None:
         config.cache_dir = cache_dir
-    return Judge(backend, config)
+    judge = Judge(backend, config)
+    if not judge.sandboxed and config.sandbox == "auto":
+        err.print(f"[bold yellow]warning:[/] no sandbox here ({sandbox.probe()}): candidates run as plain processes "
+                  "with your rights; --sandbox required refuses instead", highlight=False, soft_wrap=True)
+    return judge
 
 
 def _fail(message: str) -> None:
@@ -96,17 +105,20 @@ def eval_cmd(
                                                     "exceeds this many times fp32 eager's own (e.g. 100)"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache (default ~/.cache/cuda-agent or $CUDA_AGENT_CACHE)"),
     keep: bool = typer.Option(False, help="keep the evaluation's working folder for debugging"),
+    sandbox_mode: str = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
+    policy: str = typer.Option("strict", help=POLICY_HELP),
 ) -> None:
     """Judge one candidate against a reference: build, verify, audit, time, reward."""
     rows = Path(tempfile.mkdtemp(prefix="cuda-agent-row-")) if reference.suffix in DATASET_SUFFIXES else None
     try:
         if rows is not None:
             reference = dataset_row(reference, row, rows)
-        judge = _judge(backend, atol, rtol, trials, seed, allow_tf32, cache_dir, keep, compile_mode, timeout,
-                       max_error_ratio)
+        judge = _judge(backend, cache_dir, trials, seed, atol=atol, rtol=rtol, allow_tf32=allow_tf32,
+                       keep_run_dirs=keep, compile_mode=compile_mode, run_timeout_s=timeout,
+                       max_error_ratio=max_error_ratio, sandbox=sandbox_mode, policy=policy)
         with err.status(f"judging {solution} against {reference.name} on {backend}..."):
             verdict = judge.evaluate(reference, solution)
-    except (TaskError, CandidateError, BackendError) as exc:
+    except (TaskError, CandidateError, BackendError, ValueError) as exc:
         _fail(str(exc))
     finally:
         if rows is not None:
@@ -132,6 +144,8 @@ def eval_suite_cmd(
     timeout: float = typer.Option(300.0, help="seconds each candidate process may take to load, verify and time"),
     max_error_ratio: Optional[float] = typer.Option(None, help="strict precision limit (see eval)"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
+    sandbox_mode: str = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
+    policy: str = typer.Option("strict", help=POLICY_HELP),
     db: Optional[Path] = typer.Option(None, help="results database (default: in the cache); reruns resume from it"),
 ) -> None:
     """Judge a folder of solutions against a suite; print per-level and overall rates and speedups."""
@@ -142,12 +156,14 @@ def eval_suite_cmd(
         _fail(f"solutions {solutions}: no such folder")
     try:
         level_list = [int(x) for x in levels.split(",") if x.strip()]
-        tasks = discover(suite_dir, level_list)
-        judge = _judge(backend, atol, rtol, trials, None, allow_tf32, cache_dir, False, compile_mode, timeout,
-                       max_error_ratio)
     except ValueError:
         _fail(f"--levels must be comma-separated integers, got '{levels}'")
-    except (FileNotFoundError, BackendError) as exc:
+    try:
+        tasks = discover(suite_dir, level_list)
+        judge = _judge(backend, cache_dir, trials, atol=atol, rtol=rtol, allow_tf32=allow_tf32,
+                       compile_mode=compile_mode, run_timeout_s=timeout, max_error_ratio=max_error_ratio,
+                       sandbox=sandbox_mode, policy=policy)
+    except (FileNotFoundError, BackendError, ValueError) as exc:
         _fail(str(exc))
     store = Store(db or judge.cache_dir / "suite.sqlite")
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -192,14 +208,14 @@ def optimize_cmd(
     temperature: float = typer.Option(1.0, help="sampling temperature"),
     top_p: Optional[float] = typer.Option(None, help="nucleus sampling"),
     max_tokens: int = typer.Option(16384, help="tokens per reply"),
-    sandbox_mode: str = typer.Option("auto", "--sandbox", help="agent commands and candidates: auto, namespaces, none"),
+    sandbox_mode: str = typer.Option("required", "--sandbox", help="the agent's commands and its candidates: "
+                                     "required (refuse without the sandbox), auto, none"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
 ) -> None:
     """Run the agent on one task and keep the best verified kernel (workspace, trajectory, summary in --out)."""
     import time as _time
 
     from .agent import Environment, LLMError, LoopConfig, OpenAIClient, run_episode
-    from .judge import Judge, JudgeConfig
     from .task import load_task
 
     stamp = _time.strftime('%Y%m%d-%H%M%S')
@@ -208,20 +224,15 @@ def optimize_cmd(
             out_dir = out_dir or Path("runs") / f"{reference.stem}_row{row}-{stamp}"
             reference = dataset_row(reference, row, out_dir)
         task = load_task(reference)
-        config = JudgeConfig(sandbox=sandbox_mode)
-        if cache_dir is not None:
-            config.cache_dir = cache_dir
-        judge = Judge(backend, config)
+        judge = _judge(backend, cache_dir, sandbox=sandbox_mode)
         client = OpenAIClient(model, base_url, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
         client.check()  # fail fast on a missing or unreachable endpoint
-    except (TaskError, BackendError) as exc:
+    except (TaskError, BackendError, ValueError) as exc:
         _fail(str(exc))
     except LLMError as exc:
         _fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
     run_dir = out_dir or Path("runs") / f"{task.name}-{stamp}"
     env = Environment(judge, run_dir, use_sandbox=judge.sandboxed)
-    if not judge.sandboxed:
-        err.print("[yellow]warning:[/] no sandbox: the agent's commands run as plain processes", highlight=False)
 
     def show(state: dict) -> None:
         best = "-" if state["best_reward"] is None else \

@@ -68,6 +68,10 @@ def skill_text(backend: str) -> str:
 
 class Environment:
     def __init__(self, judge: Judge, run_dir: Path, use_sandbox: bool = True, bash_timeout: int = 180):
+        if judge.config.policy != "strict":  # rewards (and what the agent is told) follow CUDA Agent's rules only
+            raise ValueError(f"the agent needs a judge with the strict policy, not {judge.config.policy!r}")
+        if use_sandbox and not judge.sandboxed:
+            raise ValueError("use_sandbox needs a sandboxed judge (JudgeConfig(sandbox='required'))")
         self.judge, self.run_dir = judge, Path(run_dir)
         self.use_sandbox, self.bash_timeout = use_sandbox, bash_timeout
         self.workspace = self.run_dir / "workspace"

@@ -40,6 +40,9 @@ class PolicyConfig:
     allow_cudnn_conv: bool = True
 
 
+POLICIES = ("strict", "kernelbench")
+
+
 def default_cache_dir() -> Path:
     env = os.environ.get("CUDA_AGENT_CACHE")
     if env:
@@ -72,11 +75,14 @@ class JudgeConfig:
     reference_timeout_s: float = 900.0  # reference process, including the torch.compile baseline
     cache_dir: Path = field(default_factory=default_cache_dir)
     keep_run_dirs: bool = False
-    sandbox: str = "auto"  # candidate process isolation: auto (namespaces where they work), namespaces, none
+    sandbox: str = "auto"  # candidate isolation: auto (namespaces where they work, else plain), required, none
     memory_limit_gb: float | None = None  # sandbox memory: cgroup, plus address space on cpu (None: 80% of RAM)
     max_processes: int = 4096  # sandbox process/thread count (cgroup pids, or RLIMIT_NPROC when not root)
     cuda_ipc: bool = True  # share CUDA outputs with the comparing process in place (else raw files)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    # strict: CUDA Agent's rules (compute only in the candidate's own kernels; the only policy rewards use);
+    # kernelbench: KernelBench's (torch ops allowed in ModelNew), every correctness, isolation and timing defence kept.
+    policy: str = "strict"
+    rules: PolicyConfig = field(default_factory=PolicyConfig)  # what `strict` allows
 
     def timing_key(self) -> str:
         """What changes baseline timings besides task, device and torch version."""

@@ -27,7 +27,7 @@ from .. import sandbox
 from ..task import Task, TaskError, extra_shape, load_task, shape_constants
 from ..workspace.build import Builder, BuildResult
 from ..workspace.candidate import Candidate, load_candidate
-from .config import JudgeConfig
+from .config import POLICIES, JudgeConfig
 from .policy import scan_sources
 from .process import WorkerDied, WorkerProcess
 from .reward import milestone_reward
@@ -63,7 +63,9 @@ class Judge:
         self.config = config or JudgeConfig()
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.backend.check_toolchain()
-        self.cache_dir = Path(self.config.cache_dir)
+        if self.config.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {self.config.policy!r}")
+        self.cache_dir = Path(self.config.cache_dir).expanduser().resolve()
         (self.cache_dir / "runs").mkdir(parents=True, exist_ok=True)
         self.builder = Builder(self.backend, self.cache_dir / "build")
         try:
@@ -117,7 +119,7 @@ class Judge:
         worker: WorkerProcess | None = None
         phases = Phases(verdict)
         try:
-            verdict.policy_violations = scan_sources(cand.text(), cfg.policy)
+            verdict.policy_violations = scan_sources(cand.text(), cfg.rules)
             build = self._build(cand, run_dir / "build")  # meanwhile the reference worker builds Model
             phases.mark("build")
             verdict.compiled = build.ok
@@ -128,7 +130,7 @@ class Judge:
                 worker = WorkerProcess("cuda_agent.judge.candidate_worker", {
                     "build_dir": str(build.build_dir), "kind": cand.kind, "backend": self.backend.name,
                     "task_path": str(task.path), "out_dir": str(transfer), "allow_tf32": cfg.allow_tf32,
-                    "allowed_ops": list(cfg.policy.allowed_ops), "timing": self._timing(),
+                    "allowed_ops": list(cfg.rules.allowed_ops), "timing": self._timing(),
                     "extension_cache": str(self.cache_dir / "extensions"),
                     "cuda_ipc": self.cuda_ipc,
                 }, run_dir / "candidate", self._candidate_env(), self._candidate_sandbox(task, run_dir, transfer,

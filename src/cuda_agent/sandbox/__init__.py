@@ -32,7 +32,7 @@ OUTER = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--
 LOCK = ["unshare", "--user", "--map-root-user", "--mount"]
 INIT_SHIM = ["sh", "-c", '"$@"; exit $?', "cuda-agent-init"]  # PID 1 ignores unhandled signals: keep it a shell
 JOIN_CGROUP = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
-MODES = ("auto", "namespaces", "none")
+MODES = ("auto", "required", "none")
 
 
 @dataclass
@@ -98,14 +98,15 @@ def probe() -> str | None:
 
 
 def resolve(mode: str) -> bool:
-    """Whether to sandbox, for mode auto|namespaces|none; raises RuntimeError if namespaces are required but fail."""
+    """Whether to sandbox, for mode auto|required|none; raises RuntimeError when it is required but unavailable.
+    `auto` falls back to plain processes where namespaces do not work (callers must say so loudly)."""
     if mode not in MODES:
         raise ValueError(f"sandbox must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "none":
         return False
     problem = probe()
-    if problem and mode == "namespaces":
-        raise RuntimeError(f"sandbox 'namespaces' requested but unavailable: {problem}")
+    if problem and mode == "required":
+        raise RuntimeError(f"the sandbox is required but unavailable here: {problem}")
     return problem is None
 
 

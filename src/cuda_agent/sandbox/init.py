@@ -76,6 +76,10 @@ def populate_dev(dev_fd: int) -> None:
     mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
 
 
+def inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def build_view(spec: dict) -> None:
     binds = [(p, False) for p in spec["writable"]] + [(p, True) for p in spec["readable"]]
     fds = [os.open(path, os.O_PATH) for path, _ in binds]  # before anything is covered
@@ -83,8 +87,11 @@ def build_view(spec: dict) -> None:
     set_readonly("/", True, recursive=True)
     set_readonly("/proc", False, recursive=False)  # the locking user namespace writes its uid map there
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    hidden = [h for h in spec["hidden"] if os.path.isdir(h)]  # one under /tmp is already gone
-    for path in hidden:
+    dirs = [os.path.realpath(h) for h in spec["hidden"] if os.path.isdir(h) and not inside(h, "/tmp")]
+    # One tmpfs per outermost hidden folder: a hidden folder inside another (the judge's cache in a hidden home)
+    # is covered already, and would not be a mount point to lock.
+    covers = [h for h in dirs if not any(o != h and inside(h, o) for o in dirs)]
+    for path in dict.fromkeys(covers):
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
     populate_dev(dev_fd)
     for path in spec["hidden"]:  # a hidden file reads as empty
@@ -93,7 +100,13 @@ def build_view(spec: dict) -> None:
     for fd, (path, readonly) in zip(fds, binds):
         bind(fd, path, readonly)
         os.close(fd)
-    for path in hidden:
+    # A hidden folder inside a bound-back one (the judge's cache inside a visible tree) is covered again.
+    targets = [os.path.realpath(path) for path, _ in binds]
+    for path in dirs:
+        if path not in covers and any(inside(path, t) and path != t for t in targets):
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+            covers.append(path)
+    for path in dict.fromkeys(covers):
         set_readonly(path, True, recursive=False)
 
 
