@@ -2,12 +2,13 @@
 # GPU checks, run on a machine with an NVIDIA GPU (the device machine): the `gpu` tests, the build-speed and
 # evaluation-latency benchmarks, and eval-suite on real KernelBench problems when KERNELBENCH points at them.
 # Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements.md.
-# Usage: scripts/gpu_check.sh [tests] [build] [latency] [suite] [data]   (default: the first four)
+# Usage: scripts/gpu_check.sh [tests] [build] [latency] [fresh] [suite] [data]   (default: all but data)
+# GPU_TESTS_K selects tests by pytest's -k expression (to split the run over calls of a limited length).
 # `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into DATA_DIR (default $OUT/data;
 # DATA_WORKERS, DATA_TIME_LIMIT seconds, DATA_MAX_ATTEMPTS; rerun with the same DATA_DIR to resume); KERNELBENCH
 # should then hold levels 1-3.
 set -uo pipefail
-stages=" ${*:-tests build latency suite} "
+stages=" ${*:-tests build latency fresh suite} "
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -21,7 +22,13 @@ status=0
 if [[ $stages == *" tests "* ]]; then
   python3 -c "import openai" 2>/dev/null || echo "WARNING: no openai package here: the agent episode test will" \
     "fail; install requirements-ci.txt's openai pins (on the device machine: carry their wheels)" | tee -a "$OUT/env.txt"
-  python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" || status=1
+  python3 -m pytest -m gpu -v -rs -p no:cacheprovider tests/test_gpu.py ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1 \
+    | tee "$OUT/gpu_tests.log" || status=1
+  # On a GPU machine a skipped GPU test is a test that did not run: fail the check.
+  if tail -1 "$OUT/gpu_tests.log" | grep -q "skipped"; then
+    echo "FAILED: GPU tests were skipped on a GPU machine (see SKIPPED above)" | tee -a "$OUT/gpu_tests.log"
+    status=1
+  fi
 fi
 if [[ $stages == *" build "* ]]; then
   python3 benchmarks/build_speed.py --backend cuda --out "$OUT/build_speed.json" 2>&1 | tee "$OUT/build_speed.log" \
@@ -30,6 +37,10 @@ fi
 if [[ $stages == *" latency "* ]]; then
   python3 benchmarks/eval_latency.py --backend cuda --out "$OUT/eval_latency.json" \
     ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} 2>&1 | tee "$OUT/eval_latency.log" || status=1
+fi
+if [[ $stages == *" fresh "* ]]; then
+  python3 benchmarks/fresh_inputs.py --backend cuda --out "$OUT/fresh_inputs.json" \
+    ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} 2>&1 | tee "$OUT/fresh_inputs.log" || status=1
 fi
 if [[ $stages == *" data "* ]]; then
   python3 -m cuda_agent data build --target "${DATA_TARGET:-500}" --out "${DATA_DIR:-$OUT/data}" --backend cuda \

@@ -77,6 +77,14 @@ def test_eval_suite_reports_levels_and_resumes(cache_dir, tmp_path):
     rerun = json.loads(again.stdout)
     assert [t["verdict"]["seeds"] for t in rerun["tasks"]] == [t["verdict"]["seeds"] for t in report["tasks"]]
     assert "resumed" in again.stderr
+    # Any setting that can change a verdict judges again; without --levels, every levelN folder there is judged.
+    other = runner.invoke(app, [*args, "--trials", "3"])
+    assert other.exit_code == 0 and "resumed" not in other.stderr, other.stderr
+    judged = [t["verdict"] for t in json.loads(other.stdout)["tasks"] if t["verdict"]["correct"]]
+    assert len(judged) == 2 and all(len(v["seeds"]) == 3 for v in judged)
+    no_levels = [a for a in args if a not in ("--levels", "1,2")]
+    default = runner.invoke(app, [*no_levels, "--trials", "3"])
+    assert default.exit_code == 0 and json.loads(default.stdout)["overall"]["n"] == 3, default.output
 
 
 def test_a_dataset_row_is_a_reference(cache_dir, tmp_path):

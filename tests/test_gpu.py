@@ -29,8 +29,10 @@ def test_cuda_workspace_is_built_verified_timed_and_rewarded(gpu_judge):
     assert verdict.compiled and verdict.correct, verdict.error
     assert verdict.reward >= 2, verdict.times_us
     assert any("affine_relu_kernel" in k for k in verdict.timing["candidate"]["kernels"])
-    assert "H200" in verdict.device or verdict.device
+    assert verdict.device == torch.cuda.get_device_name(0)
     assert verdict.build["seconds"] < 60
+    assert verdict.timing["status"] == "ok" and verdict.timing["baselines"]["checked_calls"], verdict.timing
+    assert "speed_of_light_us" in verdict.timing or "H200" not in verdict.device
 
 
 def test_cuda_single_file_load_inline(gpu_judge):
@@ -48,16 +50,91 @@ def test_illegal_memory_access_fails_and_the_judge_survives(gpu_judge, make_work
     assert again.correct and again.reward >= 2, again.error
 
 
+SLOW = ("const int64_t n4 = n / 4;", "const int64_t n4 = n / 4;\n    for (int r = 0; r < 1000; ++r) __nanosleep(1000);")
+
+
 def test_work_on_a_side_stream_is_still_timed(gpu_judge, make_workspace):
-    # The kernel runs on a pool stream the current stream never waits for: CUDA events on the current stream
-    # would time it as free. (The device sync first makes it correct: the inputs are written on the current stream.)
-    normal = gpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
-    ws = make_workspace("affine_relu_cuda", {BINDING: [
+    # A kernel of a millisecond or more (every thread sleeps 1 ms first) on a pool stream the current stream never
+    # waits for: CUDA events on the current stream would time it as free. (The device sync first makes it correct:
+    # the inputs are written on the current stream.)
+    normal = gpu_judge.evaluate(AFFINE, make_workspace("affine_relu_cuda", {KERNEL: [SLOW]}))
+    side = gpu_judge.evaluate(AFFINE, make_workspace("affine_relu_cuda", {KERNEL: [SLOW], BINDING: [
         ("c10::cuda::getCurrentCUDAStream().stream()",
-         "(cudaDeviceSynchronize(), c10::cuda::getStreamFromPool().stream())")]})
-    side = gpu_judge.evaluate(AFFINE, ws)
-    assert side.correct, side.error
-    assert side.times_us["candidate"] > 0.5 * normal.times_us["candidate"], (side.times_us, normal.times_us)
+         "(cudaDeviceSynchronize(), c10::cuda::getStreamFromPool().stream())")]}))
+    assert normal.correct and side.correct, (normal.error, side.error)
+    assert normal.times_us["candidate"] > 1000, normal.times_us
+    assert any("affine_relu_kernel" in k for k in side.timing["candidate"]["kernels"])
+    assert side.times_us["candidate"] > 0.8 * normal.times_us["candidate"], (side.times_us, normal.times_us)
+
+
+def test_a_kernel_launched_by_a_thread_after_forward_returns_is_not_free(gpu_judge, make_workspace):
+    # forward returns at once; a host thread it started launches the (1 ms) kernel afterwards. Either the judge fails
+    # it (the kernel ran outside the timed calls, or the thread was still working) or it times the kernel.
+    normal = gpu_judge.evaluate(AFFINE, make_workspace("affine_relu_cuda", {KERNEL: [SLOW]}))
+    late = make_workspace("affine_relu_cuda", {KERNEL: [SLOW], BINDING: [
+        ("#include <cuda_runtime.h>", "#include <cuda_runtime.h>\n#include <thread>"),
+        ("    affine_relu_launcher(out.data_ptr<float>(), x.data_ptr<float>(), static_cast<float>(scale),\n"
+         "                         static_cast<float>(shift), x.numel(), config, c10::cuda::getCurrentCUDAStream().stream());",
+         "    float* o = out.data_ptr<float>();\n    const float* in = x.data_ptr<float>();\n    int64_t n = x.numel();\n"
+         "    cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();\n"
+         "    std::thread([=] { affine_relu_launcher(o, in, (float)scale, (float)shift, n, config, stream); }).detach();")]})
+    verdict = gpu_judge.evaluate(AFFINE, late)
+    timed_fairly = verdict.correct and verdict.times_us["candidate"] > 0.8 * normal.times_us["candidate"]
+    assert verdict.reward == -1 or timed_fairly, (verdict.error, verdict.times_us, normal.times_us)
+
+
+NO_AUDIT_SWITCH = ("        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)",
+                   "        from torch.utils._python_dispatch import _get_current_dispatch_mode\n"
+                   "        if _get_current_dispatch_mode() is None:\n"
+                   "            return torch.relu(x * self.scale + self.shift) * 0.5\n"
+                   "        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)")
+
+
+def test_torch_kernels_in_the_timed_calls_fail(gpu_judge, make_workspace):
+    # Honest under the op audit (verification), torch's own kernels when timed: the timeline shows ATen's kernels.
+    verdict = gpu_judge.evaluate(AFFINE, make_workspace("affine_relu_cuda", {"model_new.py": [NO_AUDIT_SWITCH]}))
+    assert verdict.reward == -1 and "torch's kernel" in verdict.error and "timed calls" in verdict.error, \
+        verdict.error
+
+
+MATMUL_TASK = """import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+def get_inputs():
+    return [torch.randn(2048, 2048), torch.randn(2048, 2048)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_tf32_on_a_task_that_forbids_it_fails_the_speed_of_light(cache_dir, tmp_path):
+    # TF32 switched on inside forward (torch ops allowed by the kernelbench policy): faster than fp32's peak allows
+    # and with TF32's error against fp64, which is the signature of a precision downgrade.
+    from cuda_agent.judge import Judge
+
+    task = tmp_path / "matmul.py"
+    task.write_text(MATMUL_TASK)
+    tf32 = tmp_path / "tf32.py"
+    tf32.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, a, b):\n"
+                    "        torch.backends.cuda.matmul.allow_tf32 = True\n        return a @ b\n")
+    verdict = Judge("cuda", fast_config(cache_dir, policy="kernelbench")).evaluate(task, tf32)
+    assert verdict.reward == -1 and verdict.error.startswith("precision:"), (verdict.error, verdict.times_us)
+
+
+def test_a_process_started_in_forward_fails_on_the_gpu(gpu_judge, tmp_path):
+    forker = tmp_path / "forker.py"
+    forker.write_text("import os\nimport torch\n\n\nclass ModelNew(torch.nn.Module):\n"
+                      "    def __init__(self, scale, shift):\n        super().__init__()\n\n"
+                      "    def forward(self, x):\n        return os.fork() or x.new_zeros(x.shape)\n")
+    verdict = gpu_judge.evaluate(AFFINE, forker)
+    assert verdict.reward == -1 and "SIGSYS" in verdict.error, verdict.error
 
 
 def test_nvcc_error_names_file_and_line(gpu_judge, make_workspace):
@@ -72,12 +149,42 @@ def test_outputs_cross_by_file_when_cuda_ipc_is_off(cache_dir):
     judge = Judge("cuda", fast_config(cache_dir, cuda_ipc=False))
     verdict = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
     assert verdict.correct and verdict.reward >= 2, verdict.error
-    assert set(verdict.phases_s) >= {"build", "reference_ready", "candidate_load", "verify", "time_candidate"}
+    assert set(verdict.phases_s) >= {"build", "reference_ready", "candidate_load", "verify", "timing"}
+    assert "outputs cross as files" in verdict.sandbox
 
 
-def test_the_candidate_runs_sandboxed_on_the_gpu(gpu_judge):
-    verdict = gpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
-    assert verdict.correct, verdict.error
+def test_outputs_cross_by_cuda_ipc_without_the_sandbox(cache_dir):
+    from cuda_agent.judge import Judge
+
+    judge = Judge("cuda", fast_config(cache_dir, sandbox="none", cuda_ipc=True))
+    verdict = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
+    assert judge.cuda_ipc and "CUDA IPC" in verdict.sandbox, verdict.sandbox
+    assert verdict.correct and verdict.reward >= 2, verdict.error
+
+
+def test_the_candidate_runs_sandboxed_on_the_gpu(gpu_judge, visible_dir, tmp_path):
+    # Probes, not descriptions: a loopback server reachable from here, a folder writable from here.
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    outside = visible_dir / "gpu-outside.txt"
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import errno, json, socket\nimport torch\n\n\nclass ModelNew(torch.nn.Module):\n"
+        "    def __init__(self, scale, shift):\n        super().__init__()\n\n    def forward(self, x):\n"
+        "        r = {'net': socket.socket().connect_ex(('127.0.0.1', %d)), 'gpu': torch.cuda.is_available()}\n"
+        "        try:\n            open(%r, 'w').write('x'); r['write'] = 'ok'\n"
+        "        except OSError as exc:\n            r['write'] = errno.errorcode[exc.errno]\n"
+        "        raise RuntimeError('P=' + json.dumps(r))\n" % (server.getsockname()[1], str(outside)))
+    try:
+        verdict = gpu_judge.evaluate(AFFINE, probe)
+    finally:
+        server.close()
+    result = json.loads(verdict.error.split("P=", 1)[1])
+    assert result["gpu"] is True and result["net"] != 0 and result["write"] == "EROFS", result
+    assert not outside.exists()
     assert verdict.sandbox.startswith("namespaces: user, net, pid, mount"), verdict.sandbox
 
 
@@ -122,18 +229,25 @@ def persisting_limit():
     value = ctypes.c_size_t(0)
     assert _cudart.cudaDeviceGetLimit(ctypes.byref(value), 6) == 0
     return value.value
+
+
+def reserve_persisting_l2():
+    rc = _cudart.cudaDeviceSetLimit(6, ctypes.c_size_t(4 << 20))
+    if rc != 0 or persisting_limit() == 0:
+        raise RuntimeError(f'could not reserve persisting L2 (cudaDeviceSetLimit returned {rc})')
 """
 
 
 def test_persisting_l2_lines_are_reset_between_timed_calls(gpu_judge, make_workspace):
-    # The candidate reserves persisting L2 in every call and checks it is gone at the next: the judge resets it
-    # before each timed call, so the reservation (and any access-policy window) cannot carry over the flush.
+    # The candidate reserves persisting L2 in every call (and fails if it cannot) and checks that it is gone at the
+    # next timed one: the judge resets it before each (calls 8 on are warm-up and timed: 5 trials, extra shape and
+    # scaled inputs come first, and they flush nothing).
     ws = make_workspace("affine_relu_cuda", {"model_new.py": [
         ("import cuda_extension\n", "import cuda_extension\n" + PERSIST),
         ("        return cuda_extension", "        self.calls = getattr(self, 'calls', 0) + 1\n"
-         "        if 8 < self.calls < 20 and persisting_limit() != 0:  # calls 7-21 are timed, each after a flush\n"
+         "        if self.calls >= 8 and persisting_limit() != 0:\n"
          "            raise RuntimeError('persisting L2 survived from the previous call')\n"
-         "        _cudart.cudaDeviceSetLimit(6, ctypes.c_size_t(4 << 20))\n"
+         "        reserve_persisting_l2()\n"
          "        return cuda_extension")]})
     verdict = gpu_judge.evaluate(AFFINE, ws)
     assert verdict.correct, verdict.error
@@ -196,3 +310,16 @@ def test_a_scripted_agent_episode_writes_a_real_cuda_kernel(gpu_judge, tmp_path)
     assert summary["stop"] == "finish" and summary["final_verdict"]["reward"] >= 2, summary
     exported = gpu_judge.evaluate(AFFINE, Path(summary["best_single_file"]))
     assert exported.correct and exported.reward >= 1, exported.error
+
+
+def test_host_memory_of_a_gpu_candidate_is_bounded(cache_dir, tmp_path):
+    from cuda_agent.judge import Judge
+
+    judge = Judge("cuda", fast_config(cache_dir, memory_limit_gb=4))
+    hog = tmp_path / "hog.py"
+    hog.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self, scale, shift):\n"
+                   "        super().__init__()\n        self.hog = torch.ones(8 << 30, dtype=torch.uint8)\n\n"
+                   "    def forward(self, x):\n        return x * 1\n")
+    verdict = judge.evaluate(AFFINE, hog)
+    assert "cgroup" in verdict.sandbox, verdict.sandbox
+    assert verdict.reward == -1 and "killed by the memory limit" in verdict.error, verdict.error

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent.judge import Judge
-from cuda_agent.task import TaskError
+from cuda_agent.task import TaskError, load_task
 
 AFFINE = TASKS / "affine_relu.py"
 KERNEL = "kernels/affine_relu.cpp"
@@ -31,24 +31,82 @@ def test_correct_faster_workspace_earns_reward_2_or_more(cpu_judge):
     assert len(verdict.seeds) == 5
 
 
-def test_speed_of_light_bound_is_reported_and_beating_it_is_flagged(cache_dir):
-    honest = Judge("cpu", fast_config(cache_dir, device_peaks=(1e15, 1e18))).evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
-    assert honest.correct and 0 < honest.timing["speed_of_light_us"] < honest.times_us["candidate"]
+def test_speed_of_light_bounds_are_reported_and_an_impossible_time_fails(cache_dir):
+    fast_device = {"bytes": 1e15, "fp32": 1e18}
+    honest = Judge("cpu", fast_config(cache_dir, device_peaks=fast_device)).evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    bound = honest.timing["speed_of_light_us"]
+    assert honest.correct and 0 < bound["outputs"] < bound["full"] < honest.times_us["candidate"], bound
     assert not any("speed of light" in w for w in honest.warnings)
-    assert honest.timing["work"] == {"flops": 0, "bytes": 2 * 4 * (1 << 21)}  # elementwise: no matmul FLOPs
-    # With a made-up 1 GB/s device, 16 MB of inputs and outputs take 16 ms: any real time "beats" it.
-    slow = Judge("cpu", fast_config(cache_dir, device_peaks=(1e9, 1e12))).evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
-    assert any("faster than the speed of light" in w for w in slow.warnings), slow.warnings
+    work = honest.timing["work"]
+    assert work["flops"] == {} and work["bytes_in"] == work["bytes_out"] == 4 * (1 << 21)  # elementwise: no FLOPs
+    # A made-up 1 GB/s device: writing 8 MB of outputs takes 8 ms there, so the real ~1 ms is impossible.
+    slow = {"bytes": 1e9, "fp32": 1e12}
+    verdict = Judge("cpu", fast_config(cache_dir, device_peaks=slow)).evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    assert verdict.reward == -1 and "faster than the speed of light" in verdict.error, verdict.error
+    lenient = Judge("cpu", fast_config(cache_dir, device_peaks=slow, speed_of_light_fails=False)).evaluate(
+        AFFINE, CANDIDATES / "affine_relu_ok")
+    assert lenient.correct and any("speed of light" in w for w in lenient.warnings), lenient.warnings
 
 
-def test_baselines_are_cached_and_unchanged_files_are_not_recompiled(cpu_judge):
-    first = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
-    second = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
-    assert second.timing["baseline_cached"] is True
+def test_beating_the_permitted_precisions_peak_in_lower_precision_fails(cache_dir, tmp_path):
+    # fp32 FLOPs at a made-up 1 kFLOP/s: any real time beats the bound. With fp32 accuracy that is an algebraic
+    # shortcut (a warning); with bf16-like error it is a precision downgrade (a failure).
+    def linear_gelu(name: str, cast: str):
+        path = tmp_path / f"{name}.py"
+        path.write_text("import torch\nimport torch.nn.functional as F\n\n\nclass ModelNew(torch.nn.Module):\n"
+                        "    def __init__(self, features):\n        super().__init__()\n"
+                        "        self.linear = torch.nn.Linear(features, features)\n\n"
+                        f"    def forward(self, x):\n        return F.gelu(self.linear(x{cast}))\n")
+        return path
+
+    judge = Judge("cpu", fast_config(cache_dir, policy="kernelbench", device_peaks={"bytes": 1e18, "fp32": 1e3}))
+    task = TASKS / "linear_gelu.py"
+    fp32 = judge.evaluate(task, linear_gelu("fp32", ""))
+    assert fp32.correct and fp32.timing["speed_of_light_us"]["flops"] > fp32.times_us["candidate"], fp32.error
+    assert any("algebraic shortcut" in w for w in fp32.warnings), fp32.warnings
+    bf16 = judge.evaluate(task, linear_gelu("bf16", ".bfloat16().float()"))
+    assert bf16.reward == -1 and bf16.error.startswith("precision:") and "lower precision" in bf16.error, bf16.error
+
+
+def test_baselines_are_cached_and_unchanged_files_are_not_recompiled(cache_dir):
+    trusting = Judge("cpu", fast_config(cache_dir, baseline_tolerance=100.0))  # any eager check agrees
+    first = trusting.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    second = trusting.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    assert second.timing["baselines"]["source"] == "cache"
     assert second.times_us["eager"] == first.times_us["eager"]
     assert second.times_us["compile"] == first.times_us["compile"]
     assert all(step["cached"] for step in second.build["steps"] if step["source"] != "<link>")
     assert first.seeds != second.seeds  # fresh inputs every evaluation
+    assert len(second.timing["baselines"]["eager_checks_us"][0]) == 2  # eager timed just before and after
+
+
+def test_a_baseline_cached_in_a_noisy_moment_is_timed_again(cache_dir, cpu_judge):
+    # The issue's case: eager cached at 20x its real time would make any correct kernel look 20x faster.
+    judge = Judge("cpu", fast_config(cache_dir))
+    honest = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    key = judge._baseline_key(load_task(AFFINE), honest)
+    cached = judge.store.get("baselines", key)
+    slow = {k: v * 20 if k.endswith("_us") else v for k, v in cached["eager"].items()}
+    judge.store.put("baselines", key, {**cached, "eager": slow})
+    verdict = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    record = verdict.timing["baselines"]
+    assert record["source"] == "measured now" and "in the baseline timing" in record["remeasured_because"], record
+    assert verdict.times_us["eager"] < slow["median_us"] / 4, verdict.times_us
+    assert judge.store.get("baselines", key)["eager"]["median_us"] < slow["median_us"] / 4  # the cache is mended
+
+
+def test_a_timing_too_noisy_to_trust_earns_no_speed_reward(cache_dir, tmp_path):
+    # Every other call sleeps 20 ms: the median cannot be trusted, so the verdict claims no speedup.
+    jittery = tmp_path / "jittery.py"
+    jittery.write_text("import time\nimport torch\n\n\nclass ModelNew(torch.nn.Module):\n"
+                       "    def __init__(self, scale, shift):\n        super().__init__()\n        self.n = 0\n"
+                       "        self.scale, self.shift = scale, shift\n\n    def forward(self, x):\n"
+                       "        self.n += 1\n        if self.n %% 2:\n            time.sleep(0.02)\n"
+                       "        return torch.relu(x * self.scale + self.shift) * 0.5\n" % ())
+    verdict = Judge("cpu", fast_config(cache_dir, policy="kernelbench")).evaluate(AFFINE, jittery)
+    assert verdict.correct and verdict.timing["status"] == "too_noisy", verdict.timing.get("baselines")
+    assert verdict.reward == 1 and any("too noisy" in w for w in verdict.warnings), verdict.warnings
+    assert verdict.timing["baselines"]["attempts"] == 2
 
 
 def test_wrong_result_gets_minus_one(cpu_judge, make_workspace):
@@ -107,7 +165,7 @@ def test_lower_precision_is_flagged_and_fails_in_strict_mode(cache_dir, cpu_judg
     assert strict.reward == -1 and strict.error.startswith("precision:"), strict.error
 
 
-def test_outputs_cached_across_calls_are_caught_by_the_recheck_after_timing(cpu_judge, make_workspace):
+def test_outputs_cached_across_calls_are_caught_on_the_checked_timed_calls(cpu_judge, make_workspace):
     # Keyed on the input object (kept alive, so no key is ever reused): every verification input set misses and
     # computes, the timing loop hits; fresh values written into the timed buffers expose the stale output.
     ws = make_workspace(edits={"model_new.py": [
@@ -118,7 +176,7 @@ def test_outputs_cached_across_calls_are_caught_by_the_recheck_after_timing(cpu_
          "        return self.cache[key][1]"),
         ("        self.shift = shift\n", "        self.shift = shift\n        self.cache = {}\n")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)
-    assert verdict.reward == -1 and "re-check after timing" in verdict.error, verdict.error
+    assert verdict.reward == -1 and "timed call" in verdict.error and "fresh values" in verdict.error, verdict.error
 
 
 def test_hard_coded_sizes_fail_the_extra_shape_check(cache_dir, cpu_judge, make_workspace):
@@ -278,3 +336,138 @@ def test_uninitialised_outputs_do_not_find_the_reference_leftovers(cpu_judge, tm
     lazy = python_candidate(tmp_path, "scale, shift", "pass", "torch.empty_like(x)")
     verdict = cpu_judge.evaluate(AFFINE, lazy)
     assert verdict.reward == -1 and verdict.error.startswith("incorrect"), verdict.error
+
+
+ATEN_DIRECT = r"""#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+#include "../binding_registry.h"
+
+// ATen's CPU kernels declared by hand, in a namespace the preprocessor assembles: no `at::cpu` in the text,
+// no dispatcher at run time.
+#define JOIN(a, b) a##b
+#define NS JOIN(c, pu)
+namespace at { namespace NS {
+at::Tensor mul(const at::Tensor& self, const at::Tensor& other);
+at::Tensor add(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha);
+at::Tensor clamp_min(const at::Tensor& self, const c10::Scalar& min);
+} }
+namespace kernels = at::NS;
+
+static torch::Tensor affine_relu_forward(torch::Tensor x, double scale, double shift, int config) {
+    auto s = torch::empty({}, x.options());
+    s.fill_(scale * 0.5);
+    auto b = torch::empty({}, x.options());
+    b.fill_(shift * 0.5);
+    return kernels::clamp_min(kernels::add(kernels::mul(x, s), b, 1), 0);
+}
+
+static void register_affine_relu(pybind11::module& m) {
+    m.def("affine_relu_forward", &affine_relu_forward, py::arg("x"), py::arg("scale"), py::arg("shift"),
+          py::arg("config") = 0);
+}
+
+REGISTER_BINDING(affine_relu, register_affine_relu);
+"""
+
+
+def test_aten_kernels_called_past_the_dispatcher_are_caught_by_the_linker(cpu_judge, make_workspace):
+    ws = make_workspace()
+    (ws / BINDING).write_text(ATEN_DIRECT)
+    (ws / KERNEL).write_text('extern "C" void unused_kernel() {}\n')
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and verdict.compiled, verdict.error
+    assert any("at::cpu::mul" in v and "without the dispatcher" in v for v in verdict.policy_violations), \
+        verdict.policy_violations
+    # Neither the source scan nor the op audit sees it: under rules that allow torch ops it runs and is correct.
+    assert not [v for v in verdict.policy_violations if not v.startswith("native code:")]
+    lenient = Judge("cpu", fast_config(cpu_judge.cache_dir, policy="kernelbench")).evaluate(AFFINE, ws)
+    assert lenient.correct, lenient.error
+
+
+def test_torch_functions_looked_up_through_ctypes_are_caught(cpu_judge, tmp_path):
+    # sgemm_ and ATen's kernels are exported by libtorch_cpu: a Python candidate can look them up by name.
+    probe = tmp_path / "ctypes_lookup.py"
+    probe.write_text("import ctypes\nimport os\nimport torch\n\nlib = ctypes.CDLL(os.path.join(os.path.dirname("
+                     "torch.__file__), 'lib', 'libtorch_cpu.so'))\nsgemm = lib.sgemm_\n\n\n"
+                     "class ModelNew(torch.nn.Module):\n    def __init__(self, scale, shift):\n"
+                     "        super().__init__()\n\n    def forward(self, x):\n        return x.new_zeros(x.shape)\n")
+    verdict = cpu_judge.evaluate(AFFINE, probe)
+    assert verdict.reward == -1 and "ctypes lookup: 'sgemm_'" in verdict.error, verdict.error
+
+
+def test_a_process_started_in_forward_fails_at_once(cpu_judge, tmp_path):
+    # The child does the work while the parent waits: it would escape the op audit, and a stuck child held the
+    # judge until its timeout.
+    forker = python_candidate(tmp_path, "scale, shift", "import os; self.fork = os.fork",
+                              "(self.fork() or x.new_zeros(x.shape))")
+    verdict = cpu_judge.evaluate(AFFINE, forker)
+    assert verdict.reward == -1 and "SIGSYS" in verdict.error and "start a process" in verdict.error, verdict.error
+    assert verdict.seconds < 60
+
+
+def test_a_process_left_running_from_init_fails(cpu_judge, tmp_path):
+    helper = python_candidate(tmp_path, "scale, shift", "import subprocess; self.p = subprocess.Popen(['sleep', '30'])",
+                              "x.new_zeros(x.shape)")
+    verdict = cpu_judge.evaluate(AFFINE, helper)
+    assert verdict.reward == -1 and "left processes running" in verdict.error and "sleep" in verdict.error, \
+        verdict.error
+
+
+LATE_THREAD = """#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+#include <thread>
+#include "../binding_registry.h"
+
+extern "C" void affine_relu_launcher(float* out, const float* x, float scale, float shift, int64_t n, int config);
+
+// Returns at once; a thread of its own fills the output afterwards (the timer stops when forward returns).
+static torch::Tensor affine_relu_forward(torch::Tensor x, double scale, double shift, int config) {
+    auto out = torch::empty_like(x);
+    float* o = out.data_ptr<float>();
+    const float* in = x.data_ptr<float>();
+    const int64_t n = x.numel();
+    std::thread([=] { affine_relu_launcher(o, in, (float)scale, (float)shift, n, config); }).detach();
+    return out;
+}
+
+static void register_affine_relu(pybind11::module& m) {
+    m.def("affine_relu_forward", &affine_relu_forward, py::arg("x"), py::arg("scale"), py::arg("shift"),
+          py::arg("config") = 0);
+}
+
+REGISTER_BINDING(affine_relu, register_affine_relu);
+"""
+
+
+def test_work_left_to_a_thread_after_forward_returns_fails(cpu_judge, make_workspace):
+    ws = make_workspace()
+    (ws / BINDING).write_text(LATE_THREAD)
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and "after forward returned" in verdict.error, verdict.error
+
+
+def test_every_call_is_audited_so_none_can_compute_differently(cpu_judge, make_workspace):
+    # A candidate could compute with torch whenever no op audit is watching (it can see the audit). On the cpu
+    # backend, whose clock cannot tell whose code ran, no call of forward, timed ones included, goes unaudited.
+    ws = make_workspace(edits={"model_new.py": [
+        ("        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)",
+         "        from torch.utils._python_dispatch import _get_current_dispatch_mode\n"
+         "        if _get_current_dispatch_mode() is None:\n"
+         "            raise RuntimeError('an unaudited call: torch compute would go unseen here')\n"
+         "        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.correct and verdict.reward >= 1, verdict.error
+
+
+def test_a_library_the_candidate_builds_and_loads_itself_is_checked(cpu_judge, tmp_path):
+    # Compiled at import into the candidate's private /tmp and loaded with ctypes: never seen by the judge's builder.
+    probe = tmp_path / "own_library.py"
+    probe.write_text("import ctypes\nimport subprocess\nimport tempfile\nimport torch\n\n"
+                     "src = tempfile.mktemp(suffix='.c')\nopen(src, 'w').write('#include <dlfcn.h>\\n"
+                     "void* find(void* h, const char* s) { return dlsym(h, s); }\\n')\n"
+                     "lib = src[:-2] + '.so'\nsubprocess.run(['gcc', '-shared', '-fPIC', src, '-o', lib, '-ldl'], check=True)\n"
+                     "ctypes.CDLL(lib)\n\n\nclass ModelNew(torch.nn.Module):\n"
+                     "    def __init__(self, scale, shift):\n        super().__init__()\n\n"
+                     "    def forward(self, x):\n        return x.new_zeros(x.shape)\n")
+    verdict = cpu_judge.evaluate(AFFINE, probe)
+    assert verdict.reward == -1 and "links 'dlsym'" in verdict.error, verdict.error

@@ -170,3 +170,53 @@ def test_home_directories_and_password_hashes_are_hidden_but_python_works(tmp_pa
     outside = len([p for p in secret_dir.iterdir()])
     assert int(visible) < outside or outside == 0  # only what Python needs is bound back
     assert shadow == "0" and py == "py-ok"
+
+
+def test_a_candidate_cannot_write_into_the_published_extensions(cache_dir, tmp_path):
+    """Libraries built for `load_inline` are published read-only: a candidate cannot plant files in another's. (The
+    session's cache, where the test candidate's library is built once; EROFS, not ENOENT, shows the bound-back view.)"""
+    from conftest import CANDIDATES
+
+    judges = {mode: Judge("cpu", fast_config(cache_dir, sandbox=mode)) for mode in ("required", "none")}
+    honest = judges["required"].evaluate(AFFINE, CANDIDATES / "affine_relu_single.py")  # publishes one library
+    assert honest.correct and honest.build["inline"], honest.error
+    root = judges["required"].inline.root
+    published = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    assert published
+    body = ("r = {}\n        for d in ['.'] + [d for d in os.listdir(%r) if os.path.isdir(os.path.join(%r, d))]:\n"
+            "            try:\n"
+            "                open(os.path.join(%r, d, 'pwned'), 'w').write('x'); r[d] = 'written'\n"
+            "            except OSError as exc:\n                r[d] = errno.errorcode[exc.errno]\n"
+            "        raise RuntimeError('W=' + json.dumps(sorted(set(r.values()))))") % ((str(root),) * 3)
+    verdict = judges["required"].evaluate(AFFINE, candidate(tmp_path, "pass", body))
+    assert "W=" in verdict.error and json.loads(verdict.error.split("W=", 1)[1])[0] == "EROFS", verdict.error
+    assert not list(root.glob("*/pwned")) and not (root / "pwned").exists(), "a candidate wrote into the extensions"
+    plain = judges["none"].evaluate(AFFINE, candidate(tmp_path, "pass", body))  # the barrier is the sandbox's
+    assert "written" in plain.error, plain.error
+    for planted in [*root.glob("*/pwned"), *root.glob("pwned")]:
+        planted.unlink()
+
+
+@pytest.mark.skipif(Cgroup.layout() is None, reason="no writable cgroup here: host memory is bounded by rlimits only")
+def test_host_memory_is_bounded_by_the_cgroup_alone(visible_dir, tmp_path):
+    """On the GPU backend the cgroup is the only bound on host memory (an address-space limit breaks CUDA)."""
+    judge = Judge("cpu", fast_config(visible_dir / "judge-cache", sandbox="required", memory_limit_gb=2))
+    judge.limits.address_space = False  # as on the GPU backend
+    hog = candidate(tmp_path, "self.hog = torch.ones(4 << 30, dtype=torch.uint8)", "return x * 1")  # touched
+    verdict = judge.evaluate(AFFINE, hog)
+    assert "cgroup" in verdict.sandbox and "address space" not in verdict.sandbox, verdict.sandbox
+    assert verdict.reward == -1 and "killed by the memory limit" in verdict.error, verdict.error
+
+
+def test_the_compiler_cannot_read_the_judges_files_into_its_errors(judges, make_workspace):
+    """An `#include` of a file the candidate may not read would print it in the build log the agent sees."""
+    secrets_file = judges["required"].cache_dir / "secret.txt"
+    secrets_file.write_text("SECRET_TOKEN_4242 = 1;\n")
+    ws = make_workspace()
+    kernel = ws / "kernels" / "affine_relu.cpp"
+    kernel.write_text(f'#include "{secrets_file}"\n' + kernel.read_text())
+    confined = judges["required"].evaluate(AFFINE, ws)
+    assert not confined.compiled and "No such file" in confined.error, confined.error
+    assert "SECRET_TOKEN_4242" not in json.dumps(confined.to_dict())
+    plain = judges["none"].evaluate(AFFINE, ws)  # the same build outside the sandbox leaks it
+    assert "SECRET_TOKEN_4242" in plain.error, plain.error

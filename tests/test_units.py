@@ -118,9 +118,10 @@ def test_spans_from_trace_counts_every_stream_inside_each_iteration():
         {"cat": "kernel", "name": "main", "ts": 110.0, "dur": 10.0, "args": {"stream": 7}},
         {"cat": "kernel", "name": "side", "ts": 115.0, "dur": 20.0, "args": {"stream": 13}},
         {"cat": "gpu_memcpy", "name": "copy", "ts": 205.0, "dur": 3.0},
+        {"cat": "kernel", "name": "late", "ts": 260.0, "dur": 4.0},  # launched after the call returned
     ]
-    spans, kernels = spans_from_trace(events, 2)
-    assert spans == [25.0, 3.0] and kernels == ["main", "side"]
+    spans, kernels, outside = spans_from_trace(events, 2)
+    assert spans == [25.0, 3.0] and kernels == ["main", "side"] and outside == ["fill", "late"]
     with pytest.raises(RuntimeError):
         spans_from_trace(events, 3)
 
@@ -194,3 +195,26 @@ def test_bounded_log_keeps_head_on_disk_and_tail_in_memory(tmp_path):
     assert log.dropped == 3_000_007 - 1000
     assert log.tail(50).endswith("THE END")
     assert (tmp_path / "w.log").stat().st_size < 1000 + 100 + 100
+
+
+def test_load_inline_requests_are_validated(tmp_path):
+    from cuda_agent.workspace.inline import InlineError, load_published, normalise, request_from_call
+
+    ok = normalise(request_from_call({"name": "ext", "cpp_sources": "int f();", "functions": "f",
+                                      "extra_cflags": ["-O3", "-march=native", "-fopenmp", "-DN=4"],
+                                      "extra_cuda_cflags": ["-O3", "--use_fast_math", "-Xcompiler", "-fPIC"],
+                                      "extra_ldflags": ["-lcublas"], "verbose": True}))
+    assert ok["cpp_sources"] == ["int f();"] and ok["functions"] == ["f"] and "verbose" not in ok
+    for bad, why in [({"name": "../x"}, "C identifier"),
+                     ({"extra_cflags": ["-fplugin=/tmp/evil.so"]}, "not allowed"),
+                     ({"extra_cflags": ["-Wl,--wrap=malloc"]}, "not allowed"),
+                     ({"extra_ldflags": ["-L/tmp", "-levil"]}, "torch or CUDA"),
+                     ({"extra_cuda_cflags": ["-Xcompiler", "-fplugin=evil"]}, "not allowed"),
+                     ({"extra_include_paths": ["/home/someone"]}, "torch or CUDA"),
+                     ({"functions": ['f"); system("x']}, "function names")]:
+        with pytest.raises(InlineError, match=why):
+            normalise({"name": "ext", "cpp_sources": "", **bad})
+    library = tmp_path / "lib.so"
+    library.write_bytes(b"not the library the judge built")
+    with pytest.raises(RuntimeError, match="does not match what the judge built"):
+        load_published(library, "lib", "0" * 64)

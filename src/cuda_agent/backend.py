@@ -68,6 +68,8 @@ class Backend:
     device: str = "cpu"
     kernel_suffix: str = ".cpp"
     timing_method: str = ""
+    # Whether timing sees which kernels ran (GPU): then timed calls need no op audit, whose overhead would show.
+    kernel_timeline: bool = False
     cxx: str = field(default_factory=lambda: os.environ.get("CXX", "g++"))
 
     # ---- building (judge process) -------------------------------------------------------------
@@ -118,12 +120,15 @@ class Backend:
     def make_cache_flusher(self) -> Callable[[], None]:
         raise NotImplementedError
 
-    def measure(self, fn: Callable[[], Any], iters: int, flush: Callable[[], None]) -> dict[str, list[float]]:
-        """Time `iters` calls of fn; returns per-iteration `device_us` and `host_us` lists."""
+    def measure(self, fn: Callable[[], Any], iters: int, prepare: Callable[[int], None],
+                after: Callable[[int, float], None]) -> dict[str, Any]:
+        """Time `iters` calls of fn, each after `prepare(i)` and followed by `after(i, host_us)`, both outside the
+        timed region; returns per-iteration `device_us` and `host_us` lists."""
         raise NotImplementedError
 
-    def peak_rates(self, device: str) -> tuple[float, float] | None:
-        """(memory bytes/s, FLOP/s) no implementation can beat on this device, or None when unknown."""
+    def peak_rates(self, device: str) -> dict[str, float] | None:
+        """Rates no implementation can beat on this device: memory bytes/s ("bytes") and FLOP/s per precision
+        ("fp64", "fp32" without tensor cores, "tf32", "bf16", "fp16", "int8"); None when unknown."""
         return None
 
     def precision_flags(self, allow_tf32: bool) -> dict[str, Any]:
@@ -147,7 +152,8 @@ class CpuBackend(Backend):
     name: str = "cpu"
     device: str = "cpu"
     kernel_suffix: str = ".cpp"
-    timing_method: str = "host wall clock per iteration (perf_counter), cache flushed between iterations"
+    timing_method: str = ("host wall clock per iteration (perf_counter), cache flushed between iterations; timed "
+                          "calls under the op audit (strict policy)")
 
     def kernel_command(self, src: str, obj: str) -> list[str]:
         # -march=native is the CPU's "-arch=sm_90": without it gcc leaves even simple loops scalar.
@@ -167,20 +173,22 @@ class CpuBackend(Backend):
         return f"cpu:{_cpu_model()} x{os.cpu_count()}"
 
     def make_cache_flusher(self) -> Callable[[], None]:
-        import torch
+        import ctypes
 
-        buf = torch.empty(64 * 2**20, dtype=torch.uint8)
-        return lambda: buf.fill_(1)
+        size = max(64 * 2**20, 2 * _last_level_cache_bytes())
+        buf = ctypes.create_string_buffer(size)  # memset on this thread: no worker thread wakes up for it
+        return lambda: ctypes.memset(buf, 1, size)
 
-    def measure(self, fn, iters, flush):
+    def measure(self, fn, iters, prepare, after):
         import time
 
         host = []
-        for _ in range(iters):
-            flush()
+        for i in range(iters):
+            prepare(i)
             t0 = time.perf_counter()
             fn()
             host.append((time.perf_counter() - t0) * 1e6)
+            after(i, host[-1])
         return {"device_us": list(host), "host_us": host}
 
 
@@ -193,6 +201,7 @@ class CudaBackend(Backend):
     kernel_suffix: str = ".cu"
     timing_method: str = ("per-iteration span of all GPU activity on every stream (torch profiler / CUPTI), "
                           "L2 flushed between iterations, device-wide sync per iteration")
+    kernel_timeline: bool = True
     nvcc: str = ""
     arch: str = ""
 
@@ -246,9 +255,12 @@ class CudaBackend(Backend):
 
         return torch.cuda.get_device_name()
 
-    def peak_rates(self, device: str) -> tuple[float, float] | None:
-        # Datasheet memory bandwidth and dense bf16 tensor-core rate: generous, so that a bound is a true bound.
-        for name, rates in (("H200", (4.8e12, 989e12)), ("H100", (3.35e12, 989e12)), ("A100", (2.04e12, 312e12))):
+    def peak_rates(self, device: str) -> dict[str, float] | None:
+        # Datasheet peaks (boost clock, dense; fp64 on tensor cores): generous, so that a bound is a true bound.
+        hopper = {"fp64": 67e12, "fp32": 67e12, "tf32": 495e12, "bf16": 989e12, "fp16": 989e12, "int8": 1979e12}
+        for name, rates in (("H200", {"bytes": 4.8e12, **hopper}), ("H100", {"bytes": 3.35e12, **hopper}),
+                            ("A100", {"bytes": 2.04e12, "fp64": 19.5e12, "fp32": 19.5e12, "tf32": 156e12,
+                                      "bf16": 312e12, "fp16": 312e12, "int8": 624e12})):
             if name in device:
                 return rates
         return None
@@ -271,10 +283,10 @@ class CudaBackend(Backend):
 
         return flush
 
-    def measure(self, fn, iters, flush):
+    def measure(self, fn, iters, prepare, after):
         from .judge.gpu_timing import measure_with_profiler
 
-        return measure_with_profiler(fn, iters, flush)
+        return measure_with_profiler(fn, iters, prepare, after)
 
 
 CUDA_LIMIT_PERSISTING_L2_CACHE_SIZE, CUDA_ERROR_UNSUPPORTED_LIMIT = 0x06, 7
@@ -299,6 +311,18 @@ def _persisting_l2_reset() -> Callable[[], None]:
                 raise RuntimeError(f"{what} failed with CUDA error {rc}")
 
     return reset
+
+
+def _last_level_cache_bytes() -> int:
+    """Size of the largest CPU cache (sysfs), 0 when unknown."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
 
 
 def _cpu_model() -> str:

@@ -133,7 +133,7 @@ def eval_cmd(
 def eval_suite_cmd(
     suite_dir: Path = typer.Argument(..., help="suite in KernelBench layout (level1/19_ReLU.py ...)"),
     solutions: Path = typer.Option(..., "--solutions", help="solutions with the same relative paths or stems"),
-    levels: str = typer.Option("1,2,3", help="comma-separated levels"),
+    levels: Optional[str] = typer.Option(None, help="comma-separated levels (default: every levelN folder there)"),
     backend: str = typer.Option("cuda", help=BACKEND_HELP),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
     atol: float = typer.Option(1e-2, help="absolute tolerance"),
@@ -155,7 +155,7 @@ def eval_suite_cmd(
     if not solutions.is_dir():
         _fail(f"solutions {solutions}: no such folder")
     try:
-        level_list = [int(x) for x in levels.split(",") if x.strip()]
+        level_list = None if levels is None else [int(x) for x in levels.split(",") if x.strip()]
     except ValueError:
         _fail(f"--levels must be comma-separated integers, got '{levels}'")
     try:

@@ -2,8 +2,8 @@
 
 Layout: SUITE/level1/19_ReLU.py ... ; a solution is SOLUTIONS/level1/19_ReLU.py (single file) or
 SOLUTIONS/level1/19_ReLU/ (workspace). Each verdict is stored in SQLite under a key made of the task's and the
-solution's content hashes and the judge settings, so an interrupted run resumes where it stopped and a changed
-solution is judged again.
+solution's content hashes and every judge setting that can change a verdict, so an interrupted run resumes where it
+stopped and a changed solution or setting is judged again.
 """
 
 from __future__ import annotations
@@ -32,9 +32,20 @@ class SuiteTask:
         return f"{self.level}/{self.path.name}"
 
 
-def discover(suite_dir: Path, levels: Iterable[int]) -> list[SuiteTask]:
+def levels_present(suite_dir: Path) -> list[int]:
+    found = [int(m.group(1)) for p in Path(suite_dir).iterdir() if p.is_dir() and (m := re.fullmatch(r"level(\d+)",
+                                                                                                      p.name))]
+    if not found:
+        raise FileNotFoundError(f"suite {suite_dir}: no levelN folders")
+    return sorted(found)
+
+
+def discover(suite_dir: Path, levels: Iterable[int] | None = None) -> list[SuiteTask]:
+    """The suite's tasks, level by level (all `levelN` folders present when `levels` is None)."""
+    if not Path(suite_dir).is_dir():
+        raise FileNotFoundError(f"suite {suite_dir}: no such folder")
     tasks = []
-    for level in levels:
+    for level in levels_present(suite_dir) if levels is None else levels:
         folder = Path(suite_dir) / f"level{level}"
         if not folder.is_dir():
             raise FileNotFoundError(f"suite {suite_dir}: no folder level{level}")
@@ -62,7 +73,7 @@ def evaluate_suite(judge: Judge, tasks: list[SuiteTask], solutions_dir: Path, st
                    on_result: Callable[[SuiteTask, Verdict, bool], None] | None = None) -> list[dict]:
     """Judge every task (reusing stored verdicts); returns one record per task."""
     records = []
-    settings = f"{judge.backend.name}|{judge.config.timing_key()}|atol={judge.config.atol}|rtol={judge.config.rtol}"
+    settings = f"{judge.backend.name}|{judge.config.verdict_key()}"
     for task in tasks:
         solution = find_solution(solutions_dir, task)
         try:

@@ -40,10 +40,11 @@ class ThreadAudit:
 
     MARKER = "cuda_agent_harness_thread"
 
-    def __init__(self, allowed: tuple[str, ...]):
+    def __init__(self, allowed: tuple[str, ...], enabled: bool = True):
         self.allowed = frozenset(allowed)
         self.violations: dict[str, int] = {}
         self.available = True
+        self.enabled = enabled
         self._prof = None
         self._marker = None
 
@@ -51,6 +52,8 @@ class ThreadAudit:
         from torch._C._profiler import _ExperimentalConfig
         from torch.profiler import ProfilerActivity, profile, record_function
 
+        if not self.enabled:  # a policy that allows torch ops (kernelbench)
+            return self
         try:
             config = _ExperimentalConfig(profile_all_threads=True)
         except TypeError:  # torch too old to profile other threads

@@ -1,63 +1,70 @@
 """Candidate worker: loads the candidate, runs it on the judge's inputs under the op audit, then times it.
 
-It never sees reference outputs. The judge sends one seed per trial (so no later input set is known in
-advance); the worker draws that input set with the task's `get_inputs` (at other sizes for the extra-shape
-trial), runs `ModelNew` under the op audit while the profiler watches every other thread, exports the outputs
-(CUDA IPC handles or raw bytes) for the reference worker to compare, and reports fingerprints of the inputs as
-the candidate left them. Timing waits for the judge's word; after it, a re-check writes fresh values into the
-timed input buffers and runs one more trial on them.
+It never sees reference outputs. The judge sends one seed per trial (so no later input set is known in advance);
+the worker draws that input set with the task's `get_inputs` (at other sizes for the extra-shape trial), runs
+`ModelNew` under the op audit while the profiler watches every other thread, exports the outputs (CUDA IPC
+handles or raw bytes) for the reference worker to compare, and reports fingerprints of the inputs as the candidate
+left them. Timing asks the judge for a fresh seed before every call and writes that input set into the timed
+buffers; after a call the judge may ask for its outputs, which it then checks.
+
+Around the calls (`Guard`): once `ModelNew` is built no process may be started (a seccomp filter kills the worker),
+and no thread of the candidate may still be computing after `forward` returns or while the judge prepares a call.
 
 Usage (by the judge): python -m cuda_agent.judge.candidate_worker REQUEST.json
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
 import json
+import os
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..backend import get_backend
+from ..sandbox.seccomp import SeccompError, forbid_new_processes
 from ..task import import_file
+from ..workspace.inline import load_published, request_from_call
 from .audit import OpAudit, ThreadAudit
 from .integrity import Integrity
 from .process import Channel, Handler, WorkerFailure, one_line, run_worker
-from .tensors import checksum, leaves, make_inputs
+from .symbols import NativeAudit
+from .tensors import checksum, leaves, make_inputs, refill
+from .timing import Hooks, time_callable
 from .transfer import export_outputs
-from .timing import time_callable
+
+SETTLE_S = 0.002  # how long the worker watches the other threads after each call
+IDLE_US = 100.0  # CPU time other threads may take in that window (waking pools going back to sleep) ...
+IDLE_FRACTION = 0.25  # ... plus this share of the call's own duration
 
 
-def route_load_inline(cache_dir: Path) -> None:
-    """Make `load_inline` build each distinct source once, in the judge's cache (keyed by content)."""
+def route_load_inline(chan: Channel, phase: list[str]) -> None:
+    """`load_inline` asks the judge to build (workspace/inline.py) and loads the library it published; this process
+    never builds into a shared folder. Only while the module loads or ModelNew is built (`phase`)."""
     from torch.utils import cpp_extension
 
-    original = cpp_extension.load_inline
-    signature = inspect.signature(original)
+    signature = inspect.signature(cpp_extension.load_inline)
 
     def load_inline(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        params = {k: v for k, v in bound.arguments.items() if k not in ("name", "verbose", "build_directory")}
-        key = hashlib.sha256(repr(sorted((k, repr(v)) for k, v in params.items())).encode()).hexdigest()[:16]
-        bound.arguments["name"] = unique = f"{bound.arguments['name']}_{key}"
-        build_dir = cache_dir / unique
-        build_dir.mkdir(parents=True, exist_ok=True)
-        bound.arguments["build_directory"] = str(build_dir)
-        return original(*bound.args, **bound.kwargs)
+        if phase[0] not in ("load", "init"):
+            raise RuntimeError("load_inline: build extensions when the module loads or in ModelNew.__init__, "
+                               "not in forward")
+        chan.send("build", request=request_from_call(dict(bound.arguments)))
+        reply = chan.receive()
+        if "error" in reply:
+            raise RuntimeError(f"load_inline could not build {bound.arguments.get('name')!r}:\n{reply['error']}")
+        return load_published(Path(reply["path"]), reply["module"], reply["sha256"],
+                              bound.arguments.get("is_python_module", True))
 
     cpp_extension.load_inline = load_inline
-
-
-def refill(buffers: list, fresh: list) -> list:
-    """Write a fresh input set's values into existing input tensors (same addresses, new contents)."""
-    for (_, old), (_, new) in zip(leaves(buffers, "input"), leaves(fresh, "input")):
-        if isinstance(old, torch.Tensor):
-            old.copy_(new)
-    return buffers
 
 
 def output_problems(out: Any, inputs: Any) -> list[str]:
@@ -75,33 +82,135 @@ def output_problems(out: Any, inputs: Any) -> list[str]:
     return problems
 
 
+def stray_processes(sandboxed: bool) -> list[str]:
+    """Processes besides this worker: in the sandbox's PID namespace all but its init (PID 1); else our children."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in (1, me):
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        if sandboxed or ppid == me:
+            found.append(f"{entry} ({stat[stat.index('(') + 1:stat.rindex(')')]})")
+    return found
+
+
+def thread_cpu_us(tids: set[str] | None = None) -> dict[str, float]:
+    """On-CPU time of this process's live threads (all, or those in `tids`), in microseconds."""
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        if tids is not None and tid not in tids:
+            continue
+        try:
+            found[tid] = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e3
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+class Guard:
+    """Work must happen inside the calls. The harness's threads are those that exist before any candidate code runs
+    (the worker starts torch's thread pool, the CUDA context and the profiler first); every thread started later is
+    the candidate's, directly or through a pool it started. Their CPU time (ended threads included: the process's
+    clock minus the harness threads') must stay near zero after a call returns and while a call is prepared."""
+
+    def __init__(self) -> None:
+        self.me = str(threading.get_native_id())
+        # tid -> CPU time when last seen (kept for threads that have ended), this thread aside: /proc lags for a
+        # running thread by up to a scheduler tick, so its own time comes from its precise clock.
+        self.harness = {t: us for t, us in thread_cpu_us().items() if t != self.me}
+
+    def candidate_us(self) -> float:
+        self.harness.update(thread_cpu_us(set(self.harness)))
+        return (time.process_time_ns() - time.thread_time_ns()) / 1e3 - sum(self.harness.values())
+
+    def limit_us(self, call_us: float) -> float:
+        return IDLE_US + IDLE_FRACTION * call_us
+
+    def _fail(self, label: str, busy: float, when: str, before: dict[str, float]) -> WorkerFailure:
+        now = thread_cpu_us()
+        busiest = sorted(((now[t] - before.get(t, 0.0), t) for t in now if t not in self.harness and t != self.me),
+                         reverse=True)
+        named = ", ".join(f"thread {t} {us:.0f} us" for us, t in busiest[:3]) or "threads that have ended"
+        return WorkerFailure("verify_error", f"{label}: threads of the candidate computed for {busy:.0f} us {when} "
+                                             f"({named}): all work must happen inside the call")
+
+    def settle(self, label: str, call_us: float) -> None:
+        """After a call returned: its threads must be done (fails the candidate at once if they are not)."""
+        before, start = thread_cpu_us(), self.candidate_us()
+        time.sleep(SETTLE_S)
+        busy = self.candidate_us() - start
+        if busy > self.limit_us(call_us):
+            raise self._fail(label, busy, f"after forward returned ({call_us:.0f} us)", before)
+
+    def check_quiet(self, since_us: float, label: str, call_us: float) -> None:
+        """Nothing of the candidate's ran while the judge prepared a call (since `since_us`)."""
+        busy = self.candidate_us() - since_us
+        if busy > self.limit_us(call_us):
+            raise self._fail(label, busy, "while the judge prepared the call", {})
+
+
+def installed_folders() -> list[str]:
+    """Where the interpreter, its packages and the system's libraries live (read-only to the candidate)."""
+    import site
+    import sysconfig
+
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(), sysconfig.get_paths()["purelib"],
+             sysconfig.get_paths()["platlib"], "/usr", "/lib", "/lib64", "/opt", "/etc"}
+    return sorted({os.path.realpath(r) for r in roots if r and os.path.isdir(r)})
+
+
+def start_harness_threads(backend) -> None:
+    """Whatever threads torch's pool, the CUDA context and the profilers start, they start now (the Guard)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.ones(1 << 22).mul_(2)  # enough chunks for torch's whole CPU thread pool
+    x = torch.ones(1 << 16, device=backend.device)
+    with ThreadAudit(()):
+        x.mul_(2)
+    if backend.device == "cuda":
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            x.mul_(2)
+            backend.synchronize()
+    x.sum().item()
+
+
 class Candidate:
-    def __init__(self, req: dict):
-        self.req = req
+    def __init__(self, req: dict, chan: Channel):
+        self.req, self.chan = req, chan
         self.backend = get_backend(req["backend"])
         self.device = self.backend.device
         self.backend.precision_flags(req["allow_tf32"])
-        build_dir = Path(req["build_dir"])
-        if req["kind"] == "single_file":
-            route_load_inline(Path(req["extension_cache"]))
+        self.phase = ["load"]
+        route_load_inline(chan, self.phase)
         # The op audit's first dispatch from C++ imports torch._dynamo (1-3 s): import it now, while the reference
         # worker is still starting, instead of inside the first verified forward.
         importlib.import_module("torch._dynamo")
+        start_harness_threads(self.backend)
+        self.guard = Guard()  # every thread that exists now is the harness's
         self.integrity = Integrity((sys.modules[__name__],))  # before any candidate code runs
+        writable = [os.getcwd(), req["out_dir"], req["build_dir"], tempfile.gettempdir(), "/tmp", "/dev/shm"]
+        self.native = NativeAudit(str(Path(torch.__file__).parent / "lib"), installed_folders(),
+                                  [os.path.realpath(w) for w in writable]) if req["audit_ops"] else None
         try:
-            model_cls = getattr(import_file(build_dir / "model_new.py", "model_new"), "ModelNew")
+            model_cls = getattr(import_file(Path(req["build_dir"]) / "model_new.py", "model_new"), "ModelNew")
         except Exception as exc:
             raise WorkerFailure("load_error", f"loading the candidate failed: {one_line(exc)}") from exc
         self.model_cls = model_cls
         self.allowed_ops = tuple(req["allowed_ops"])
-        self.audit = OpAudit(self.allowed_ops)
+        self.audit = OpAudit(self.allowed_ops) if req["audit_ops"] else None
         # The task module only supplies get_inputs(): Model itself is never built in this process.
         self.task = import_file(req["task_path"], "task_inputs")
 
-    def initialise(self, public: Path) -> None:
-        """Build ModelNew with the reference's constructor arguments and weights (strict)."""
+    def initialise(self, public: Path) -> list[str]:
+        """Build ModelNew with the reference's constructor arguments and weights (strict); then no more processes.
+        Returns warnings."""
         init_inputs = torch.load(public / "init_inputs.pt", weights_only=True)
         state = torch.load(public / "state_dict.pt", weights_only=True)
+        self.phase[0] = "init"
         try:
             with torch.device(self.device):
                 self.model = self.model_cls(*init_inputs).to(self.device).eval()
@@ -112,65 +221,152 @@ class Candidate:
         except Exception as exc:
             raise WorkerFailure("verify_error", f"ModelNew does not take Model's state dict (strict): {one_line(exc)}") \
                 from exc
+        self.phase[0] = "run"
+        try:
+            forbid_new_processes()
+        except SeccompError as exc:
+            return [f"processes started during forward cannot be forbidden here ({exc}); they are only looked for"]
+        finally:
+            strays = stray_processes(self.req["sandboxed"])
+            if strays:
+                raise WorkerFailure("verify_error", "the candidate left processes running after ModelNew was built "
+                                                    f"({', '.join(strays[:4])}): all work must happen in forward")
+        return []
 
-    def run_trial(self, k: int, seed: int, reuse: list | None = None, shapes: dict[str, int] | None = None,
-                  scale: float | None = None) -> dict:
-        """Run ModelNew on the input set of `seed` (at other sizes with `shapes`, scaled by `scale`), drawn fresh
-        or, with `reuse`, written into those buffers."""
-        with ThreadAudit(self.allowed_ops) as threads:  # until the outputs are exported: they must be final
-            inputs = make_inputs(self.task, seed, self.device, shapes, scale)
-            if reuse is not None:
-                inputs = refill(reuse, inputs)
-            try:
-                with torch.no_grad(), self.audit:
+    def forward(self, inputs: list, label: str) -> tuple[Any, float]:
+        """One audited call; returns the outputs and its host time in microseconds."""
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                if self.audit is None:
                     out = self.model(*inputs)
-                self.backend.synchronize()
-            except Exception as exc:
-                raise WorkerFailure("verify_error", f"ModelNew.forward failed on input set {k}: {one_line(exc)}") \
-                    from exc
-            self.last_outputs = out  # shared outputs must stay alive until the reference has compared them
-            manifest = export_outputs(out, Path(self.req["out_dir"]) / f"trial{k}", self.req["cuda_ipc"])
-        manifest_path = Path(self.req["out_dir"]) / f"trial{k}.json"
-        manifest_path.write_text(json.dumps(manifest))
-        return {"checksums_after": checksum(inputs),
-                "problems": output_problems(out, inputs), "violations": self.audit.messages() + threads.messages(),
-                "warnings": [] if threads.available else
-                ["this torch cannot profile other threads: background-thread compute was not audited"]}
+                else:
+                    with self.audit:
+                        out = self.model(*inputs)
+            self.backend.synchronize()
+        except Exception as exc:
+            raise WorkerFailure("verify_error", f"ModelNew.forward failed on {label}: {one_line(exc)}") from exc
+        return out, (time.perf_counter() - t0) * 1e6
 
-    def time(self, seed: int) -> dict:
-        inputs = self.timed_inputs = make_inputs(self.task, seed, self.device)
-        with torch.no_grad():
-            return time_callable(lambda: self.model(*inputs), self.backend, **self.req["timing"])
+    def check_integrity(self) -> None:
+        replaced = self.integrity.changed()
+        if replaced:
+            raise WorkerFailure("verify_error", "candidate code replaced functions the judge relies on: "
+                                                + ", ".join(replaced[:8]))
+
+    def export(self, out: Any, inputs: list, name: str) -> dict:
+        """Outputs to files (or IPC handles) for the reference worker, and what the judge checks about them (the
+        harness is checked first: nothing it reports may come from replaced functions)."""
+        self.check_integrity()
+        self.last_outputs = out  # shared outputs must stay alive until the reference has compared them
+        manifest = export_outputs(out, Path(self.req["out_dir"]) / name, self.req["cuda_ipc"])
+        (Path(self.req["out_dir"]) / f"{name}.json").write_text(json.dumps(manifest))
+        return {"checksums_after": checksum(inputs), "problems": output_problems(out, inputs),
+                "violations": self.native_violations()}
+
+    def run_trial(self, k: int, seed: int, shapes: dict[str, int] | None = None, scale: float | None = None) -> dict:
+        """Run ModelNew on the input set of `seed` (at other sizes with `shapes`, scaled by `scale`)."""
+        label = f"input set {k}"
+        with ThreadAudit(self.allowed_ops, enabled=self.audit is not None) as threads:
+            inputs = make_inputs(self.task, seed, self.device, shapes, scale)
+            out, call_us = self.forward(inputs, label)
+            self.guard.settle(label, call_us)
+            reply = self.export(out, inputs, f"trial{k}")
+        violations = (self.audit.messages() if self.audit else []) + threads.messages() + reply["violations"]
+        warnings = [] if threads.available else \
+            ["this torch cannot profile other threads: background-thread compute was not audited"]
+        return {**reply, "violations": violations, "warnings": warnings}
+
+    def native_violations(self) -> list[str]:
+        return [f"native code: {p}" for p in self.native.violations()] if self.native else []
+
+    def time(self) -> dict:
+        """Timed calls; where the timeline does not show whose kernels ran (cpu), under the same audits as the
+        trials, so that no call can tell a timed one from a verified one and compute differently."""
+        audited = self.audit is not None and not self.backend.kernel_timeline
+        hooks = TimedCalls(self, self.audit if audited else None)
+        with torch.no_grad(), ThreadAudit(self.allowed_ops, enabled=audited) as threads:
+            stats = time_callable(hooks.call, self.backend, **self.req["timing"], hooks=hooks)
+        hooks.finish()
+        violations = (self.audit.messages() if audited else []) + threads.messages() + self.native_violations()
+        return {**stats, "violations": violations}
+
+
+class TimedCalls(Hooks):
+    """The timing loop's calls: each one on a fresh input set from a seed the judge sends just before it (written
+    into the same buffers); before the next, the judge may ask for the outputs of the one that just ran."""
+
+    def __init__(self, cand: Candidate, audit: OpAudit | None):
+        self.cand, self.chan, self.audit = cand, cand.chan, audit
+        self.warmup = max(1, int(cand.req["timing"]["warmup"]))
+        self.inputs: list | None = None
+        self.outputs: Any = None
+        self.done = -1  # the last call that ran
+        self.planned = 0
+        self.mark = 0.0
+        self.call_us = 0.0
+
+    def call(self) -> None:
+        if self.audit is None:
+            self.outputs = self.cand.model(*self.inputs)
+        else:
+            with self.audit:
+                self.outputs = self.cand.model(*self.inputs)
+
+    def _handshake(self, call: int | None) -> int | None:
+        """Tell the judge which call comes next (None: no more); export the previous call's outputs if it asks;
+        return the seed of the next input set."""
+        self.chan.send("call", call=call, timed=call is not None and call >= self.warmup, planned=self.planned)
+        while True:
+            reply = self.chan.receive()
+            if not reply.get("export"):
+                return reply.get("seed")
+            self.chan.send("exported", call=self.done,
+                           **self.cand.export(self.outputs, self.inputs, f"timed{self.done}"))
+
+    def plan(self, iters: int) -> None:
+        self.planned = iters
+
+    def before(self, call: int) -> None:
+        seed = self._handshake(call)
+        fresh = make_inputs(self.cand.task, int(seed), self.cand.device)
+        self.inputs = fresh if self.inputs is None else refill(self.inputs, fresh)
+        self.cand.backend.synchronize()
+        self.mark = self.cand.guard.candidate_us()
+
+    def ready(self, call: int) -> None:
+        self.cand.guard.check_quiet(self.mark, f"timed call {call}", self.call_us)
+
+    def after(self, call: int, host_us: float) -> None:
+        self.done, self.call_us = call, host_us
+        self.cand.guard.settle(f"timed call {call}", host_us)
+
+    def finish(self) -> None:
+        self._handshake(None)
 
 
 def start(req: dict, chan: Channel) -> dict:
-    cand = Candidate(req)
-    check_integrity = cand.integrity.changed
+    cand = Candidate(req, chan)
 
     def checked(handler: Handler) -> Handler:
         def run(cmd: dict) -> tuple[str, dict]:
             reply = handler(cmd)
-            replaced = check_integrity()
-            if replaced:
-                raise WorkerFailure("verify_error", "candidate code replaced functions the judge relies on: "
-                                                    + ", ".join(replaced[:8]))
+            cand.check_integrity()
             return reply
         return run
 
     checked(lambda cmd: ("", {}))({})  # loading the candidate ran its module code
-    chan.send("loaded")
+    chan.send("loaded", violations=cand.native_violations())
 
     def initialise(cmd: dict) -> tuple[str, dict]:
-        cand.initialise(Path(cmd["public_dir"]))
-        return "initialised", {}
+        warnings = cand.initialise(Path(cmd["public_dir"]))
+        return "initialised", {"warnings": warnings, "violations": cand.native_violations()}
 
     return {
         "init": checked(initialise),
-        "trial": checked(lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]), None,
+        "trial": checked(lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]),
                                                                    cmd.get("shapes"), cmd.get("scale")))),
-        "time": checked(lambda cmd: ("timed", {"stats": cand.time(int(cmd["seed"]))})),
-        "recheck": checked(lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]),
-                                                                     cand.timed_inputs))),
+        "time": checked(lambda cmd: ("timed", {"stats": cand.time()})),
     }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,11 +67,17 @@ class JudgeConfig:
     # (None: only warn above PRECISION_WARN_RATIO). TF32 typically lands near 1e4x, bf16 near 1e5x.
     max_error_ratio: float | None = None
     compile_mode: str = "default"
-    device_peaks: tuple[float, float] | None = None  # (bytes/s, FLOP/s) for the speed-of-light check; None: table
+    device_peaks: dict[str, float] | None = None  # peak rates (backend.peak_rates keys); None: the backend's table
+    speed_of_light_fails: bool = True  # a time no honest kernel reaches (work.hard_problem) fails; else a warning
     warmup: int = 5
     min_iters: int = 10
     max_iters: int = 100
     target_time_s: float = 0.3  # timed iterations aim for this much total time per model
+    timed_checks: int = 3  # timed calls (drawn after they ran) whose outputs are checked too
+    check_iters: int = 10  # calls of the short eager timings taken just before and after the candidate's
+    baseline_tolerance: float = 0.10  # how far those may drift from the baseline's eager (plus half the spreads)
+    max_spread: float = 0.5  # (p80 - p20) / median of the candidate's calls beyond which its timing is retaken
+    timing_attempts: int = 2  # timings of the candidate before the verdict says "too noisy" instead of a speedup
     build_timeout_s: float = 900.0
     run_timeout_s: float = 300.0  # candidate process: load, verify and time
     reference_timeout_s: float = 900.0  # reference process, including the torch.compile baseline
@@ -87,7 +95,15 @@ class JudgeConfig:
     def timing_key(self) -> str:
         """What changes baseline timings besides task, device and torch version."""
         return f"tf32={self.allow_tf32};mode={self.compile_mode};warmup={self.warmup};" \
-               f"iters={self.min_iters}-{self.max_iters};target={self.target_time_s};v2"
+               f"iters={self.min_iters}-{self.max_iters};target={self.target_time_s};fresh-inputs-v3"
+
+    def verdict_key(self) -> str:
+        """Every setting that can change a verdict (all but where files go), for results stored across runs."""
+        from .. import __version__
+
+        settings = {k: v for k, v in self.to_dict().items() if k not in ("cache_dir", "keep_run_dirs")}
+        text = json.dumps({"settings": settings, "version": __version__}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     def to_dict(self) -> dict:
         d = asdict(self)

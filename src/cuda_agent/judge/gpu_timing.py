@@ -19,20 +19,21 @@ GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 MARKER = "cuda_agent_iter_"
 
 
-def measure_with_profiler(fn: Callable[[], Any], iters: int, flush: Callable[[], None]) -> dict[str, list]:
+def measure_with_profiler(fn: Callable[[], Any], iters: int, prepare: Callable[[int], None],
+                          after: Callable[[int, float], None]) -> dict[str, list]:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     host_us: list[float] = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(iters):
-            flush()
-            torch.cuda.synchronize()
+            prepare(i)
             with record_function(f"{MARKER}{i}"):
                 t0 = time.perf_counter()
                 fn()
                 torch.cuda.synchronize()
                 host_us.append((time.perf_counter() - t0) * 1e6)
+            after(i, host_us[-1])
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -41,12 +42,13 @@ def measure_with_profiler(fn: Callable[[], Any], iters: int, flush: Callable[[],
             events = json.load(f).get("traceEvents", [])
     finally:
         os.unlink(path)
-    device_us, kernels = spans_from_trace(events, iters)
-    return {"device_us": device_us, "host_us": host_us, "kernel_names": kernels}
+    device_us, kernels, outside = spans_from_trace(events, iters)
+    return {"device_us": device_us, "host_us": host_us, "kernel_names": kernels, "outside_kernels": outside}
 
 
-def spans_from_trace(events: list[dict], iters: int) -> tuple[list[float], list[str]]:
-    """Per-iteration device span from chrome-trace events, and the distinct kernel names seen inside windows."""
+def spans_from_trace(events: list[dict], iters: int) -> tuple[list[float], list[str], list[str]]:
+    """Per-iteration device span from chrome-trace events, the distinct kernel names seen inside the iterations'
+    windows, and those of kernels that ran outside every window (launched before or after a timed call)."""
     windows: dict[int, tuple[float, float]] = {}
     for ev in events:
         name = str(ev.get("name", ""))
@@ -59,6 +61,7 @@ def spans_from_trace(events: list[dict], iters: int) -> tuple[list[float], list[
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     kernels: set[str] = set()
+    outside: set[str] = set()
     for ev in events:
         if ev.get("cat") not in GPU_CATEGORIES or "ts" not in ev:
             continue
@@ -71,5 +74,8 @@ def spans_from_trace(events: list[dict], iters: int) -> tuple[list[float], list[
                 if ev.get("cat") == "kernel":
                     kernels.add(str(ev.get("name")))
                 break
+        else:
+            if ev.get("cat") == "kernel":
+                outside.add(str(ev.get("name")))
     spans = [last[i] - first[i] if i in first else 0.0 for i in range(iters)]
-    return spans, sorted(kernels)
+    return spans, sorted(kernels), sorted(outside)

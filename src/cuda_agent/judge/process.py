@@ -28,6 +28,7 @@ SIGNAL_HINTS = {
     signal.SIGFPE: "floating point exception",
     signal.SIGILL: "illegal instruction",
     signal.SIGKILL: "killed (out of memory?)",
+    signal.SIGSYS: "a forbidden system call: it tried to start a process once ModelNew was built",
 }
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds cuda_agent/
 

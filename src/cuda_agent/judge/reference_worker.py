@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import copy
 import json
+import random
+import secrets
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..backend import get_backend
 from ..task import import_file
 from .compare import compare_trial
 from .process import Channel, WorkerFailure, one_line, run_worker
-from .tensors import checksum, clone, leaves, make_inputs, tensor_bytes, to_double
-from .timing import time_callable
+from .tensors import checksum, clone, leaves, make_inputs, refill, to_double
+from .timing import Hooks, time_callable
+from .work import count_work
 
 
 def _step(what: str, fn, *args):
@@ -51,22 +53,17 @@ class Reference:
         self.trial: dict = {}
         probe = _step("get_inputs()", make_inputs, self.module, req["init_seed"], self.device)
         with torch.no_grad():  # a reference that cannot run is reported before any candidate is judged
-            try:
-                with FlopCounterMode(display=False) as counter:
-                    out = self.model(*probe)
-                flops: int | None = int(counter.get_total_flops())
-            except Exception:  # the counter cannot follow some ops: run plainly, work unknown
-                out, flops = _step("Model.forward", lambda: self.model(*probe)), None
-        # The least work any implementation must do: matmul/conv FLOPs, each input read and each output written once.
-        self.work = {"flops": flops, "bytes": tensor_bytes(probe) + tensor_bytes(out)}
+            _, self.work = _step("Model.forward", count_work, lambda inputs: self.model(*inputs), probe)
 
     def publish(self, public: Path) -> None:
         torch.save(self.init_inputs, public / "init_inputs.pt")
         torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, public / "state_dict.pt")
 
-    def run_trial(self, seed: int, shapes: dict[str, int] | None = None, scale: float | None = None) -> dict:
-        """Draw one input set and compute its reference outputs. With `shapes` or `scale` (the extra checks) a
-        failure or a non-finite output means the task does not hold there: it is reported, not raised."""
+    def run_trial(self, seed: int, shapes: dict[str, int] | None = None, scale: float | None = None,
+                  fp64: bool = True) -> dict:
+        """Draw one input set and compute its reference outputs (and, with `fp64`, fp64 ones for fp32 eager's own
+        error). With `shapes` or `scale` (the extra checks) a failure or a non-finite output means the task does not
+        hold there: it is reported, not raised."""
         if shapes or scale is not None:
             try:
                 with torch.no_grad():
@@ -80,16 +77,19 @@ class Reference:
         sums = checksum(inputs)
         with torch.no_grad():
             out = _step("Model.forward", lambda: self.model(*clone(inputs)))
-            out64 = None
-            try:
-                if self.model64 is None:
-                    self.model64 = copy.deepcopy(self.model).double()
-                out64 = self.model64(*to_double(inputs))
-            except Exception:  # some ops have no fp64 kernel: fp32 eager's own error is then unknown
-                self.model64 = None
+            out64 = self._fp64(inputs) if fp64 else None
         self.backend.synchronize()
         self.trial = {"outputs": out, "outputs64": out64}
         return {"checksums": sums}
+
+    def _fp64(self, inputs: list):
+        try:
+            if self.model64 is None:
+                self.model64 = copy.deepcopy(self.model).double()
+            return self.model64(*to_double(inputs))
+        except Exception:  # some ops have no fp64 kernel: fp32 eager's own error is then unknown
+            self.model64 = None
+            return None
 
     def compare(self, manifest_path: str, label: str) -> dict:
         manifest = json.loads(Path(manifest_path).read_text())
@@ -100,19 +100,41 @@ class Reference:
             torch.cuda.empty_cache()  # leave the memory to the candidate
         return result
 
-    def time_baselines(self, seed: int) -> dict:
-        timing = self.req["timing"]
-        inputs = make_inputs(self.module, seed, self.device)
+    def _timed(self, fn_of_inputs, timing: dict) -> dict:
+        hooks = FreshInputs(self.module, self.device, self.backend)
         with torch.no_grad():
-            eager = time_callable(lambda: self.model(*inputs), self.backend, **timing)
-            compiled_stats, compile_error = None, None
-            try:
-                mode = self.req["compile_mode"]
-                compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
-                compiled_stats = time_callable(lambda: compiled(*inputs), self.backend, **timing)
-            except Exception as exc:
-                compile_error = one_line(exc)
+            return time_callable(lambda: fn_of_inputs(hooks.inputs), self.backend, **timing, hooks=hooks)
+
+    def time_baselines(self) -> dict:
+        """Eager and torch.compile, timed by the same loop as the candidate (fresh inputs before every call)."""
+        timing = self.req["timing"]
+        eager = self._timed(lambda inputs: self.model(*inputs), timing)
+        compiled_stats, compile_error = None, None
+        try:
+            mode = self.req["compile_mode"]
+            compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
+            compiled_stats = self._timed(lambda inputs: compiled(*inputs), timing)
+        except Exception as exc:
+            compile_error = one_line(exc)
         return {"eager": eager, "compile": compiled_stats, "compile_error": compile_error}
+
+    def time_eager(self, timing: dict) -> dict:
+        """A short eager timing beside the candidate's: is the machine as it was when the baselines were taken?"""
+        return self._timed(lambda inputs: self.model(*inputs), timing)
+
+
+class FreshInputs(Hooks):
+    """Baseline calls get fresh input values before every call too (drawn here from private seeds)."""
+
+    def __init__(self, module, device: str, backend):
+        self.module, self.device, self.backend = module, device, backend
+        self.seeds = random.Random(secrets.randbits(64))
+        self.inputs: list | None = None
+
+    def before(self, call: int) -> None:
+        fresh = make_inputs(self.module, self.seeds.randrange(2**31), self.device)
+        self.inputs = fresh if self.inputs is None else refill(self.inputs, fresh)
+        self.backend.synchronize()
 
 
 def start(req: dict, chan: Channel) -> dict:
@@ -121,9 +143,11 @@ def start(req: dict, chan: Channel) -> dict:
     chan.send("ready", device=ref.backend.describe_device(), torch_version=torch.__version__,
               precision=ref.precision, work=ref.work)
     return {
-        "trial": lambda cmd: ("trial_ready", ref.run_trial(int(cmd["seed"]), cmd.get("shapes"), cmd.get("scale"))),
+        "trial": lambda cmd: ("trial_ready", ref.run_trial(int(cmd["seed"]), cmd.get("shapes"), cmd.get("scale"),
+                                                           cmd.get("fp64", True))),
         "compare": lambda cmd: ("compared", {"result": ref.compare(cmd["manifest"], cmd["label"])}),
-        "time": lambda cmd: ("baselines", ref.time_baselines(int(cmd["seed"]))),
+        "time": lambda cmd: ("baselines", ref.time_baselines()),
+        "time_eager": lambda cmd: ("eager_timed", {"stats": ref.time_eager(cmd["timing"])}),
     }
 
 

@@ -1,4 +1,10 @@
-"""The timing loop shared by the baseline and candidate workers (the backend supplies clock and cache flush)."""
+"""The timing loop shared by the baseline and candidate workers (the backend supplies clock and cache flush).
+
+Every call, warm-up and timed alike, is prepared outside the timed region in the same order: `hooks.before`
+(fresh input values written into the same buffers, so no call sees contents it has seen), the cache flush, a
+synchronise, `hooks.ready`; then the timed call; then `hooks.after` (the candidate's worker checks that no thread
+of the candidate is still working). Baselines and candidate go through the very same loop.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +16,56 @@ from typing import Any, Callable
 from ..backend import Backend
 
 
+class Hooks:
+    """What a worker does around each call (`call` counts warm-up calls first); the default does nothing."""
+
+    def plan(self, iters: int) -> None:
+        """Called once the warm-up has fixed how many timed calls follow."""
+
+    def before(self, call: int) -> None:
+        pass
+
+    def ready(self, call: int) -> None:
+        pass
+
+    def after(self, call: int, host_us: float) -> None:
+        pass
+
+
 def time_callable(fn: Callable[[], Any], backend: Backend, warmup: int, min_iters: int, max_iters: int,
-                  target_time_s: float) -> dict[str, Any]:
+                  target_time_s: float, hooks: Hooks | None = None) -> dict[str, Any]:
+    hooks = hooks or Hooks()
     flush = backend.make_cache_flusher()
-    warm: list[float] = []
-    for _ in range(max(1, warmup)):
+
+    def prepare(call: int) -> None:
+        hooks.before(call)
         flush()
         backend.synchronize()
+        hooks.ready(call)
+
+    warmup = max(1, warmup)
+    warm: list[float] = []
+    for call in range(warmup):
+        prepare(call)
         t0 = time.perf_counter()
         fn()
         backend.synchronize()
         warm.append(time.perf_counter() - t0)
+        hooks.after(call, warm[-1] * 1e6)
     per_call = statistics.median(warm[-3:])
     iters = int(min(max_iters, max(min_iters, math.ceil(target_time_s / max(per_call, 1e-6)))))
-    raw = backend.measure(fn, iters, flush)
-    return summarize(raw["device_us"], raw["host_us"], raw.get("kernel_names"))
+    hooks.plan(iters)
+    raw = backend.measure(fn, iters, lambda i: prepare(warmup + i), lambda i, us: hooks.after(warmup + i, us))
+    return summarize(raw["device_us"], raw["host_us"], raw.get("kernel_names"), raw.get("outside_kernels"))
 
 
-def summarize(device_us: list[float], host_us: list[float], kernels: list[str] | None = None) -> dict[str, Any]:
+def spread(stats: dict[str, Any]) -> float:
+    """Relative spread of a timing: (p80 - p20) / median."""
+    return (stats["p80_us"] - stats["p20_us"]) / stats["median_us"] if stats["median_us"] > 0 else math.inf
+
+
+def summarize(device_us: list[float], host_us: list[float], kernels: list[str] | None = None,
+              outside_kernels: list[str] | None = None) -> dict[str, Any]:
     ordered = sorted(device_us)
 
     def pct(q: float) -> float:
@@ -44,4 +82,5 @@ def summarize(device_us: list[float], host_us: list[float], kernels: list[str] |
         "iters": len(device_us),
         "host_median_us": statistics.median(host_us),
         "kernels": kernels,
+        "outside_kernels": outside_kernels,
     }

@@ -31,6 +31,7 @@ class Verdict:
     timing: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     sandbox: str = ""  # the isolation the candidate's process ran under
+    policy: str = "strict"  # the rules it was judged by (strict: CUDA Agent's; kernelbench)
     task: dict[str, Any] = field(default_factory=dict)
     candidate: dict[str, Any] = field(default_factory=dict)
     build: dict[str, Any] = field(default_factory=dict)

@@ -160,4 +160,16 @@ class Sandbox:
             self.cgroup.close()
 
 
+def run(command: list[str], view: View, cwd: Path, timeout: float, limits: Limits | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a command to completion in a fresh sandbox, stdout and stderr together (compilers of candidate code:
+    what they read ends up in their diagnostics, so they must not see the judge's data or the host's secrets)."""
+    box = Sandbox(view, limits or Limits(cpu_seconds=None), cwd=cwd)
+    try:
+        return subprocess.run([*box.prefix(), *command], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace", timeout=timeout, env=env)
+    finally:
+        box.close()
+
+
 NONE_DESCRIPTION = "none (separate process only)"

@@ -9,6 +9,8 @@ Design (numbers in docs/build-speed.md):
 - `.cu` kernels are pure CUDA and go through bare `nvcc` (no torch headers), about a second each.
 
 The judge builds from its own copies of the candidate's files, plus its own `binding.cpp`/`binding_registry.h`.
+With `confined`, every compiler run on candidate sources runs in the sandbox: an `#include "/root/.ssh/id_rsa"`
+would otherwise print the host's secrets into the build log the agent reads.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import sandbox
 from ..backend import EXTENSION_NAME, Backend
 from .candidate import Candidate
 
@@ -61,12 +64,15 @@ class BuildResult:
 class Builder:
     """Builds workspaces for one backend with a persistent object cache under `cache_dir`."""
 
-    def __init__(self, backend: Backend, cache_dir: Path, jobs: int | None = None):
+    def __init__(self, backend: Backend, cache_dir: Path, jobs: int | None = None,
+                 confined: list[Path] | None = None):
+        """`confined`: compile candidate sources in the sandbox with these folders hidden (None: plain processes)."""
         self.backend = backend
         self.cache_dir = Path(cache_dir)
         self.objects = self.cache_dir / "objects"
         self.objects.mkdir(parents=True, exist_ok=True)
         self.jobs = jobs or max(1, os.cpu_count() or 1)
+        self.confined = confined
 
     # ---- public --------------------------------------------------------------------------------------
     def build(self, candidate: Candidate, build_dir: Path) -> BuildResult:
@@ -90,12 +96,13 @@ class Builder:
             return fail("workspace has no kernel sources under kernels/")
 
         headers_hash = self._headers_hash(build_dir)
-        pch_flags, pch_note = self._pch_flags()
+        pch_flags, pch_note, pch_dir = self._pch_flags()
         jobs = [(src, self.backend.kernel_command(src, "{obj}")) for src in kernel_srcs]
         binding_cmd = [self.backend.cxx, *self.backend.binding_flags(), *pch_flags]
         jobs += [(src, [*binding_cmd, "-c", src, "-o", "{obj}"]) for src in ["binding.cpp", *binding_srcs]]
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            results = list(pool.map(lambda job: self._compile(build_dir, job[0], job[1], headers_hash), jobs))
+            results = list(pool.map(lambda job: self._compile(build_dir, job[0], job[1], headers_hash, pch_dir),
+                                    jobs))
         steps = [step for step, _ in results]
         log = "\n".join(filter(None, [pch_note] + [f"[{s.source}] {s.output}" for s in steps if s.output]))
         failed = [s for s in steps if not s.ok]
@@ -107,7 +114,7 @@ class Builder:
         objs = [str(obj) for _, obj in results]
         link = self.backend.link_command(objs, f"{EXTENSION_NAME}.so", libraries)
         t0 = time.perf_counter()
-        proc = _run(link, build_dir)
+        proc = self._run(link, build_dir, [])
         steps.append(CompileStep("<link>", False, time.perf_counter() - t0, proc.returncode == 0, proc.stdout))
         if proc.returncode != 0:
             return fail(f"link error: {_first_error(proc.stdout) or 'see log'}", log + "\n" + proc.stdout, steps)
@@ -136,7 +143,8 @@ class Builder:
                 h.update(str(f.relative_to(build_dir)).encode() + b"\0" + f.read_bytes())
         return h.hexdigest()
 
-    def _compile(self, build_dir: Path, src: str, cmd: list[str], headers_hash: str) -> tuple[CompileStep, Path]:
+    def _compile(self, build_dir: Path, src: str, cmd: list[str], headers_hash: str,
+                 pch_dir: Path) -> tuple[CompileStep, Path]:
         key = hashlib.sha256("\0".join([self.backend.identity(), *cmd, headers_hash]).encode())
         key.update((build_dir / src).read_bytes())
         cached = self.objects / f"{key.hexdigest()}.o"
@@ -145,7 +153,7 @@ class Builder:
         t0 = time.perf_counter()
         fd, tmp = tempfile.mkstemp(suffix=".o", dir=self.objects)
         os.close(fd)
-        proc = _run([part.replace("{obj}", tmp) for part in cmd], build_dir)
+        proc = self._run([part.replace("{obj}", tmp) for part in cmd], build_dir, [pch_dir])
         step = CompileStep(src, False, time.perf_counter() - t0, proc.returncode == 0, proc.stdout.strip())
         if proc.returncode == 0:
             os.replace(tmp, cached)
@@ -153,8 +161,20 @@ class Builder:
             os.unlink(tmp)
         return step, cached
 
-    def _pch_flags(self) -> tuple[list[str], str]:
-        """Build (once, under a lock) the precompiled torch header; return the flags that use it."""
+    def _run(self, cmd: list[str], build_dir: Path, readable: list[Path]) -> subprocess.CompletedProcess:
+        """A compiler or linker run over candidate sources: confined when asked (writes: the build folder and the
+        object cache; reads: the precompiled header; the rest of the judge's cache hidden)."""
+        if self.confined is None:
+            return _run(cmd, build_dir)
+        view = sandbox.View(writable=[build_dir, self.objects], readable=readable, hidden=self.confined)
+        try:
+            return sandbox.run(cmd, view, build_dir, COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(cmd, 124, f"error: compiler timed out after {COMPILE_TIMEOUT_S}s")
+
+    def _pch_flags(self) -> tuple[list[str], str, Path]:
+        """Build (once, under a lock) the precompiled torch header; return the flags that use it, a note and its
+        folder."""
         flags = self.backend.binding_flags()
         header = self.backend.pch_header()
         key = hashlib.sha256("\0".join([self.backend.identity(), *flags, header]).encode()).hexdigest()[:20]
@@ -165,16 +185,17 @@ class Builder:
         with open(pch_dir / "lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if gch.exists():
-                return use, ""
+                return use, "", pch_dir
             (pch_dir / PCH_NAME).write_text(header)
             tmp = pch_dir / f"{PCH_NAME}.gch.tmp"
             t0 = time.perf_counter()
             proc = _run([self.backend.cxx, *flags, "-x", "c++-header", PCH_NAME, "-o", tmp.name], pch_dir)
             if proc.returncode != 0:
                 tmp.unlink(missing_ok=True)
-                return [], f"precompiled header unavailable, compiling without it: {_first_error(proc.stdout)}"
+                return [], f"precompiled header unavailable, compiling without it: {_first_error(proc.stdout)}", \
+                    pch_dir
             os.replace(tmp, gch)
-            return use, f"built precompiled header in {time.perf_counter() - t0:.1f}s"
+            return use, f"built precompiled header in {time.perf_counter() - t0:.1f}s", pch_dir
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:

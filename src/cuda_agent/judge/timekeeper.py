@@ -1,0 +1,160 @@
+"""Timing in one evaluation: the candidate beside the baselines, on inputs it has never seen, with its outputs
+checked on a sample of the timed calls.
+
+- Every call, baseline or candidate, warm-up or timed, runs on fresh input values written into the same buffers
+  (`timing.py`). The candidate's seeds come from here, one just before each call, so no call's inputs exist in its
+  process before the call is prepared; remembering answers is useless.
+- After a timed call the judge may ask for its outputs (which calls is decided here, after they ran, so the
+  candidate cannot behave only on checked calls); the reference recomputes them from the same seed and compares.
+- Eager and torch.compile timings are cached per (task, device, torch version, settings), but a cached value is
+  trusted only if a short eager timing taken now, just before the candidate, agrees with it; otherwise both are
+  timed again. A second short eager timing right after the candidate must agree with the first: if the machine
+  changed in between, or the candidate's own timings spread too widely, the candidate is timed again, and after
+  `timing_attempts` the result is "too noisy" rather than a speed claim.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .config import JudgeConfig
+from .process import WorkerProcess
+from .store import Store
+from .timing import spread
+
+RefCall = Callable[[dict, str], dict]  # (command, expected reply event) -> reply, raising if the reference fails
+CheckCall = Callable[[int, str, dict], bool]  # (seed, label, the worker's "exported" message) -> outputs correct
+
+
+class TimingFailed(Exception):
+    """The candidate failed during timing (wrong outputs on a checked call, a broken protocol, a policy violation);
+    str() says why."""
+
+    def __init__(self, reason: str, violations: list[str] | None = None):
+        super().__init__(reason)
+        self.violations = violations or []
+
+
+@dataclass
+class TimingOutcome:
+    baselines: dict[str, Any]
+    candidate: dict[str, Any]
+    record: dict[str, Any] = field(default_factory=dict)  # how the baselines were obtained; checks; status
+
+    @property
+    def noisy(self) -> bool:
+        return self.record.get("status") == "too_noisy"
+
+
+def agree(a: dict[str, Any], b: dict[str, Any], tolerance: float) -> bool:
+    """Two timings of the same thing agree within `tolerance` plus half their relative spreads."""
+    if a["median_us"] <= 0 or b["median_us"] <= 0:
+        return False
+    allowed = tolerance + 0.5 * (min(spread(a), 1.0) + min(spread(b), 1.0))
+    return abs(math.log(a["median_us"] / b["median_us"])) <= math.log1p(allowed)
+
+
+class Timekeeper:
+    def __init__(self, config: JudgeConfig, store: Store):
+        self.config, self.store = config, store
+
+    def check_timing(self) -> dict[str, Any]:
+        n = self.config.check_iters
+        return {"warmup": 2, "min_iters": n, "max_iters": n, "target_time_s": 0.0}
+
+    def run(self, baseline_key: str, ref: RefCall, worker: WorkerProcess, deadline: float,
+            check_call: CheckCall) -> TimingOutcome:
+        cfg = self.config
+        cached = self.store.get("baselines", baseline_key)
+        record: dict[str, Any] = {"source": "cache" if cached else "measured now", "eager_checks_us": [],
+                                  "attempts": 0, "checked_calls": [], "status": "ok"}
+        baselines = cached or self._measure(baseline_key, ref)
+        candidate: dict[str, Any] = {}
+        for attempt in range(1, cfg.timing_attempts + 1):
+            record["attempts"] = attempt
+            before = ref({"command": "time_eager", "timing": self.check_timing()}, "eager_timed")["stats"]
+            if not agree(before, baselines["eager"], cfg.baseline_tolerance):
+                record["source"] = "measured now"
+                record["remeasured_because"] = (f"eager took {before['median_us']:.1f} us just before the candidate, "
+                                                f"{baselines['eager']['median_us']:.1f} us in the baseline timing")
+                baselines = self._measure(baseline_key, ref)
+            candidate = self._time_candidate(worker, deadline, check_call, record)
+            after = ref({"command": "time_eager", "timing": self.check_timing()}, "eager_timed")["stats"]
+            record["eager_checks_us"].append([before["median_us"], after["median_us"]])
+            problems = []
+            if not agree(before, after, cfg.baseline_tolerance):
+                problems.append(f"eager moved from {before['median_us']:.1f} to {after['median_us']:.1f} us while "
+                                "the candidate was timed")
+            if not agree(after, baselines["eager"], cfg.baseline_tolerance):
+                problems.append(f"eager took {after['median_us']:.1f} us after the candidate, "
+                                f"{baselines['eager']['median_us']:.1f} us in the baseline timing")
+            if spread(candidate) > cfg.max_spread:
+                problems.append(f"the candidate's timings spread {spread(candidate):.0%} of their median "
+                                f"(limit {cfg.max_spread:.0%})")
+            record["problems"] = problems
+            if not problems:
+                break
+        else:
+            record["status"] = "too_noisy"
+        return TimingOutcome(baselines, candidate, record)
+
+    def _measure(self, key: str, ref: RefCall) -> dict[str, Any]:
+        msg = ref({"command": "time"}, "baselines")
+        baselines = {"eager": msg["eager"], "compile": msg["compile"], "compile_error": msg["compile_error"]}
+        self.store.put("baselines", key, baselines)
+        return baselines
+
+    def _time_candidate(self, worker: WorkerProcess, deadline: float, check_call: CheckCall,
+                        record: dict[str, Any]) -> dict[str, Any]:
+        """The worker's timing loop, served call by call: a fresh seed before each; after a timed call, its outputs
+        if it is one of `timed_checks` calls drawn at random once the number of timed calls is known (the worker
+        only learns it after the call ran)."""
+        rng = secrets.SystemRandom()
+        worker.send({"command": "time"})
+        seeds: dict[int, int] = {}
+        checks: set[int] | None = None
+        planned = timed = 0
+        previous: int | None = None
+        while True:
+            msg = worker.receive(deadline)
+            if msg.get("event") == "timed":
+                break
+            if msg.get("event") != "call":
+                raise TimingFailed(msg.get("error", f"timing failed: unexpected message {str(msg)[:200]}"))
+            if checks is not None and previous in checks:
+                worker.send({"export": True})
+                exported = worker.receive(deadline)
+                if exported.get("event") != "exported" or exported.get("call") != previous:
+                    raise TimingFailed(exported.get("error", "timing failed: the outputs of a timed call were not "
+                                                             "handed over"))
+                record["checked_calls"].append(previous)
+                if not check_call(seeds[previous], f"timed call {previous} (fresh values in the timed buffers)",
+                                  exported):
+                    raise TimingFailed("")  # the verdict already says why
+            call = msg.get("call")
+            if call is None:
+                worker.send({"seed": None})
+                continue
+            if not isinstance(call, int) or call in seeds:
+                raise TimingFailed(f"timing failed: call {call!r} announced twice")
+            if msg.get("timed"):
+                if checks is None:  # the first timed call: how many follow is known now
+                    planned = int(msg.get("planned") or 0)
+                    if not self.config.min_iters <= planned <= self.config.max_iters:
+                        raise TimingFailed(f"timing failed: {planned} timed calls planned")
+                    checks = set(rng.sample(range(call, call + planned), min(planned, self.config.timed_checks)))
+                timed += 1
+            seeds[call] = rng.randrange(2**31)
+            previous = call
+            worker.send({"seed": seeds[call]})
+        stats = msg["stats"]
+        violations = stats.pop("violations", [])
+        if violations:
+            raise TimingFailed(f"policy violation: {violations[0]}", violations)
+        if not stats.get("iters") == timed == planned:
+            raise TimingFailed(f"timing failed: {stats.get('iters')} timed calls reported, {timed} prepared, "
+                               f"{planned} planned")
+        return stats

@@ -1,0 +1,77 @@
+"""A seccomp filter that ends the process the moment it tries to start another one.
+
+Installed by the candidate's worker once `ModelNew` is built: from then on `fork`, `vfork` and `clone` without
+`CLONE_THREAD` (what `fork()`, `subprocess` and `posix_spawn` use) kill the whole process with SIGSYS, so work
+handed to a child process can neither escape the op audit nor hold the judge until its timeout. Threads stay
+allowed (`clone3` answers ENOSYS, so the C library falls back to `clone`, which is inspected). The filter covers
+every thread (TSYNC) and cannot be removed. x86-64 and aarch64.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import struct
+
+# (audit arch, seccomp syscall, {name: number}) per machine
+_ARCH = {
+    "x86_64": (0xC000003E, 317, {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435}),
+    "aarch64": (0xC00000B7, 277, {"clone": 220, "clone3": 435}),
+}
+_LD_W_ABS, _JEQ_K, _JSET_K, _RET_K = 0x20, 0x15, 0x45, 0x06
+_RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+_CLONE_THREAD = 0x00010000
+_PR_SET_NO_NEW_PRIVS, _SET_MODE_FILTER, _FLAG_TSYNC = 38, 1, 1
+
+
+class SeccompError(OSError):
+    """The filter could not be installed here."""
+
+
+def _program(arch: int, calls: dict[str, int]) -> bytes:
+    """Classic BPF over `struct seccomp_data` (nr at 0, arch at 4, args[0] low word at 16)."""
+    insns: list[tuple[int, int, int, int]] = []
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> None:
+        insns.append((code, jt, jf, k))
+
+    op(_LD_W_ABS, 4)
+    op(_JEQ_K, arch, 1, 0)
+    op(_RET_K, _RET_ALLOW)  # another ABI (x32): not ours to judge
+    op(_LD_W_ABS, 0)
+    op(_JEQ_K, calls["clone3"], 0, 1)
+    op(_RET_K, _RET_ERRNO | errno.ENOSYS)
+    for name in ("fork", "vfork"):
+        if name in calls:
+            op(_JEQ_K, calls[name], 0, 1)
+            op(_RET_K, _RET_KILL_PROCESS)
+    op(_JEQ_K, calls["clone"], 1, 0)
+    op(_RET_K, _RET_ALLOW)
+    op(_LD_W_ABS, 16)
+    op(_JSET_K, _CLONE_THREAD, 0, 1)
+    op(_RET_K, _RET_ALLOW)
+    op(_RET_K, _RET_KILL_PROCESS)
+    return b"".join(struct.pack("HBBI", *insn) for insn in insns)
+
+
+def forbid_new_processes() -> None:
+    """Install the filter on every thread of this process; raises SeccompError where the kernel refuses."""
+    machine = platform.machine()
+    if machine not in _ARCH:
+        raise SeccompError(errno.ENOSYS, f"no seccomp filter for {machine}")
+    arch, nr_seccomp, calls = _ARCH[machine]
+    code = _program(arch, calls)
+    prog_buf = ctypes.create_string_buffer(code, len(code))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = SockFprog(len(code) // 8, ctypes.addressof(prog_buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise SeccompError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    rc = libc.syscall(ctypes.c_long(nr_seccomp), ctypes.c_uint(_SET_MODE_FILTER), ctypes.c_uint(_FLAG_TSYNC),
+                      ctypes.byref(prog))
+    if rc != 0:
+        raise SeccompError(ctypes.get_errno(), f"seccomp(SET_MODE_FILTER) failed (rc {rc})")

@@ -1,0 +1,252 @@
+"""`load_inline` for candidates, built by the judge: content-addressed, compiled in the sandbox, published read-only.
+
+A candidate's `load_inline(...)` (KernelBench single files; any `model_new.py` may call it) never builds in the
+candidate's process. The worker sends the call's arguments to the judge (`request_from_call`), which validates
+them (`normalise`: sources as text, compiler and linker flags from an allowlist, no paths outside the toolchain),
+builds them with torch's own `load_inline` in a sandbox that may write only a private folder (`main`, which stops
+before importing the module), and publishes the library under a key of the arguments and the toolchain, where
+every candidate may read it and none may write. The worker loads it after checking its SHA-256 (`load_published`).
+So no candidate can plant a file in another's build, and an unchanged source is never rebuilt.
+
+Helper usage (by the judge, inside the sandbox): python -m cuda_agent.workspace.inline REQUEST.json OUT_DIR
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LIST_FIELDS = ("cpp_sources", "cuda_sources", "extra_cflags", "extra_cuda_cflags", "extra_ldflags",
+               "extra_include_paths")
+BOOL_FIELDS = ("with_cuda", "is_python_module", "with_pytorch_error_handling", "no_implicit_headers")
+IGNORED = ("verbose", "build_directory", "keep_intermediates", "use_pch")  # the judge decides these
+_HOST_FLAG = re.compile(
+    r"-O[0-3sgz]?|-Ofast|-std=(c|gnu)\+\+\w+|-[DU]\w+(=[\w.+\-]*)?|-march=native|-mtune=native|-m[a-z0-9\-]+"
+    r"|-f[a-z0-9\-]+(=[\w\-]+)?|-w|-W(?![lap],)[\w=+\-]*|-g[0-3]?|-pthread|-fopenmp|-fPIC|-pedantic")
+_CUDA_FLAG = re.compile(
+    r"-O[0-3]|-?-use_fast_math|--expt-relaxed-constexpr|--expt-extended-lambda|-lineinfo|-std=c\+\+\w+"
+    r"|-[DU]\w+(=[\w.+\-]*)?|--?maxrregcount[= ]?\d+|-Xptxas=?[\w,=\-]*|--ptxas-options=[\w,=\-]+|-res-usage"
+    r"|--resource-usage|--extra-device-vectorization|-?-restrict|--(ftz|prec-div|prec-sqrt|fmad)=(true|false)"
+    r"|-w|-Wno-[\w\-]+|--diag-suppress=[\d,]+|-arch=sm_\d+a?|-gencode=arch=compute_\d+a?,code=(sm|compute)_\d+a?"
+    r"|--threads=?\d+|-t\d+|-Xcompiler=[\w,=+.\-]+")
+_LD_FLAG = re.compile(r"-l(cublas|cublasLt|cudnn|cuda|cudart|gomp|pthread|m|dl)|-fopenmp|-pthread")
+
+
+class InlineError(ValueError):
+    """The load_inline call cannot be built as asked (a bad argument, a flag outside the allowlist)."""
+
+
+def request_from_call(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-able request for a load_inline call's bound arguments (the worker's side)."""
+    req = {k: v for k, v in arguments.items() if k not in IGNORED}
+    if isinstance(req.get("functions"), str):
+        req["functions"] = [req["functions"]]
+    return json.loads(json.dumps(req, default=str))
+
+
+_PTXAS_OPTION = re.compile(r"-?-?[\w=\-]+")
+_FORBIDDEN = ("-fplugin", "-fprofile", "-fauto-profile", "-specs", "-wrapper", "-B")  # load or write other files
+
+
+def _toolchain_dirs() -> list[str]:
+    from torch.utils import cpp_extension
+
+    dirs = [str(Path(cpp_extension.__file__).resolve().parents[2])]  # torch/ (headers and libraries)
+    if cpp_extension.CUDA_HOME:
+        dirs.append(str(Path(cpp_extension.CUDA_HOME).resolve()))
+    return dirs
+
+
+def _check_paths(paths: list[str], what: str) -> None:
+    toolchain = _toolchain_dirs()
+    for path in paths:
+        real = str(Path(path).resolve())
+        if not any(real == d or real.startswith(d + "/") for d in toolchain):
+            raise InlineError(f"load_inline: {what} may only name folders of torch or CUDA, not {path!r}")
+
+
+def _check_flags(flags: list[str], pattern: re.Pattern, what: str) -> None:
+    value_of: re.Pattern | None = None
+    for flag in flags:
+        if value_of is not None:  # the value of `-Xcompiler X` or `-Xptxas X`
+            if not all(value_of.fullmatch(part) and not part.startswith(_FORBIDDEN) for part in flag.split(",")):
+                raise InlineError(f"load_inline: {what} value {flag!r} is not allowed")
+            value_of = None
+        elif what == "extra_cuda_cflags" and flag in ("-Xcompiler", "-Xptxas"):
+            value_of = _HOST_FLAG if flag == "-Xcompiler" else _PTXAS_OPTION
+        elif what == "extra_ldflags" and flag.startswith("-L"):
+            _check_paths([flag[2:]], what)
+        elif not pattern.fullmatch(flag) or flag.startswith(_FORBIDDEN):
+            raise InlineError(f"load_inline: {what} flag {flag!r} is not allowed (optimisation, language, macro "
+                              "and warning flags are; so are -lcublas, -lcublasLt, -lcudnn)")
+
+
+def normalise(raw: Any) -> dict[str, Any]:
+    """Validate a request (it comes from the candidate's process) into load_inline's keyword arguments."""
+    if not isinstance(raw, dict):
+        raise InlineError("load_inline: malformed request")
+    unknown = set(raw) - {"name", "functions", *LIST_FIELDS, *BOOL_FIELDS}
+    if unknown - {"sycl_sources", "extra_sycl_cflags", "with_sycl"}:
+        raise InlineError(f"load_inline: unsupported arguments {sorted(unknown)}")
+    if any(raw.get(k) for k in ("sycl_sources", "extra_sycl_cflags", "with_sycl")):
+        raise InlineError("load_inline: SYCL sources are not supported")
+    name = raw.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_]\w{0,63}", name):
+        raise InlineError(f"load_inline: name must be a C identifier, not {name!r}")
+    req: dict[str, Any] = {"name": name}
+    for key in LIST_FIELDS:
+        value = raw.get(key)
+        value = [] if value is None else [value] if isinstance(value, str) else value
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InlineError(f"load_inline: {key} must be a string or a list of strings")
+        req[key] = value
+    functions = raw.get("functions")
+    if functions is not None and not (isinstance(functions, list) and all(isinstance(f, str) for f in functions)
+                                      or isinstance(functions, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                                             for k, v in functions.items())):
+        raise InlineError("load_inline: functions must be a name, a list of names or a dict of docstrings")
+    if functions is not None:
+        names = functions if isinstance(functions, list) else list(functions)
+        if not all(re.fullmatch(r"[A-Za-z_][\w:]*", f) for f in names):
+            raise InlineError("load_inline: functions must be C++ function names")
+        if isinstance(functions, dict) and any('"' in v or "\\" in v or "\n" in v for v in functions.values()):
+            raise InlineError("load_inline: docstrings may not contain quotes, backslashes or newlines")
+    req["functions"] = functions
+    for key in BOOL_FIELDS:
+        value = raw.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise InlineError(f"load_inline: {key} must be a boolean")
+        if value is not None:
+            req[key] = value
+    _check_flags(req["extra_cflags"], _HOST_FLAG, "extra_cflags")
+    _check_flags(req["extra_cuda_cflags"], _CUDA_FLAG, "extra_cuda_cflags")
+    _check_flags(req["extra_ldflags"], _LD_FLAG, "extra_ldflags")
+    _check_paths(req["extra_include_paths"], "extra_include_paths")
+    return req
+
+
+@dataclass
+class Built:
+    path: Path  # the published library
+    module: str  # the name it was built (and must be imported) under
+    sha256: str
+    cached: bool
+    seconds: float
+    log: str = ""
+
+
+class InlineBuilder:
+    """Builds and publishes candidates' load_inline calls under `root` (the judge's `extensions` folder)."""
+
+    def __init__(self, root: Path, identity: str, env: dict[str, str], confined: list[Path] | None,
+                 timeout: float = 900.0):
+        self.root, self.identity, self.env, self.confined = Path(root), identity, env, confined
+        self.timeout = timeout
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def key(self, req: dict[str, Any]) -> str:
+        return hashlib.sha256((self.identity + "\0" + json.dumps(req, sort_keys=True)).encode()).hexdigest()
+
+    def build(self, raw: Any) -> Built:
+        """Raises InlineError (bad request) or RuntimeError (the compiler's error, with its log)."""
+        start = time.perf_counter()
+        req = normalise(raw)
+        key = self.key(req)
+        module = f"{req['name']}_{key[:16]}"
+        published = self.root / key
+        library = published / f"{module}.so"
+        with open(self.root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if (published / "sha256").is_file() and library.is_file():
+                return Built(library, module, (published / "sha256").read_text().strip(), True,
+                             time.perf_counter() - start)
+            work = Path(tempfile.mkdtemp(prefix=".build-", dir=self.root))
+            try:
+                (work / "out").mkdir()
+                (work / "request.json").write_text(json.dumps({**req, "name": module}))
+                proc = self._run(work)
+                built = work / "out" / f"{module}.so"
+                if proc.returncode != 0 or not built.is_file():
+                    raise RuntimeError(_diagnostics(proc.stdout) + f"\n[exit code {proc.returncode}]")
+                digest = hashlib.sha256(built.read_bytes()).hexdigest()
+                shutil.rmtree(published, ignore_errors=True)
+                published.mkdir()
+                os.replace(built, library)
+                library.chmod(0o444)
+                (published / "build.log").write_text(proc.stdout[-200_000:])
+                (published / "sha256").write_text(digest)
+                return Built(library, module, digest, False, time.perf_counter() - start, proc.stdout[-20_000:])
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+
+    def _run(self, work: Path) -> subprocess.CompletedProcess:
+        from .. import sandbox
+
+        cmd = [sys.executable, "-m", "cuda_agent.workspace.inline", str(work / "request.json"), str(work / "out")]
+        env = {**os.environ, **self.env, "HOME": "/tmp", "TMPDIR": "/tmp",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+                                                          os.environ.get("PYTHONPATH")]))}
+        env.pop("OPENAI_API_KEY", None)
+        try:
+            if self.confined is None:
+                return subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, errors="replace", timeout=self.timeout)
+            view = sandbox.View(writable=[work], hidden=self.confined)
+            return sandbox.run(cmd, view, work, self.timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(cmd, 124, f"error: the build timed out after {self.timeout:.0f}s")
+
+
+def _diagnostics(log: str, lines: int = 12) -> str:
+    """The compiler's first error lines (file:line: error ...), else the log's end."""
+    found = [ln.strip() for ln in log.splitlines() if re.search(r"\berror\b", ln, re.IGNORECASE)
+             and not ln.lstrip().startswith(("FAILED:", "ninja:", "RuntimeError", "subprocess"))]
+    return "\n".join(found[:lines]) if found else "\n".join(log.strip().splitlines()[-lines:])
+
+
+def load_published(path: Path, module: str, sha256: str, is_python_module: bool = True):
+    """Import a library the judge published, after checking that it is the one the judge built."""
+    import importlib.util
+
+    import torch
+
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    if digest != sha256:
+        raise RuntimeError(f"extension {path} does not match what the judge built (sha256 {digest[:12]} != "
+                           f"{sha256[:12]})")
+    if not is_python_module:
+        torch.ops.load_library(str(path))
+        return str(path)
+    spec = importlib.util.spec_from_file_location(module, path)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+def main() -> None:
+    """Build one request with torch's load_inline into OUT_DIR, stopping before the import (no candidate code runs
+    here: only compilers)."""
+    from torch.utils import cpp_extension
+
+    req, out = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2]
+    cpp_extension._import_module_from_library = lambda name, path, is_python_module: os.path.join(path, name)
+    try:
+        cpp_extension.load_inline(**req, build_directory=out, verbose=True)
+    except Exception as exc:  # the compiler's output is in the exception (ninja's log)
+        print(exc, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
