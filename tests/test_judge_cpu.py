@@ -90,7 +90,7 @@ def test_a_baseline_cached_in_a_noisy_moment_is_timed_again(cache_dir, cpu_judge
     judge.store.put("baselines", key, {**cached, "eager": slow})
     verdict = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
     record = verdict.timing["baselines"]
-    assert record["source"] == "measured now" and "in the baseline timing" in record["remeasured_because"], record
+    assert record["source"] == "measured now" and "in the cached baseline timing" in record["remeasured_because"], record
     assert verdict.times_us["eager"] < slow["median_us"] / 4, verdict.times_us
     assert judge.store.get("baselines", key)["eager"]["median_us"] < slow["median_us"] / 4  # the cache is mended
 

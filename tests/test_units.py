@@ -218,3 +218,16 @@ def test_load_inline_requests_are_validated(tmp_path):
     library.write_bytes(b"not the library the judge built")
     with pytest.raises(RuntimeError, match="does not match what the judge built"):
         load_published(library, "lib", "0" * 64)
+
+
+def test_a_cached_baseline_is_stale_only_when_both_checks_disagree_the_same_way():
+    from cuda_agent.judge.timekeeper import agree, stale
+
+    def t(us: float, spread: float = 0.02) -> dict:
+        return {"median_us": us, "p20_us": us * (1 - spread / 2), "p80_us": us * (1 + spread / 2)}
+
+    assert agree(t(100), t(105), 0.10) and not agree(t(100), t(130), 0.10)
+    assert agree(t(100, 0.4), t(130, 0.4), 0.10)  # wide spreads widen the tolerance
+    assert stale(t(32042), t(1502), t(1498), 0.10)  # the case: cached in a busy moment
+    assert not stale(t(52), t(71), t(51.6), 0.10)  # launch-bound noise around a sound baseline (H200)
+    assert not stale(t(100), t(60), t(160), 0.10)  # the machine moved both ways: noise, not a stale baseline

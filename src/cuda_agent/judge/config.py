@@ -75,7 +75,7 @@ class JudgeConfig:
     target_time_s: float = 0.3  # timed iterations aim for this much total time per model
     timed_checks: int = 3  # timed calls (drawn after they ran) whose outputs are checked too
     check_iters: int = 10  # calls of the short eager timings taken just before and after the candidate's
-    baseline_tolerance: float = 0.10  # how far those may drift from the baseline's eager (plus half the spreads)
+    baseline_tolerance: float = 0.10  # both beyond this (plus half the spreads) from the cached eager: re-time it
     max_spread: float = 0.5  # (p80 - p20) / median of the candidate's calls beyond which its timing is retaken
     timing_attempts: int = 2  # timings of the candidate before the verdict says "too noisy" instead of a speedup
     build_timeout_s: float = 900.0
