@@ -277,3 +277,11 @@ def test_optimize_command_runs_the_episode_and_reports_the_best(cache_dir, tmp_p
     assert "turn   8  finish" in run.stderr  # live progress, one line per tool call
     assert "stopped: finish after 8 turn(s); 1 verified candidate(s)" in run.stdout
     assert "best: reward" in run.stdout and (tmp_path / "run" / "best_single_file.py").exists()
+
+
+def test_the_agent_is_judged_by_the_strict_policy_only(cache_dir, tmp_path):
+    lenient = Judge("cpu", fast_config(cache_dir, policy="kernelbench", sandbox="none"))
+    with pytest.raises(ValueError, match="strict policy"):
+        Environment(lenient, tmp_path / "run", use_sandbox=False)
+    with pytest.raises(ValueError, match="sandboxed judge"):
+        Environment(Judge("cpu", fast_config(cache_dir, sandbox="none")), tmp_path / "run", use_sandbox=True)

@@ -107,3 +107,25 @@ def test_a_dataset_row_is_a_reference(cache_dir, tmp_path):
                                  "--base-url", "http://127.0.0.1:9/v1", "--backend", "cpu",
                                  "--out", str(tmp_path / "run")])
     assert result.exit_code == 2 and "has 2 rows" in result.output and not (tmp_path / "run").exists()
+
+
+def test_without_a_sandbox_auto_warns_and_required_refuses(cache_dir, tmp_path):
+    """Where namespaces cannot be made (here: no `unshare` on PATH), `auto` says so loudly; `required` refuses."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    torch_ops = tmp_path / "torch_ops.py"
+    torch_ops.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self, scale, shift):\n"
+                         "        super().__init__()\n        self.scale, self.shift = scale, shift\n\n"
+                         "    def forward(self, x):\n        return torch.relu(x * self.scale + self.shift) * 0.5\n")
+    env = {**os.environ, "PATH": str(tmp_path / "empty"), "CXX": shutil.which("g++")}
+    base = [sys.executable, "-m", "cuda_agent", "eval", str(TASKS / "affine_relu.py"), "--solution", str(torch_ops),
+            "--backend", "cpu", "--policy", "kernelbench", "--cache-dir", str(cache_dir)]
+    auto = subprocess.run([*base, "--json"], capture_output=True, text=True, env=env, timeout=600)
+    assert auto.returncode == 0 and "warning: no sandbox here" in auto.stderr, auto.stderr
+    verdict = json.loads(auto.stdout)
+    assert verdict["sandbox"].startswith("none") and verdict["correct"], verdict["error"]
+    required = subprocess.run([*base, "--sandbox", "required"], capture_output=True, text=True, env=env, timeout=600)
+    assert required.returncode == 2 and "the sandbox is required but unavailable" in required.stderr, required.stderr

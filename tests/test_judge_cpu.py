@@ -4,6 +4,7 @@ import pytest
 
 from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent.judge import Judge
+from cuda_agent.judge.reward import milestone_reward
 from cuda_agent.task import TaskError, load_task
 
 AFFINE = TASKS / "affine_relu.py"
@@ -17,12 +18,15 @@ def assert_judge_still_works(judge: Judge, workspace) -> None:
     assert verdict.correct and verdict.reward >= 1, verdict.error
 
 
-def test_correct_faster_workspace_earns_reward_2_or_more(cpu_judge):
+def test_a_correct_fused_kernel_is_rewarded_by_the_comparison_it_was_timed_in(cpu_judge):
     verdict = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
     assert verdict.compiled and verdict.correct, verdict.error
-    assert verdict.reward >= 2
     assert verdict.error is None and verdict.policy_violations == []
-    assert verdict.speedup_vs_eager > 1.05
+    t = verdict.times_us  # one pass instead of four: faster than eager in the same evaluation, by a wide margin
+    assert t["candidate"] < t["eager"] and verdict.speedup_vs_eager == t["eager"] / t["candidate"]
+    noisy = verdict.timing["status"] == "too_noisy"
+    assert verdict.reward == (1 if noisy else milestone_reward(True, t["candidate"], t["eager"], t["compile"]))
+    assert verdict.reward >= 2 or noisy
     assert verdict.times_us["candidate"] > 0 and verdict.times_us["eager"] > 0 and verdict.times_us["compile"] > 0
     assert verdict.max_abs_error < 1e-5
     assert verdict.error_vs_fp64["candidate"] is not None and verdict.error_vs_fp64["ratio"] < 10
@@ -471,3 +475,31 @@ def test_a_library_the_candidate_builds_and_loads_itself_is_checked(cpu_judge, t
                      "    def forward(self, x):\n        return x.new_zeros(x.shape)\n")
     verdict = cpu_judge.evaluate(AFFINE, probe)
     assert verdict.reward == -1 and "links 'dlsym'" in verdict.error, verdict.error
+
+
+def test_no_timed_call_sees_input_values_seen_before(cpu_judge, make_workspace):
+    # The held-out attack remembered answers under a fingerprint of a few sampled input elements. Here the candidate
+    # fails loudly on any such hit: with fresh values before every call there is none to serve.
+    ws = make_workspace(edits={"model_new.py": [
+        ("        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)",
+         "        key = tuple(x.view(-1)[::65536].tolist())\n"
+         "        if key in self.seen:\n"
+         "            raise RuntimeError('these inputs were seen before: the answer could come from memory')\n"
+         "        self.seen.add(key)\n"
+         "        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)"),
+        ("        self.shift = shift\n", "        self.shift = shift\n        self.seen = set()\n")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.correct and verdict.timing["candidate"]["iters"] >= 10, verdict.error
+
+
+def test_the_kernelbench_policy_allows_torch_ops_and_keeps_every_other_check(cache_dir, tmp_path):
+    torch_ops = python_candidate(tmp_path, "scale, shift", "self.scale, self.shift = scale, shift",
+                                 "torch.relu(x * self.scale + self.shift) * 0.5")
+    strict = Judge("cpu", fast_config(cache_dir)).evaluate(AFFINE, torch_ops)
+    assert strict.reward == -1 and strict.policy == "strict" and "aten::" in strict.error, strict.error
+    kernelbench = Judge("cpu", fast_config(cache_dir, policy="kernelbench"))
+    verdict = kernelbench.evaluate(AFFINE, torch_ops)
+    assert verdict.correct and verdict.reward >= 1 and verdict.policy == "kernelbench", verdict.error
+    mutating = python_candidate(tmp_path, "scale, shift", "self.scale, self.shift = scale, shift",
+                                "torch.relu(x.mul_(self.scale).add_(self.shift)) * 0.5")
+    assert "modified in place" in kernelbench.evaluate(AFFINE, mutating).error  # correctness checks stay
