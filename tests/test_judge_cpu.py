@@ -342,6 +342,14 @@ def test_uninitialised_outputs_do_not_find_the_reference_leftovers(cpu_judge, tm
     assert verdict.reward == -1 and verdict.error.startswith("incorrect"), verdict.error
 
 
+REGISTRATION = """
+static void register_affine_relu(pybind11::module& m) {
+    m.def("affine_relu_forward", &affine_relu_forward, py::arg("x"), py::arg("scale"), py::arg("shift"),
+          py::arg("config") = 0);
+}
+
+REGISTER_BINDING(affine_relu, register_affine_relu);
+"""
 ATEN_DIRECT = r"""#include <torch/types.h>
 #include <torch/csrc/utils/pybind.h>
 #include "../binding_registry.h"
@@ -365,13 +373,7 @@ static torch::Tensor affine_relu_forward(torch::Tensor x, double scale, double s
     return kernels::clamp_min(kernels::add(kernels::mul(x, s), b, 1), 0);
 }
 
-static void register_affine_relu(pybind11::module& m) {
-    m.def("affine_relu_forward", &affine_relu_forward, py::arg("x"), py::arg("scale"), py::arg("shift"),
-          py::arg("config") = 0);
-}
-
-REGISTER_BINDING(affine_relu, register_affine_relu);
-"""
+""" + REGISTRATION
 
 
 def test_aten_kernels_called_past_the_dispatcher_are_caught_by_the_linker(cpu_judge, make_workspace):
@@ -434,13 +436,7 @@ static torch::Tensor affine_relu_forward(torch::Tensor x, double scale, double s
     return out;
 }
 
-static void register_affine_relu(pybind11::module& m) {
-    m.def("affine_relu_forward", &affine_relu_forward, py::arg("x"), py::arg("scale"), py::arg("shift"),
-          py::arg("config") = 0);
-}
-
-REGISTER_BINDING(affine_relu, register_affine_relu);
-"""
+""" + REGISTRATION
 
 
 def test_work_left_to_a_thread_after_forward_returns_fails(cpu_judge, make_workspace):

@@ -21,10 +21,9 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -45,16 +44,16 @@ IDLE_US = 100.0  # CPU time other threads may take in that window (waking pools 
 IDLE_FRACTION = 0.25  # ... plus this share of the call's own duration
 
 
-def route_load_inline(chan: Channel, phase: list[str]) -> None:
+def route_load_inline(chan: Channel, allowed: Callable[[], bool]) -> None:
     """`load_inline` asks the judge to build (workspace/inline.py) and loads the library it published; this process
-    never builds into a shared folder. Only while the module loads or ModelNew is built (`phase`)."""
+    never builds into a shared folder. Only while `allowed()`: the module loads or ModelNew is built."""
     from torch.utils import cpp_extension
 
     signature = inspect.signature(cpp_extension.load_inline)
 
     def load_inline(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        if phase[0] not in ("load", "init"):
+        if not allowed():
             raise RuntimeError("load_inline: build extensions when the module loads or in ModelNew.__init__, "
                                "not in forward")
         chan.send("build", request=request_from_call(dict(bound.arguments)))
@@ -98,15 +97,20 @@ def stray_processes(sandboxed: bool) -> list[str]:
     return found
 
 
+def thread_clock(tid: int) -> int:
+    """The CPU-time clock of one thread of this process (Linux's per-thread CPUCLOCK_SCHED id). Unlike /proc's
+    counters, which lag a running thread by up to a scheduler tick, it includes the time the thread is running now."""
+    clock = ((~tid) << 3 | 6) & 0xFFFFFFFF
+    return clock - (1 << 32) if clock >= 1 << 31 else clock
+
+
 def thread_cpu_us(tids: set[str] | None = None) -> dict[str, float]:
     """On-CPU time of this process's live threads (all, or those in `tids`), in microseconds."""
     found = {}
-    for tid in os.listdir("/proc/self/task"):
-        if tids is not None and tid not in tids:
-            continue
+    for tid in os.listdir("/proc/self/task") if tids is None else tids:
         try:
-            found[tid] = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e3
-        except (OSError, ValueError, IndexError):
+            found[tid] = time.clock_gettime_ns(thread_clock(int(tid))) / 1e3
+        except OSError:  # it has ended
             continue
     return found
 
@@ -118,22 +122,19 @@ class Guard:
     clock minus the harness threads') must stay near zero after a call returns and while a call is prepared."""
 
     def __init__(self) -> None:
-        self.me = str(threading.get_native_id())
-        # tid -> CPU time when last seen (kept for threads that have ended), this thread aside: /proc lags for a
-        # running thread by up to a scheduler tick, so its own time comes from its precise clock.
-        self.harness = {t: us for t, us in thread_cpu_us().items() if t != self.me}
+        # tid -> CPU time when last seen (kept for threads that have ended)
+        self.harness = thread_cpu_us()
 
     def candidate_us(self) -> float:
         self.harness.update(thread_cpu_us(set(self.harness)))
-        return (time.process_time_ns() - time.thread_time_ns()) / 1e3 - sum(self.harness.values())
+        return time.process_time_ns() / 1e3 - sum(self.harness.values())
 
     def limit_us(self, call_us: float) -> float:
         return IDLE_US + IDLE_FRACTION * call_us
 
     def _fail(self, label: str, busy: float, when: str, before: dict[str, float]) -> WorkerFailure:
         now = thread_cpu_us()
-        busiest = sorted(((now[t] - before.get(t, 0.0), t) for t in now if t not in self.harness and t != self.me),
-                         reverse=True)
+        busiest = sorted(((now[t] - before.get(t, 0.0), t) for t in now if t not in self.harness), reverse=True)
         named = ", ".join(f"thread {t} {us:.0f} us" for us, t in busiest[:3]) or "threads that have ended"
         return WorkerFailure("verify_error", f"{label}: threads of the candidate computed for {busy:.0f} us {when} "
                                              f"({named}): all work must happen inside the call")
@@ -184,8 +185,8 @@ class Candidate:
         self.backend = get_backend(req["backend"])
         self.device = self.backend.device
         self.backend.precision_flags(req["allow_tf32"])
-        self.phase = ["load"]
-        route_load_inline(chan, self.phase)
+        self.building = True  # load_inline is served until ModelNew is built
+        route_load_inline(chan, lambda: self.building)
         # The op audit's first dispatch from C++ imports torch._dynamo (1-3 s): import it now, while the reference
         # worker is still starting, instead of inside the first verified forward.
         importlib.import_module("torch._dynamo")
@@ -210,7 +211,6 @@ class Candidate:
         Returns warnings."""
         init_inputs = torch.load(public / "init_inputs.pt", weights_only=True)
         state = torch.load(public / "state_dict.pt", weights_only=True)
-        self.phase[0] = "init"
         try:
             with torch.device(self.device):
                 self.model = self.model_cls(*init_inputs).to(self.device).eval()
@@ -221,7 +221,7 @@ class Candidate:
         except Exception as exc:
             raise WorkerFailure("verify_error", f"ModelNew does not take Model's state dict (strict): {one_line(exc)}") \
                 from exc
-        self.phase[0] = "run"
+        self.building = False
         try:
             forbid_new_processes()
         except SeccompError as exc:
