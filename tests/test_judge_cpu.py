@@ -11,6 +11,12 @@ AFFINE = TASKS / "affine_relu.py"
 KERNEL = "kernels/affine_relu.cpp"
 BINDING = "kernels/affine_relu_binding.cpp"
 STORE = "out[i] = std::max(x[i] * scale + shift, 0.f) * 0.5f;"
+RETURN = "        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)"
+
+
+def before_return(lines: str) -> tuple[str, str]:
+    """An edit of model_new.py: `lines` run in forward just before it calls the kernel."""
+    return RETURN, lines + RETURN
 
 
 def assert_judge_still_works(judge: Judge, workspace) -> None:
@@ -384,6 +390,7 @@ def test_aten_kernels_called_past_the_dispatcher_are_caught_by_the_linker(cpu_ju
     assert verdict.reward == -1 and verdict.compiled, verdict.error
     assert any("at::cpu::mul" in v and "without the dispatcher" in v for v in verdict.policy_violations), \
         verdict.policy_violations
+    assert "candidate_load" not in verdict.phases_s  # refused by the judge after the build: nothing of it ran
     # Neither the source scan nor the op audit sees it: under rules that allow torch ops it runs and is correct.
     assert not [v for v in verdict.policy_violations if not v.startswith("native code:")]
     lenient = Judge("cpu", fast_config(cpu_judge.cache_dir, policy="kernelbench")).evaluate(AFFINE, ws)
@@ -449,12 +456,10 @@ def test_work_left_to_a_thread_after_forward_returns_fails(cpu_judge, make_works
 def test_every_call_is_audited_so_none_can_compute_differently(cpu_judge, make_workspace):
     # A candidate could compute with torch whenever no op audit is watching (it can see the audit). On the cpu
     # backend, whose clock cannot tell whose code ran, no call of forward, timed ones included, goes unaudited.
-    ws = make_workspace(edits={"model_new.py": [
-        ("        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)",
-         "        from torch.utils._python_dispatch import _get_current_dispatch_mode\n"
-         "        if _get_current_dispatch_mode() is None:\n"
-         "            raise RuntimeError('an unaudited call: torch compute would go unseen here')\n"
-         "        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)")]})
+    ws = make_workspace(edits={"model_new.py": [before_return(
+        "        from torch.utils._python_dispatch import _get_current_dispatch_mode\n"
+        "        if _get_current_dispatch_mode() is None:\n"
+        "            raise RuntimeError('an unaudited call: torch compute would go unseen here')\n")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)
     assert verdict.correct and verdict.reward >= 1, verdict.error
 
@@ -477,12 +482,10 @@ def test_no_timed_call_sees_input_values_seen_before(cpu_judge, make_workspace):
     # The held-out attack remembered answers under a fingerprint of a few sampled input elements. Here the candidate
     # fails loudly on any such hit: with fresh values before every call there is none to serve.
     ws = make_workspace(edits={"model_new.py": [
-        ("        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)",
-         "        key = tuple(x.view(-1)[::65536].tolist())\n"
-         "        if key in self.seen:\n"
-         "            raise RuntimeError('these inputs were seen before: the answer could come from memory')\n"
-         "        self.seen.add(key)\n"
-         "        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)"),
+        before_return("        key = tuple(x.view(-1)[::65536].tolist())\n"
+                      "        if key in self.seen:\n"
+                      "            raise RuntimeError('these inputs were seen before: the answer could come from memory')\n"
+                      "        self.seen.add(key)\n"),
         ("        self.shift = shift\n", "        self.shift = shift\n        self.seen = set()\n")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)
     assert verdict.correct and verdict.timing["candidate"]["iters"] >= 10, verdict.error
