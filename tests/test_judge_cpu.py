@@ -502,3 +502,23 @@ def test_the_kernelbench_policy_allows_torch_ops_and_keeps_every_other_check(cac
     mutating = python_candidate(tmp_path, "scale, shift", "self.scale, self.shift = scale, shift",
                                 "torch.relu(x.mul_(self.scale).add_(self.shift)) * 0.5")
     assert "modified in place" in kernelbench.evaluate(AFFINE, mutating).error  # correctness checks stay
+
+
+def test_reference_workers_stay_warm_with_fresh_weights_per_evaluation(cache_dir, tmp_path):
+    weights = python_candidate(tmp_path, "features", "self.linear = torch.nn.Linear(features, features)",
+                               "(_ for _ in ()).throw(RuntimeError('W=%.6f' % float(self.linear.weight.sum())))")
+    task = TASKS / "linear_gelu.py"
+    with Judge("cpu", fast_config(cache_dir, warm_references=1)) as judge:
+        first = judge.evaluate(task, weights)
+        (worker,) = judge.references.workers.values()
+        second = judge.evaluate(task, weights)
+        assert list(judge.references.workers.values()) == [worker] and worker.process.proc.poll() is None
+        assert second.phases_s["reference_ready"] < 0.5 <= first.phases_s["reference_ready"], (first.phases_s,
+                                                                                              second.phases_s)
+        assert first.error.split("W=")[1] != second.error.split("W=")[1]  # new weights every evaluation
+        judge.evaluate(AFFINE, weights)  # another task: the least recently used worker goes (one kept)
+        assert worker.process.proc.poll() is not None and len(judge.references.workers) == 1
+        with pytest.raises(TaskError):
+            judge.evaluate(TASKS / "broken" / "bad_inputs.py", weights)
+        assert all(w.task.name != "bad_inputs" for w in judge.references.workers.values())
+    assert not judge.references.workers

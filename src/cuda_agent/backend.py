@@ -117,6 +117,10 @@ class Backend:
     def synchronize(self) -> None:
         pass
 
+    def memory_held(self) -> int:
+        """Bytes this process holds of the memory the device computes from (host RAM for the CPU)."""
+        return os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[1])
+
     def make_cache_flusher(self) -> Callable[[], None]:
         raise NotImplementedError
 
@@ -269,6 +273,11 @@ class CudaBackend(Backend):
         import torch
 
         torch.cuda.synchronize()
+
+    def memory_held(self) -> int:
+        import torch
+
+        return torch.cuda.memory_reserved()
 
     def make_cache_flusher(self) -> Callable[[], None]:
         import torch

@@ -32,10 +32,9 @@ POLICY_HELP = ("strict (CUDA Agent's rules: compute only in your own kernels; wh
                "(KernelBench's: torch ops allowed in ModelNew; every correctness and timing check kept)")
 
 
-def _judge(backend: str, cache_dir: Optional[Path], trials: int = 5, seed: Optional[int] = None, **settings):
-    """A Judge from the command's options (`settings` are JudgeConfig fields); says loudly when it runs unsandboxed."""
-    from . import sandbox
-    from .judge import Judge, JudgeConfig
+def _config(cache_dir: Optional[Path], trials: int = 5, seed: Optional[int] = None, **settings):
+    """A JudgeConfig from the command's options (`settings` are JudgeConfig fields)."""
+    from .judge import JudgeConfig
 
     if trials < 1:
         raise BackendError("--trials must be at least 1")
@@ -44,10 +43,23 @@ def _judge(backend: str, cache_dir: Optional[Path], trials: int = 5, seed: Optio
         config.seeds = tuple(seed + i for i in range(trials))
     if cache_dir is not None:
         config.cache_dir = cache_dir
-    judge = Judge(backend, config)
-    if not judge.sandboxed and config.sandbox == "auto":
+    return config
+
+
+def _warn_unsandboxed(judge) -> None:
+    """`auto` fell back to plain processes: say so loudly (a Judge or a JudgePool)."""
+    from . import sandbox
+
+    if not judge.sandboxed and judge.config.sandbox == "auto":
         err.print(f"[bold yellow]warning:[/] no sandbox here ({sandbox.probe()}): candidates run as plain processes "
                   "with your rights; --sandbox required refuses instead", highlight=False, soft_wrap=True)
+
+
+def _judge(backend: str, cache_dir: Optional[Path], trials: int = 5, seed: Optional[int] = None, **settings):
+    from .judge import Judge
+
+    judge = Judge(backend, _config(cache_dir, trials, seed, **settings))
+    _warn_unsandboxed(judge)
     return judge
 
 
@@ -116,7 +128,7 @@ def eval_cmd(
         judge = _judge(backend, cache_dir, trials, seed, atol=atol, rtol=rtol, allow_tf32=allow_tf32,
                        keep_run_dirs=keep, compile_mode=compile_mode, run_timeout_s=timeout,
                        max_error_ratio=max_error_ratio, sandbox=sandbox_mode, policy=policy)
-        with err.status(f"judging {solution} against {reference.name} on {backend}..."):
+        with judge, err.status(f"judging {solution} against {reference.name} on {backend}..."):
             verdict = judge.evaluate(reference, solution)
     except (TaskError, CandidateError, BackendError, ValueError) as exc:
         _fail(str(exc))
@@ -147,35 +159,43 @@ def eval_suite_cmd(
     sandbox_mode: str = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
     policy: str = typer.Option("strict", help=POLICY_HELP),
     db: Optional[Path] = typer.Option(None, help="results database (default: in the cache); reruns resume from it"),
+    workers: Optional[int] = typer.Option(None, help="evaluations in flight at once (default: enough for every "
+                                          "core and GPU; 1: one at a time)"),
+    gpus: Optional[str] = typer.Option(None, help="GPU indices to judge on, e.g. 0,1 (default: the default GPU)"),
 ) -> None:
     """Judge a folder of solutions against a suite; print per-level and overall rates and speedups."""
     from .benchmark.suite import discover, evaluate_suite, report
+    from .judge.pool import JudgePool
     from .judge.store import Store
 
     if not solutions.is_dir():
         _fail(f"solutions {solutions}: no such folder")
     try:
         level_list = None if levels is None else [int(x) for x in levels.split(",") if x.strip()]
+        devices = None if gpus is None else [int(x) for x in gpus.split(",") if x.strip()]
     except ValueError:
-        _fail(f"--levels must be comma-separated integers, got '{levels}'")
+        _fail(f"--levels and --gpus take comma-separated integers, got '{levels}' and '{gpus}'")
+    if workers is not None and workers < 1:
+        _fail("--workers must be at least 1")
     try:
         tasks = discover(suite_dir, level_list)
-        judge = _judge(backend, cache_dir, trials, atol=atol, rtol=rtol, allow_tf32=allow_tf32,
-                       compile_mode=compile_mode, run_timeout_s=timeout, max_error_ratio=max_error_ratio,
-                       sandbox=sandbox_mode, policy=policy)
+        config = _config(cache_dir, trials, atol=atol, rtol=rtol, allow_tf32=allow_tf32, compile_mode=compile_mode,
+                         run_timeout_s=timeout, max_error_ratio=max_error_ratio, sandbox=sandbox_mode, policy=policy)
+        pool = JudgePool(backend, config, devices=devices, workers=workers)
+        _warn_unsandboxed(pool)
     except (FileNotFoundError, BackendError, ValueError) as exc:
         _fail(str(exc))
-    store = Store(db or judge.cache_dir / "suite.sqlite")
+    store = Store(db or pool.cache_dir / "suite.sqlite")
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[last]}"), console=err)
-    with progress:
+    with progress, pool:
         bar = progress.add_task("judging", total=len(tasks), last="")
 
         def on_result(task, verdict, resumed):
             tag = "resumed" if resumed else f"reward {verdict.reward}"
             progress.update(bar, advance=1, last=f"{task.name}: {tag}")
 
-        records = evaluate_suite(judge, tasks, solutions, store, on_result)
+        records = evaluate_suite(pool, tasks, solutions, store, on_result)
     rep = report(records)
     if as_json:
         sys.stdout.write(json.dumps(rep, indent=2) + "\n")
@@ -240,8 +260,9 @@ def optimize_cmd(
         err.print(f"turn {state['turn']:>3}  {state['last_tool'] or '-':<10} best reward {best}  "
                   f"context {state['context_tokens']}", highlight=False)
 
-    summary = run_episode(env, client, reference, run_dir,
-                          LoopConfig(max_turns=max_turns, max_context=max_context, single_turn=single_turn), show)
+    with judge:
+        summary = run_episode(env, client, reference, run_dir,
+                              LoopConfig(max_turns=max_turns, max_context=max_context, single_turn=single_turn), show)
     final = summary.get("final_verdict") or {}
     out.print(f"stopped: {summary['stop']} after {summary['turns']} turn(s); {summary['snapshots']} verified "
               f"candidate(s)", highlight=False)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 import re
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..judge import Judge, Verdict
+from ..judge import Verdict
+from ..judge.pool import JudgePool
 from ..judge.store import Store
 from ..task import TaskError, load_task
 from ..workspace.candidate import CandidateError, load_candidate
@@ -65,17 +67,20 @@ def find_solution(solutions_dir: Path, task: SuiteTask) -> Path | None:
     return None
 
 
-def missing_verdict(judge: Judge, reason: str) -> Verdict:
-    return Verdict(reward=-1, compiled=False, correct=False, error=reason, backend=judge.backend.name)
+def missing_verdict(backend: str, reason: str) -> Verdict:
+    return Verdict(reward=-1, compiled=False, correct=False, error=reason, backend=backend)
 
 
-def evaluate_suite(judge: Judge, tasks: list[SuiteTask], solutions_dir: Path, store: Store,
+def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path, store: Store,
                    on_result: Callable[[SuiteTask, Verdict, bool], None] | None = None) -> list[dict]:
-    """Judge every task (reusing stored verdicts); returns one record per task."""
-    records = []
-    settings = f"{judge.backend.name}|{judge.config.verdict_key()}"
-    for task in tasks:
-        solution = find_solution(solutions_dir, task)
+    """Judge every task (reusing stored verdicts), as many at once as the pool takes; one record per task, in
+    the suite's order. Each verdict is stored the moment it is known, so an interrupted run loses nothing."""
+    backend = pool.backend.name
+    settings = f"{backend}|{pool.config.verdict_key()}"
+    verdicts: dict[int, Verdict] = {}
+    pending: dict[Future, tuple[int, str]] = {}
+    solutions = [find_solution(solutions_dir, task) for task in tasks]
+    for i, (task, solution) in enumerate(zip(tasks, solutions)):
         try:
             ref = load_task(task.path)
             cand = load_candidate(solution) if solution else None
@@ -85,22 +90,23 @@ def evaluate_suite(judge: Judge, tasks: list[SuiteTask], solutions_dir: Path, st
             early = None if cand else f"no solution found for {task.name}"
         key = f"{settings}|{ref.hash if ref else task.name}|{cand.hash if cand else 'none'}"
         stored = store.get("suite", key)
-        resumed = stored is not None
-        if stored is not None:
-            verdict = Verdict.from_dict(stored)
-        elif early:
-            verdict = missing_verdict(judge, early)
+        if stored is not None or early:
+            verdicts[i] = Verdict.from_dict(stored) if stored is not None else missing_verdict(backend, early)
+            if on_result:
+                on_result(task, verdicts[i], stored is not None)
         else:
-            try:
-                verdict = judge.evaluate(ref, cand)
-            except TaskError as exc:
-                verdict = missing_verdict(judge, f"reference error: {exc}")
-            store.put("suite", key, verdict.to_dict())
-        records.append({"level": task.level, "task": task.name, "solution": str(solution) if solution else None,
-                        "verdict": verdict.to_dict()})
+            pending[pool.submit(ref, cand)] = (i, key)
+    for future in as_completed(pending):
+        i, key = pending[future]
+        try:
+            verdicts[i] = future.result()
+        except TaskError as exc:
+            verdicts[i] = missing_verdict(backend, f"reference error: {exc}")
+        store.put("suite", key, verdicts[i].to_dict())
         if on_result:
-            on_result(task, verdict, resumed)
-    return records
+            on_result(tasks[i], verdicts[i], False)
+    return [{"level": task.level, "task": task.name, "solution": str(solution) if solution else None,
+             "verdict": verdicts[i].to_dict()} for i, (task, solution) in enumerate(zip(tasks, solutions))]
 
 
 def summarize(verdicts: list[dict]) -> dict:

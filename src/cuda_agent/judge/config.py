@@ -81,6 +81,8 @@ class JudgeConfig:
     build_timeout_s: float = 900.0
     run_timeout_s: float = 300.0  # candidate process: load, verify and time
     reference_timeout_s: float = 900.0  # reference process, including the torch.compile baseline
+    warm_references: int = 4  # reference workers kept warm across evaluations (judge/references.py; 0: none)
+    warm_memory_gb: float = 16.0  # and at most this much device memory (host RAM on cpu) held by idle ones
     cache_dir: Path = field(default_factory=default_cache_dir)
     keep_run_dirs: bool = False
     sandbox: str = "auto"  # candidate isolation: auto (namespaces where they work, else plain), required, none
@@ -98,10 +100,12 @@ class JudgeConfig:
                f"iters={self.min_iters}-{self.max_iters};target={self.target_time_s};fresh-inputs-v3"
 
     def verdict_key(self) -> str:
-        """Every setting that can change a verdict (all but where files go), for results stored across runs."""
+        """Every setting that can change a verdict (all but where files go and how many workers stay warm), for
+        results stored across runs."""
         from .. import __version__
 
-        settings = {k: v for k, v in self.to_dict().items() if k not in ("cache_dir", "keep_run_dirs")}
+        settings = {k: v for k, v in self.to_dict().items()
+                    if k not in ("cache_dir", "keep_run_dirs", "warm_references", "warm_memory_gb")}
         text = json.dumps({"settings": settings, "version": __version__}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 

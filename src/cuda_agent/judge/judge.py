@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,15 +33,12 @@ from ..workspace.inline import InlineBuilder, InlineError
 from .config import POLICIES, JudgeConfig
 from .policy import scan_sources
 from .process import WorkerDied, WorkerProcess
+from .references import ReferenceFailed, ReferencePool, ReferenceWorker
 from .scoring import PRECISION_WARN_RATIO, score
 from .store import Store
 from .symbols import library_problems
 from .timekeeper import Timekeeper, TimingFailed
 from .verdict import Verdict
-
-class ReferenceFailed(RuntimeError):
-    """The reference worker failed after it had run the task once: the evaluation ends with a failure verdict."""
-
 
 class Phases:
     """Wall time of each evaluation phase, recorded in the verdict (where an evaluation spends its time)."""
@@ -56,8 +54,10 @@ class Phases:
 
 
 class Judge:
-    def __init__(self, backend: str | Backend = "cuda", config: JudgeConfig | None = None):
+    def __init__(self, backend: str | Backend = "cuda", config: JudgeConfig | None = None, device: int | None = None):
+        """`device`: the GPU index its workers run on (CUDA_VISIBLE_DEVICES); None: the process's default."""
         self.config = config or JudgeConfig()
+        self.device = device
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.backend.check_toolchain()
         if self.config.policy not in POLICIES:
@@ -83,6 +83,19 @@ class Judge:
                                      address_space=self.backend.name == "cpu")
         self.store = Store(self.cache_dir / "judge.sqlite")
         self.timekeeper = Timekeeper(self.config, self.store)
+        self.references = ReferencePool(self.config.warm_references, self.cache_dir / "runs",
+                                        self.config.warm_memory_gb * 2**30)
+        self.device_lock = threading.Lock()  # verification and timing: one evaluation at a time on the device
+
+    def close(self) -> None:
+        """Stop the warm reference workers."""
+        self.references.close()
+
+    def __enter__(self) -> "Judge":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ---- public --------------------------------------------------------------------------------------
     def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
@@ -110,16 +123,19 @@ class Judge:
     # ---- steps ---------------------------------------------------------------------------------------
     def _evaluate(self, task: Task, cand: Candidate, seeds: list[int], run_dir: Path, verdict: Verdict) -> None:
         cfg = self.config
+        request = {"backend": self.backend.name, "allow_tf32": cfg.allow_tf32, "atol": cfg.atol, "rtol": cfg.rtol,
+                   "max_relative_error": cfg.max_relative_error, "compile_mode": cfg.compile_mode,
+                   "timing": self._timing()}
+        with self.references.reserve(task, request, self._worker_env()) as ref:  # a cold one starts meanwhile
+            self._run(task, cand, seeds, run_dir, verdict, ref)
+
+    def _run(self, task: Task, cand: Candidate, seeds: list[int], run_dir: Path, verdict: Verdict,
+             ref: ReferenceWorker) -> None:
+        cfg = self.config
         public = run_dir / "public"
         public.mkdir()
         transfer = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK)
                                          else run_dir))
-        ref = WorkerProcess("cuda_agent.judge.reference_worker", {
-            "task_path": str(task.path), "backend": self.backend.name, "init_seed": secrets.randbelow(2**31),
-            "allow_tf32": cfg.allow_tf32, "public_dir": str(public), "atol": cfg.atol, "rtol": cfg.rtol,
-            "max_relative_error": cfg.max_relative_error,
-            "compile_mode": cfg.compile_mode, "timing": self._timing(),
-        }, run_dir / "reference", self._worker_env())
         worker: WorkerProcess | None = None
         phases = Phases(verdict)
         strict = cfg.policy == "strict"
@@ -139,11 +155,10 @@ class Judge:
                     "cuda_ipc": self.cuda_ipc, "sandboxed": self.sandboxed,
                 }, run_dir / "candidate", self._candidate_env(run_dir),
                     self._candidate_sandbox(task, run_dir, transfer, verdict))
-            msg = self._reference_message(task, ref, "ready", time.monotonic() + cfg.reference_timeout_s)
+            ready = ref.wait_ready(cfg.reference_timeout_s)
             phases.mark("reference_ready")
             verdict.device, verdict.torch_version, verdict.precision = \
-                msg["device"], msg["torch_version"], msg["precision"]
-            work = msg["work"]
+                ready["device"], ready["torch_version"], ready["precision"]
             if not build.ok:
                 verdict.error = build.error
                 return
@@ -151,36 +166,41 @@ class Judge:
                 verdict.error = f"policy violation: {verdict.policy_violations[0]}"
                 return
             msg = self._serve_builds(worker, cfg.run_timeout_s, verdict)
-            if msg["event"] == "loaded" and not msg.get("violations"):
-                worker.send({"command": "init", "public_dir": str(public)})
-                msg = self._serve_builds(worker, cfg.run_timeout_s, verdict)
             phases.mark("candidate_load")
             verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
-            if verdict.policy_violations:
-                verdict.error = f"policy violation: {verdict.policy_violations[0]}"
+            if msg["event"] != "loaded" or verdict.policy_violations:
+                self._load_failed(msg, verdict)
                 return
-            if msg["event"] not in ("loaded", "initialised"):
-                verdict.compiled = msg["event"] != "load_error"
-                verdict.error = msg.get("error", f"unexpected message {msg}")
-                return
-            verdict.compiled = True
-            verdict.warnings += msg.get("warnings", [])
-            deadline = time.monotonic() + cfg.run_timeout_s
-            if not self._verify(task, ref, worker, seeds, transfer, deadline, verdict):
-                return
-            phases.mark("verify")
-            try:
-                outcome = self.timekeeper.run(self._baseline_key(task, verdict),
-                                              lambda command, event: self._reference_call(task, ref, command, event),
-                                              worker, deadline, self._timed_call_check(task, ref, transfer, verdict))
-            except TimingFailed as exc:
-                verdict.correct = False
-                verdict.policy_violations += exc.violations
-                verdict.error = verdict.error or str(exc)
-                return
-            phases.mark("timing")
+            with ref.lease(), self.device_lock:  # from here on the reference and the device are this evaluation's
+                phases.mark("queued")
+                ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31), "public_dir": str(public)},
+                         "begun", cfg.reference_timeout_s)
+                worker.send({"command": "init", "public_dir": str(public)})
+                msg = self._serve_builds(worker, cfg.run_timeout_s, verdict)
+                phases.mark("candidate_init")
+                verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
+                if msg["event"] != "initialised" or verdict.policy_violations:
+                    self._load_failed(msg, verdict)
+                    return
+                verdict.compiled = True
+                verdict.warnings += msg.get("warnings", [])
+                deadline = time.monotonic() + cfg.run_timeout_s
+                if not self._verify(task, ref, worker, seeds, transfer, deadline, verdict):
+                    return
+                phases.mark("verify")
+                try:
+                    outcome = self.timekeeper.run(
+                        self._baseline_key(task, verdict),
+                        lambda command, event: ref.call(command, event, cfg.reference_timeout_s),
+                        worker, deadline, self._timed_call_check(ref, transfer, verdict))
+                except TimingFailed as exc:
+                    verdict.correct = False
+                    verdict.policy_violations += exc.violations
+                    verdict.error = verdict.error or str(exc)
+                    return
+                phases.mark("timing")
             peaks = cfg.device_peaks or self.backend.peak_rates(str(verdict.device))
-            score(cfg, self.backend.timing_method, outcome, work, peaks, verdict)
+            score(cfg, self.backend.timing_method, outcome, ready["work"], peaks, verdict)
         except WorkerDied as exc:
             verdict.correct = False
             verdict.error = f"candidate process {exc}"
@@ -188,10 +208,18 @@ class Judge:
             verdict.correct = False
             verdict.error = f"evaluation aborted: {exc}"
         finally:
-            ref.close()
             if worker is not None:
                 worker.close()
             shutil.rmtree(transfer, ignore_errors=True)
+
+    @staticmethod
+    def _load_failed(msg: dict[str, Any], verdict: Verdict) -> None:
+        """The candidate did not load or initialise: a policy violation found there, or the worker's own error."""
+        if verdict.policy_violations:
+            verdict.error = f"policy violation: {verdict.policy_violations[0]}"
+        else:
+            verdict.compiled = msg["event"] != "load_error"
+            verdict.error = msg.get("error", f"unexpected message {str(msg)[:200]}")
 
     def _build(self, cand: Candidate, build_dir: Path, verdict: Verdict) -> BuildResult:
         """A workspace is built here, and its library's symbols checked (strict); a single file's `load_inline`
@@ -232,23 +260,7 @@ class Judge:
                 continue
             worker.send({"path": str(built.path), "module": built.module, "sha256": built.sha256})
 
-    def _reference_message(self, task: Task, ref: WorkerProcess, expected: str, deadline: float) -> dict[str, Any]:
-        """The reference worker's next message. Before it is ready, a failure is the reference's own (TaskError,
-        the user's error); afterwards it fails this evaluation (ReferenceFailed, a verdict)."""
-        error = TaskError if expected == "ready" else ReferenceFailed
-        try:
-            msg = ref.receive(deadline)
-        except WorkerDied as exc:
-            raise error(f"reference {task.path}: the reference worker {exc}") from exc
-        if msg["event"] != expected:
-            raise error(f"reference {task.path}: {msg.get('error', msg)}")
-        return msg
-
-    def _reference_call(self, task: Task, ref: WorkerProcess, command: dict[str, Any], expected: str) -> dict:
-        ref.send(command)
-        return self._reference_message(task, ref, expected, time.monotonic() + self.config.reference_timeout_s)
-
-    def _verify(self, task: Task, ref: WorkerProcess, worker: WorkerProcess, seeds: list[int], transfer: Path,
+    def _verify(self, task: Task, ref: ReferenceWorker, worker: WorkerProcess, seeds: list[int], transfer: Path,
                 deadline: float, verdict: Verdict) -> bool:
         """Every input set in lockstep: reference outputs, candidate outputs, comparison on the reference side."""
         errors: dict[str, list[float]] = {"candidate": [], "eager": []}
@@ -285,14 +297,14 @@ class Judge:
                                         "(TF32/fp16/bf16)")
         return True
 
-    def _trial(self, task: Task, ref: WorkerProcess, worker: WorkerProcess, command: dict[str, Any], label: str,
+    def _trial(self, task: Task, ref: ReferenceWorker, worker: WorkerProcess, command: dict[str, Any], label: str,
                transfer: Path, deadline: float, verdict: Verdict, errors: dict[str, list[float]]) -> bool:
         """One input set: the reference draws it and computes its outputs, the candidate runs on it, the reference
         compares. False on failure (the verdict says why)."""
         ref.send({"command": "trial", "seed": command["seed"], "shapes": command.get("shapes"),
                   "scale": command.get("scale")})
         worker.send(command)
-        ready = self._reference_message(task, ref, "trial_ready", time.monotonic() + self.config.reference_timeout_s)
+        ready = ref.receive("trial_ready", self.config.reference_timeout_s)
         msg = worker.receive(deadline)
         if ready["checksums"] is None:  # the task itself does not hold at these sizes: nothing to check
             verdict.warnings.append(f"{label} skipped: the reference fails there ({ready['error']})")
@@ -303,10 +315,9 @@ class Judge:
         verdict.warnings = list(dict.fromkeys(verdict.warnings + msg["warnings"]))
         for name, seconds in (("reference", ready["seconds"]), ("candidate", msg["seconds"])):
             verdict.phases_s[f"verify_{name}"] = round(verdict.phases_s.get(f"verify_{name}", 0.0) + seconds, 3)
-        return self._check_outputs(task, ref, ready, msg, label, transfer / f"trial{command['k']}.json", verdict,
-                                   errors)
+        return self._check_outputs(ref, ready, msg, label, transfer / f"trial{command['k']}.json", verdict, errors)
 
-    def _check_outputs(self, task: Task, ref: WorkerProcess, ready: dict, msg: dict, label: str, manifest: Path,
+    def _check_outputs(self, ref: ReferenceWorker, ready: dict, msg: dict, label: str, manifest: Path,
                        verdict: Verdict, errors: dict[str, list[float]]) -> bool:
         """The candidate's report on one call (inputs as it left them, its outputs) against the reference's."""
         verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
@@ -323,8 +334,8 @@ class Judge:
             verdict.error = f"policy violation: {verdict.policy_violations[0]}"
             return False
         # the manifest's path is the judge's own, whatever the worker says
-        compared = self._reference_call(task, ref, {"command": "compare", "manifest": str(manifest), "label": label},
-                                        "compared")
+        compared = ref.call({"command": "compare", "manifest": str(manifest), "label": label}, "compared",
+                            self.config.reference_timeout_s)
         shutil.rmtree(manifest.with_suffix(""), ignore_errors=True)
         verdict.phases_s["verify_compare"] = round(verdict.phases_s.get("verify_compare", 0.0) + compared["seconds"],
                                                    3)
@@ -338,16 +349,17 @@ class Judge:
             return False
         return True
 
-    def _timed_call_check(self, task: Task, ref: WorkerProcess, transfer: Path, verdict: Verdict):
+    def _timed_call_check(self, ref: ReferenceWorker, transfer: Path, verdict: Verdict):
         """Checks the outputs of a timed call the timekeeper picked: the reference redraws its inputs from the seed."""
 
         def check(seed: int, label: str, exported: dict) -> bool:
-            ready = self._reference_call(task, ref, {"command": "trial", "seed": seed, "fp64": False}, "trial_ready")
+            ready = ref.call({"command": "trial", "seed": seed, "fp64": False}, "trial_ready",
+                             self.config.reference_timeout_s)
             if ready["checksums"] is None:
                 verdict.error = f"incorrect: {label}: the reference failed there ({ready['error']})"
                 return False
             manifest = transfer / f"timed{exported['call']}.json"
-            ok = self._check_outputs(task, ref, ready, exported, label, manifest, verdict,
+            ok = self._check_outputs(ref, ready, exported, label, manifest, verdict,
                                      {"candidate": [], "eager": []})
             if not ok:
                 verdict.correct = False
@@ -393,4 +405,6 @@ class Judge:
         # thread that still burns CPU is then doing the candidate's work (candidate_worker.Guard).
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"), "MAX_JOBS": str(os.cpu_count() or 1),
                "OMP_WAIT_POLICY": "PASSIVE"}
+        if self.device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.device)
         return {**env, **self.backend.worker_env()}

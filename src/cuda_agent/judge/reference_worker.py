@@ -1,9 +1,11 @@
 """Reference worker: the trusted side. It runs only the task's code and never imports candidate code.
 
-It builds `Model` (writing its state dict where the candidate worker can read it), then serves the judge's
-commands: `trial` draws one input set from a seed and computes the reference outputs in fp32 (the tolerance
-check) and fp64 (fp32 eager's own error); `compare` checks the candidate's outputs for that trial on the device;
-`time` measures eager and torch.compile. Reference outputs never leave this process.
+It builds `Model` once and stays warm across evaluations of its task (judge/references.py). Commands: `begin`
+starts an evaluation: fresh weights from the evaluation's seed, written with the constructor arguments where the
+candidate worker can read them; `trial` draws one input set from a seed and computes the reference outputs in fp32
+(the tolerance check) and fp64 (fp32 eager's own error); `compare` checks the candidate's outputs for that trial
+on the device; `time` measures eager and torch.compile (compiled once per worker), `time_eager` a short eager
+timing. Reference outputs never leave this process.
 
 Usage (by the judge): python -m cuda_agent.judge.reference_worker REQUEST.json
 """
@@ -50,12 +52,19 @@ class Reference:
             self.model = _step("building Model(*get_init_inputs())",
                                lambda: self.module.Model(*self.init_inputs).to(self.device).eval())
         self.model64 = None
+        self.compiled = None
         self.trial: dict = {}
         probe = _step("get_inputs()", make_inputs, self.module, req["init_seed"], self.device)
         with torch.no_grad():  # a reference that cannot run is reported before any candidate is judged
             _, self.work = _step("Model.forward", count_work, lambda inputs: self.model(*inputs), probe)
 
-    def publish(self, public: Path) -> None:
+    def begin(self, init_seed: int, public: Path) -> None:
+        """A new evaluation: weights drawn afresh (into the same module, so torch.compile stays warm), published."""
+        torch.manual_seed(init_seed)
+        with torch.device(self.device):
+            fresh = _step("building Model(*get_init_inputs())", lambda: self.module.Model(*self.init_inputs))
+        self.model.load_state_dict(fresh.state_dict())
+        self.model64 = None  # the fp64 copy follows the new weights
         torch.save(self.init_inputs, public / "init_inputs.pt")
         torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, public / "state_dict.pt")
 
@@ -111,9 +120,10 @@ class Reference:
         eager = self._timed(lambda inputs: self.model(*inputs), timing)
         compiled_stats, compile_error = None, None
         try:
-            mode = self.req["compile_mode"]
-            compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
-            compiled_stats = self._timed(lambda inputs: compiled(*inputs), timing)
+            if self.compiled is None:
+                mode = self.req["compile_mode"]
+                self.compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
+            compiled_stats = self._timed(lambda inputs: self.compiled(*inputs), timing)
         except Exception as exc:
             compile_error = one_line(exc)
         return {"eager": eager, "compile": compiled_stats, "compile_error": compile_error}
@@ -139,15 +149,21 @@ class FreshInputs(Hooks):
 
 def start(req: dict, chan: Channel) -> dict:
     ref = Reference(req)
-    ref.publish(Path(req["public_dir"]))
     chan.send("ready", device=ref.backend.describe_device(), torch_version=torch.__version__,
               precision=ref.precision, work=ref.work)
+
+    def begin(cmd: dict) -> tuple[str, dict]:
+        ref.begin(int(cmd["init_seed"]), Path(cmd["public_dir"]))
+        return "begun", {}
+
     return {
+        "begin": begin,
         "trial": lambda cmd: ("trial_ready", ref.run_trial(int(cmd["seed"]), cmd.get("shapes"), cmd.get("scale"),
                                                            cmd.get("fp64", True))),
         "compare": lambda cmd: ("compared", {"result": ref.compare(cmd["manifest"], cmd["label"])}),
         "time": lambda cmd: ("baselines", ref.time_baselines()),
         "time_eager": lambda cmd: ("eager_timed", {"stats": ref.time_eager(cmd["timing"])}),
+        "memory": lambda cmd: ("memory", {"bytes": ref.backend.memory_held()}),
     }
 
 

@@ -1,0 +1,75 @@
+"""Many evaluations at once on one machine: `JudgePool`, the judge behind eval-suite, the agent's suites and RL.
+
+One `Judge` per device (GPU index, or the CPU), all sharing the cache (objects, precompiled headers, published
+libraries, baselines). Evaluations run on threads: builds, candidate loads and everything else on the CPU overlap
+on all cores, while verification and timing hold their device's lock, so no two timed runs share a device. Each
+evaluation goes to the device with the fewest in flight. Verdicts are those a lone `Judge` gives.
+
+    with JudgePool("cuda", JudgeConfig(), devices=[0, 1]) as pool:
+        futures = [pool.submit(task, candidate) for task, candidate in work]
+        verdicts = [f.result() for f in futures]
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from ..backend import Backend
+from ..task import Task
+from ..workspace.candidate import Candidate
+from .config import JudgeConfig
+from .judge import Judge
+from .verdict import Verdict
+
+
+def default_workers(backend: str, devices: int) -> int:
+    """Enough evaluations in flight to keep every core building and every GPU busy. On the cpu backend the cores
+    are the device: builds beside a timed run would slow it, so one at a time unless asked."""
+    return 1 if backend == "cpu" else max(2 * devices, min(16, os.cpu_count() or 1))
+
+
+class JudgePool:
+    def __init__(self, backend: str | Backend = "cuda", config: JudgeConfig | None = None,
+                 devices: list[int] | None = None, workers: int | None = None):
+        """`devices`: GPU indices to use (None: the default device only; the cpu backend has one device)."""
+        indices: list[int | None] = list(devices) if devices else [None]
+        self.judges = [Judge(backend, config, device=d) for d in indices]
+        self.config, self.backend = self.judges[0].config, self.judges[0].backend
+        self.sandboxed, self.cache_dir = self.judges[0].sandboxed, self.judges[0].cache_dir
+        self.workers = workers or default_workers(self.backend.name, len(self.judges))
+        if self.workers < 1:
+            raise ValueError("a judge pool needs at least 1 worker")
+        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="judge")
+        self._in_flight = [0] * len(self.judges)
+        self._lock = threading.Lock()
+
+    def submit(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Future[Verdict]:
+        """Judge in the background; the future's result is the verdict (or the TaskError/BackendError it raised)."""
+        with self._lock:
+            index = min(range(len(self.judges)), key=self._in_flight.__getitem__)
+            self._in_flight[index] += 1
+        future = self._executor.submit(self.judges[index].evaluate, reference, candidate)
+        future.add_done_callback(lambda _: self._done(index))
+        return future
+
+    def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
+        return self.submit(reference, candidate).result()
+
+    def _done(self, index: int) -> None:
+        with self._lock:
+            self._in_flight[index] -= 1
+
+    def close(self, cancel: bool = False) -> None:
+        """Wait for the evaluations in flight (with `cancel`, drop those not started), then stop the judges."""
+        self._executor.shutdown(wait=True, cancel_futures=cancel)
+        for judge in self.judges:
+            judge.close()
+
+    def __enter__(self) -> "JudgePool":
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        self.close(cancel=kind is not None)  # interrupted: what is running finishes, the rest is dropped

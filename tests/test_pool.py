@@ -1,0 +1,72 @@
+"""The judge pool: many evaluations at once, each device's verification and timing one at a time, verdicts as a
+lone judge gives them."""
+
+import threading
+
+from conftest import CANDIDATES, TASKS, fast_config
+from cuda_agent.judge import Judge, references
+from cuda_agent.judge.pool import JudgePool
+
+AFFINE = TASKS / "affine_relu.py"
+
+
+class CountingLock:
+    """A lock that remembers how many holders it ever had at once."""
+
+    def __init__(self):
+        self._lock, self._count = threading.Lock(), threading.Lock()
+        self.holders = self.most = self.entries = 0
+
+    def __enter__(self):
+        self._lock.acquire()
+        with self._count:
+            self.holders += 1
+            self.entries += 1
+            self.most = max(self.most, self.holders)
+
+    def __exit__(self, *exc):
+        with self._count:
+            self.holders -= 1
+        self._lock.release()
+
+
+def test_the_pool_judges_at_once_one_device_phase_at_a_time_as_a_lone_judge_would(cache_dir, make_workspace):
+    wrong = make_workspace(edits={"kernels/affine_relu.cpp": [("* 0.5f;", "* 0.55f;")]})
+    work = [(AFFINE, CANDIDATES / "affine_relu_ok"), (AFFINE, wrong), (AFFINE, CANDIDATES / "affine_relu_single.py"),
+            (TASKS / "linear_gelu.py", CANDIDATES / "affine_relu_ok")]
+    with Judge("cpu", fast_config(cache_dir)) as judge:
+        alone = [judge.evaluate(task, cand) for task, cand in work]
+    with JudgePool("cpu", fast_config(cache_dir), workers=3) as pool:
+        lock = pool.judges[0].device_lock = CountingLock()
+        together = [f.result() for f in [pool.submit(task, cand) for task, cand in work]]
+    assert lock.most == 1 and lock.entries == 4  # every evaluation reached the device, never two at once
+    for a, b in zip(alone, together):
+        assert (a.compiled, a.correct, a.policy_violations, a.task, a.candidate, a.policy) == \
+               (b.compiled, b.correct, b.policy_violations, b.task, b.candidate, b.policy)
+        assert (a.error or "").split(":")[0] == (b.error or "").split(":")[0]  # inputs are fresh per evaluation
+    assert [v.correct for v in together] == [True, False, True, False]
+
+
+def test_idle_reference_workers_are_kept_within_count_and_memory(monkeypatch, tmp_path):
+    class Stub:
+        def __init__(self, task, request, env, root):
+            self.task, self.users, self.failed, self.memory, self.closed = task, 0, False, task.memory, False
+
+        def close(self):
+            self.closed = True
+
+    class FakeTask:
+        def __init__(self, name, memory):
+            self.name, self.hash, self.memory = name, name, memory
+
+    monkeypatch.setattr(references, "ReferenceWorker", Stub)
+    pool = references.ReferencePool(size=2, root=tmp_path, memory_bytes=10)
+    seen = {}
+    for name, memory in [("a", 4), ("b", 4), ("c", 4), ("b", 4)]:
+        with pool.reserve(FakeTask(name, memory), {}, {}) as worker:
+            seen.setdefault(name, worker)
+    assert [w.task.name for w in pool.workers.values()] == ["c", "b"]  # b used last; a least recent, gone
+    assert seen["a"].closed and not seen["b"].closed
+    with pool.reserve(FakeTask("d", 7), {}, {}):  # b and d fit no longer: the older goes
+        pass
+    assert [w.task.name for w in pool.workers.values()] == ["d"] and seen["b"].closed and seen["c"].closed
