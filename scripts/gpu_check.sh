@@ -2,7 +2,8 @@
 # GPU checks, run on a machine with an NVIDIA GPU (the device machine): the `gpu` tests, the build-speed and
 # evaluation-latency benchmarks, and eval-suite on real KernelBench problems when KERNELBENCH points at them.
 # Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements.md.
-# Usage: scripts/gpu_check.sh [tests] [build] [latency] [fresh] [suite] [data]   (default: all but data)
+# Usage: scripts/gpu_check.sh [tests] [build] [latency] [fresh] [suite] [throughput] [data]
+#   (default: all but throughput and data; THROUGHPUT_ARGS adds judge_throughput.py options, e.g. --modes pool,pool2)
 # GPU_TESTS_K selects tests by pytest's -k expression (to split the run over calls of a limited length).
 # `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into DATA_DIR (default $OUT/data;
 # DATA_WORKERS, DATA_TIME_LIMIT seconds, DATA_MAX_ATTEMPTS; rerun with the same DATA_DIR to resume); KERNELBENCH
@@ -41,6 +42,10 @@ fi
 if [[ $stages == *" fresh "* ]]; then
   python3 benchmarks/fresh_inputs.py --backend cuda --out "$OUT/fresh_inputs.json" \
     ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} 2>&1 | tee "$OUT/fresh_inputs.log" || status=1
+fi
+if [[ $stages == *" throughput "* ]]; then
+  python3 benchmarks/judge_throughput.py --backend cuda --out "$OUT/throughput.json" \
+    ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} ${THROUGHPUT_ARGS:-} 2>&1 | tee "$OUT/throughput.log" || status=1
 fi
 if [[ $stages == *" data "* ]]; then
   python3 -m cuda_agent data build --target "${DATA_TARGET:-500}" --out "${DATA_DIR:-$OUT/data}" --backend cuda \

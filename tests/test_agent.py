@@ -143,10 +143,11 @@ EPISODE = [  # a model that writes a kernel with a bug, sees verify fail, fixes 
 
 
 class ScriptedEndpoint:
-    """A chat-completions server on loopback that answers with the next scripted assistant message."""
+    """A chat-completions server on loopback that answers with the next scripted assistant message (or, given a
+    function, with its answer to the request)."""
 
-    def __init__(self, replies: list[dict]):
-        self.replies, self.requests = list(replies), []
+    def __init__(self, replies):
+        self.replies, self.requests = replies if callable(replies) else list(replies), []
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -168,9 +169,12 @@ class ScriptedEndpoint:
             def do_POST(self):
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 endpoint.requests.append(request)
-                if not endpoint.replies:
+                if callable(endpoint.replies):
+                    message = endpoint.replies(request)
+                elif endpoint.replies:
+                    message = endpoint.replies.pop(0)
+                else:
                     return self._send({"error": {"message": "script exhausted"}}, 500)
-                message = endpoint.replies.pop(0)
                 prompt = sum(len(json.dumps(m)) for m in request["messages"]) // 4
                 self._send({"id": f"chatcmpl-{len(endpoint.requests)}", "object": "chat.completion", "created": 0,
                             "model": request["model"], "choices": [{
@@ -285,3 +289,49 @@ def test_the_agent_is_judged_by_the_strict_policy_only(cache_dir, tmp_path):
         Environment(lenient, tmp_path / "run", use_sandbox=False)
     with pytest.raises(ValueError, match="sandboxed judge"):
         Environment(Judge("cpu", fast_config(cache_dir, sandbox="none")), tmp_path / "run", use_sandbox=True)
+
+
+def test_optimize_suite_runs_every_task_at_once_resumes_and_exports_what_eval_suite_judges(cache_dir, tmp_path):
+    suite = tmp_path / "suite"
+    (suite / "level1").mkdir(parents=True)
+    (suite / "level1" / "1_affine_relu.py").write_text(AFFINE.read_text())
+    (suite / "level1" / "2_linear_gelu.py").write_text((TASKS / "linear_gelu.py").read_text())
+    solved = [{"role": "assistant", "content": "", "tool_calls": [
+        call("write_file", path="kernels/affine_relu.cpp", content=KERNEL),
+        call("write_file", path="kernels/affine_relu_binding.cpp", content=BINDING),
+        call("write_file", path="model_new.py", content=MODEL_NEW)]},
+        {"role": "assistant", "content": "", "tool_calls": [call("verify")]}, EPISODE[-1]]
+    gave_up = [{"role": "assistant", "content": "Too hard.", "tool_calls": [call("finish", summary="none")]}]
+
+    def reply(request):  # each episode by its task, whatever order the two episodes' turns arrive in
+        script = solved if "self.shift" in request["messages"][1]["content"] else gave_up
+        return script[sum(m["role"] == "assistant" for m in request["messages"])]
+
+    endpoint = ScriptedEndpoint(reply)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "cuda_agent", "optimize-suite", str(suite), "--model", "scripted", "--base-url",
+               endpoint.url, "--backend", "cpu", "--out", str(out), "--cache-dir", str(cache_dir), "--concurrency",
+               "2", "--sandbox", "auto", "--json"]
+    try:
+        first = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        asked = len(endpoint.requests)
+        again = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    finally:
+        endpoint.close()
+    assert first.returncode == 0 and again.returncode == 0, first.stderr[-2000:] + again.stderr[-2000:]
+    assert asked == len(solved) + len(gave_up) and len(endpoint.requests) == asked  # the rerun asked nothing
+    report = json.loads(first.stdout)
+    assert json.loads(again.stdout)["overall"] == report["overall"] == json.loads((out / "report.json").read_text())[
+        "overall"]
+    assert report["overall"]["n"] == 2 and report["overall"]["pass_rate"] == 0.5
+    by_task = {r["task"]: r for r in report["tasks"]}
+    assert by_task["level1/1_affine_relu.py"]["verdict"]["reward"] >= 1
+    assert by_task["level1/2_linear_gelu.py"]["episode"]["stop"] == "finish"
+    assert (out / "solutions" / "level1" / "1_affine_relu" / "model_new.py").exists()
+    assert not (out / "solutions" / "level1" / "2_linear_gelu").exists()
+    assert (out / "runs" / "level1" / "2_linear_gelu" / "trajectory.jsonl").exists()
+    rejudged = subprocess.run([sys.executable, "-m", "cuda_agent", "eval-suite", str(suite), "--solutions",
+                               str(out / "solutions"), "--backend", "cpu", "--cache-dir", str(cache_dir), "--json",
+                               "--db", str(tmp_path / "db.sqlite")], capture_output=True, text=True, timeout=900)
+    assert rejudged.returncode == 0, rejudged.stderr[-2000:]
+    assert json.loads(rejudged.stdout)["overall"]["pass_rate"] == 0.5

@@ -253,7 +253,8 @@ def test_persisting_l2_lines_are_reset_between_timed_calls(gpu_judge, make_works
     assert verdict.correct, verdict.error
 
 
-def test_kernel_hang_and_gpu_oom_are_verdicts_and_leave_nothing_behind(cache_dir, make_workspace, tmp_path):
+def test_kernel_hang_and_gpu_oom_are_verdicts_and_leave_nothing_behind(cache_dir, make_workspace, tmp_path,
+                                                                       gpu_judge):
     import subprocess
 
     from cuda_agent.judge import Judge
@@ -271,10 +272,18 @@ def test_kernel_hang_and_gpu_oom_are_verdicts_and_leave_nothing_behind(cache_dir
     assert verdict.reward == -1 and "out of memory" in verdict.error.lower(), verdict.error
     again = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
     assert again.correct and again.reward >= 2, again.error
-    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-                          capture_output=True, text=True).stdout.strip().splitlines()
-    apps = [line for line in apps if line.split(",")[0].strip() != str(__import__("os").getpid())]
-    assert apps == [], f"GPU processes left behind: {apps}"
+
+    def gpu_processes() -> set[str]:  # but this one and the other judge's warm reference workers
+        lines = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                               capture_output=True, text=True).stdout.split()
+        ours = {str(__import__("os").getpid())} | {str(w.process.proc.pid)
+                                                   for w in gpu_judge.references.workers.values()}
+        return set(lines) - ours
+
+    warm = {str(w.process.proc.pid) for w in judge.references.workers.values()}
+    assert gpu_processes() == warm  # only the task's warm reference worker: no candidate left
+    judge.close()
+    assert gpu_processes() == set(), "GPU processes left behind"
 
 
 def test_a_scripted_agent_episode_writes_a_real_cuda_kernel(gpu_judge, tmp_path):
@@ -323,3 +332,25 @@ def test_host_memory_of_a_gpu_candidate_is_bounded(cache_dir, tmp_path):
     verdict = judge.evaluate(AFFINE, hog)
     assert "cgroup" in verdict.sandbox, verdict.sandbox
     assert verdict.reward == -1 and "killed by the memory limit" in verdict.error, verdict.error
+
+
+def test_the_pool_uses_every_gpu_one_device_phase_at_a_time_and_keeps_references_warm(cache_dir, make_workspace):
+    from test_pool import CountingLock
+
+    from cuda_agent.judge.pool import JudgePool
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    wrong = make_workspace("affine_relu_cuda", {KERNEL: [("0.f) * 0.5f;\n        v.y", "0.f) * 0.55f;\n        v.y")]})
+    work = [(AFFINE, CANDIDATES / "affine_relu_cuda"), (AFFINE, wrong),
+            (AFFINE, CANDIDATES / "affine_relu_cuda_single.py")] * 2
+    devices = list(range(torch.cuda.device_count()))
+    with JudgePool("cuda", fast_config(cache_dir), devices=devices, workers=4) as pool:
+        locks = [CountingLock() for _ in pool.judges]
+        for judge, lock in zip(pool.judges, locks):
+            judge.device_lock = lock
+        verdicts = [f.result() for f in [pool.submit(task, cand) for task, cand in work]]
+        started = [len(judge.references.workers) for judge in pool.judges]
+    assert [v.correct for v in verdicts] == [True, False, True] * 2, [v.error for v in verdicts]
+    assert all(lock.most == 1 for lock in locks) and sum(lock.entries for lock in locks) == len(work)
+    assert all(lock.entries for lock in locks) and started == [1] * len(devices)  # every GPU; one warm reference

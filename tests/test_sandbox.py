@@ -4,8 +4,10 @@ a plain process, so the test would fail without the barrier."""
 import json
 import os
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -170,6 +172,24 @@ def test_home_directories_and_password_hashes_are_hidden_but_python_works(tmp_pa
     outside = len([p for p in secret_dir.iterdir()])
     assert int(visible) < outside or outside == 0  # only what Python needs is bound back
     assert shadow == "0" and py == "py-ok"
+
+
+def test_a_script_folder_on_sys_path_does_not_bring_the_hosts_tmp_back(tmp_path, monkeypatch):
+    """A judge run from a script in /tmp (or by a Ray worker, which adds the driver's folder to sys.path) once bound
+    the whole host /tmp back read-only: candidates saw the judge's cache there and could not write their own /tmp."""
+    marker = Path(tempfile.mkdtemp(dir="/tmp")) / "host-secret"
+    marker.write_text("x")
+    monkeypatch.setattr(sys, "path", ["/tmp", *sys.path])
+    box = sandbox.Sandbox(sandbox.View(writable=[tmp_path]), sandbox.Limits(max_processes=64), cwd=tmp_path)
+    try:
+        run = subprocess.run([*box.prefix(), "sh", "-c", f"touch /tmp/mine && echo wrote; ls {marker} 2>&1; "
+                              f"{sys.executable} -c 'import cuda_agent; print(\"py-ok\")'"],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        box.close()
+        shutil.rmtree(marker.parent)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("wrote\n") and "No such file" in run.stdout and "py-ok" in run.stdout, run.stdout
 
 
 def test_a_candidate_cannot_write_into_the_published_extensions(cache_dir, tmp_path):

@@ -164,30 +164,20 @@ def eval_suite_cmd(
     gpus: Optional[str] = typer.Option(None, help="GPU indices to judge on, e.g. 0,1 (default: the default GPU)"),
 ) -> None:
     """Judge a folder of solutions against a suite; print per-level and overall rates and speedups."""
-    from .benchmark.suite import discover, evaluate_suite, report
-    from .judge.pool import JudgePool
     from .judge.store import Store
+    from .suite.evaluate import discover, evaluate_suite, report
 
     if not solutions.is_dir():
         _fail(f"solutions {solutions}: no such folder")
     try:
-        level_list = None if levels is None else [int(x) for x in levels.split(",") if x.strip()]
-        devices = None if gpus is None else [int(x) for x in gpus.split(",") if x.strip()]
-    except ValueError:
-        _fail(f"--levels and --gpus take comma-separated integers, got '{levels}' and '{gpus}'")
-    if workers is not None and workers < 1:
-        _fail("--workers must be at least 1")
-    try:
-        tasks = discover(suite_dir, level_list)
+        tasks = discover(suite_dir, _integers(levels, "--levels"))
         config = _config(cache_dir, trials, atol=atol, rtol=rtol, allow_tf32=allow_tf32, compile_mode=compile_mode,
                          run_timeout_s=timeout, max_error_ratio=max_error_ratio, sandbox=sandbox_mode, policy=policy)
-        pool = JudgePool(backend, config, devices=devices, workers=workers)
-        _warn_unsandboxed(pool)
+        pool = _pool(backend, config, gpus, workers)
     except (FileNotFoundError, BackendError, ValueError) as exc:
         _fail(str(exc))
     store = Store(db or pool.cache_dir / "suite.sqlite")
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.fields[last]}"), console=err)
+    progress = _progress()
     with progress, pool:
         bar = progress.add_task("judging", total=len(tasks), last="")
 
@@ -197,10 +187,32 @@ def eval_suite_cmd(
 
         records = evaluate_suite(pool, tasks, solutions, store, on_result)
     rep = report(records)
+    _print_report(rep, f"{suite_dir} vs {solutions} ({backend})", as_json)
+
+
+def _integers(text: Optional[str], option: str) -> Optional[list[int]]:
+    try:
+        return None if text is None else [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option} takes comma-separated integers, got '{text}'") from None
+
+
+def _pool(backend: str, config, gpus: Optional[str], workers: Optional[int]):
+    """The JudgePool of a suite command (says loudly when it runs unsandboxed)."""
+    from .judge.pool import JudgePool
+
+    if workers is not None and workers < 1:
+        raise ValueError("--workers must be at least 1")
+    pool = JudgePool(backend, config, devices=_integers(gpus, "--gpus"), workers=workers)
+    _warn_unsandboxed(pool)
+    return pool
+
+
+def _print_report(rep: dict, title: str, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(rep, indent=2) + "\n")
+        sys.stdout.write(json.dumps(rep, indent=2, default=str) + "\n")
         return
-    table = Table(title=f"{suite_dir} vs {solutions} ({backend})")
+    table = Table(title=title)
     for col in ("level", "n", "pass", "faster than eager", "faster than compile", "geomean vs eager",
                 "geomean vs compile"):
         table.add_column(col, justify="right")
@@ -210,6 +222,11 @@ def eval_suite_cmd(
                       _fmt(s["geomean_speedup_vs_compile"], ".2f", "x"))
     out.print(table)
     out.print(f"[dim]{rep['note']}[/]")
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[last]}"), console=err)
 
 
 @app.command("optimize")
@@ -272,6 +289,70 @@ def optimize_cmd(
     else:
         out.print("[bold red]no verified candidate[/]")
     out.print(f"run folder: {run_dir} (trajectory.jsonl, summary.json)", highlight=False)
+
+
+@app.command("optimize-suite")
+def optimize_suite_cmd(
+    suite_dir: Path = typer.Argument(..., help="suite in KernelBench layout (level1/19_ReLU.py ...)"),
+    model: str = typer.Option(..., "--model", help="model name served by the endpoint"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (vLLM, SGLang, ...)"),
+    out_dir: Path = typer.Option(..., "--out", help="suite run folder (runs/, solutions/, report.json); rerun the "
+                                 "same command to resume"),
+    levels: Optional[str] = typer.Option(None, help="comma-separated levels (default: every levelN folder there)"),
+    limit: Optional[int] = typer.Option(None, help="only the first N tasks (in suite order)"),
+    concurrency: int = typer.Option(4, help="episodes at once"),
+    backend: str = typer.Option("cuda", help=BACKEND_HELP),
+    max_turns: int = typer.Option(200, help="turns per episode"),
+    max_context: int = typer.Option(131072, help="context tokens per episode"),
+    temperature: float = typer.Option(1.0, help="sampling temperature"),
+    top_p: Optional[float] = typer.Option(None, help="nucleus sampling"),
+    max_tokens: int = typer.Option(16384, help="tokens per reply"),
+    sandbox_mode: str = typer.Option("required", "--sandbox", help="the agent's commands and its candidates: "
+                                     "required (refuse without the sandbox), auto, none"),
+    workers: Optional[int] = typer.Option(None, help="judge evaluations in flight at once (default: the pool's)"),
+    gpus: Optional[str] = typer.Option(None, help="GPU indices to judge on, e.g. 0,1 (default: the default GPU)"),
+    cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Run the agent on every task of a suite (N episodes at once, one judge pool), export each task's best kernel
+    in KernelBench layout and report on them as eval-suite does."""
+    from .agent import LLMError, LoopConfig, OpenAIClient
+    from .suite.evaluate import discover
+    from .suite.optimize import optimize_suite
+
+    try:
+        if concurrency < 1 or (limit is not None and limit < 1):
+            raise ValueError("--concurrency and --limit must be at least 1")
+        tasks = discover(suite_dir, _integers(levels, "--levels"))[:limit]
+        pool = _pool(backend, _config(cache_dir, sandbox=sandbox_mode), gpus, workers)
+
+        def make_client():
+            return OpenAIClient(model, base_url, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+
+        make_client().check()
+    except (FileNotFoundError, BackendError, ValueError) as exc:
+        _fail(str(exc))
+    except LLMError as exc:
+        _fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
+    progress = _progress()
+    with progress, pool:
+        episodes = progress.add_task("episodes", total=len(tasks), last="")
+        judged = progress.add_task("judging the best", total=len(tasks), last="")
+
+        def on_episode(task, summary, resumed):
+            best = (summary.get("final_verdict") or {}).get("reward")
+            tag = "resumed" if resumed else f"{summary.get('turns')} turns, best reward {best}"
+            progress.update(episodes, advance=1, last=f"{task.name}: {tag}")
+
+        def on_result(task, verdict, resumed):
+            progress.update(judged, advance=1, last=f"{task.name}: reward {verdict.reward}")
+
+        rep = optimize_suite(pool, tasks, out_dir, make_client, LoopConfig(max_turns=max_turns,
+                             max_context=max_context), concurrency, on_episode, on_result)
+    _print_report(rep, f"{model} on {suite_dir} ({backend})", as_json)
+    if not as_json:
+        out.print(f"best kernels: {out_dir / 'solutions'} (eval-suite {suite_dir} --solutions ... re-judges them); "
+                  f"report: {out_dir / 'report.json'}", highlight=False)
 
 
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The fused-operator training set.")
@@ -357,8 +438,7 @@ def data_build_cmd(
         builder = Builder(cfg)
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.fields[last]}"), console=err)
+    progress = _progress()
     with progress:
         bar = progress.add_task("kept", total=target, completed=builder.kept_count(), last="")
 

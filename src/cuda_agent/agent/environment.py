@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..judge import Judge
+from ..judge.pool import JudgePool
 from ..judge.verdict import Verdict
 from ..workspace.build import TEMPLATE_DIR
 from ..workspace.candidate import Candidate, load_candidate
@@ -67,7 +68,7 @@ def skill_text(backend: str) -> str:
 
 
 class Environment:
-    def __init__(self, judge: Judge, run_dir: Path, use_sandbox: bool = True, bash_timeout: int = 180):
+    def __init__(self, judge: Judge | JudgePool, run_dir: Path, use_sandbox: bool = True, bash_timeout: int = 180):
         if judge.config.policy != "strict":  # rewards (and what the agent is told) follow CUDA Agent's rules only
             raise ValueError(f"the agent needs a judge with the strict policy, not {judge.config.policy!r}")
         if use_sandbox and not judge.sandboxed:

@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Callable
 
 from .. import sandbox
 from ..judge import Judge
+from ..judge.pool import JudgePool
 from ..judge.verdict import Verdict
 from ..workspace.candidate import Candidate, CandidateError, load_candidate
 
@@ -93,7 +93,7 @@ def clip(text: str, limit: int = OUTPUT_LIMIT) -> str:
 class Tools:
     workspace: Path
     reference: Path
-    judge: Judge
+    judge: Judge | JudgePool
     use_sandbox: bool = True
     bash_timeout: int = 180
     on_verdict: Callable[[str, Verdict, Candidate], None] = lambda tool, verdict, candidate: None
@@ -190,7 +190,7 @@ class Tools:
         if self.use_sandbox:
             ro = [self.workspace / name for name in READ_ONLY if (self.workspace / name).exists()]
             box = sandbox.Sandbox(sandbox.View(writable=[self.workspace], readable=ro,
-                                               hidden=[Path(self.judge.cache_dir)]),
+                                               hidden=self.judge.private_paths),
                                   sandbox.Limits(cpu_seconds=None), cwd=self.workspace)
             prefix = box.prefix()
         start = time.monotonic()
@@ -222,8 +222,7 @@ class Tools:
 
     def tool_compile(self) -> str:
         cand = self._candidate()
-        with tempfile.TemporaryDirectory(dir=Path(self.judge.cache_dir) / "runs") as tmp:
-            result = self.judge.builder.build(cand, Path(tmp))
+        result = self.judge.compile(cand)
         steps = ", ".join(f"{s.source}{' (cached)' if s.cached else ''}" for s in result.steps)
         if result.ok:
             return f"build ok in {result.seconds:.1f} s: {steps}"

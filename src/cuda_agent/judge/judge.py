@@ -120,6 +120,16 @@ class Judge:
         verdict.seconds = round(time.perf_counter() - start, 3)
         return verdict
 
+    def compile(self, candidate: Candidate) -> BuildResult:
+        """Build a candidate as an evaluation would (same sandbox, same cached objects), without running it."""
+        with tempfile.TemporaryDirectory(dir=self.cache_dir / "runs") as tmp:
+            return self.builder.build(candidate, Path(tmp))
+
+    @property
+    def private_paths(self) -> list[Path]:
+        """What a candidate's own commands (the agent's shell) must not see: the judge's cache (baselines, builds)."""
+        return [self.cache_dir]
+
     # ---- steps ---------------------------------------------------------------------------------------
     def _evaluate(self, task: Task, cand: Candidate, seeds: list[int], run_dir: Path, verdict: Verdict) -> None:
         cfg = self.config
@@ -171,8 +181,8 @@ class Judge:
             if msg["event"] != "loaded" or verdict.policy_violations:
                 self._load_failed(msg, verdict)
                 return
-            with ref.lease(), self.device_lock:  # from here on the reference and the device are this evaluation's
-                phases.mark("queued")
+            with ref.lease():  # from here on the reference is this evaluation's, and then the device
+                phases.mark("reference_queued")
                 ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31), "public_dir": str(public)},
                          "begun", cfg.reference_timeout_s)
                 worker.send({"command": "init", "public_dir": str(public)})
@@ -184,21 +194,27 @@ class Judge:
                     return
                 verdict.compiled = True
                 verdict.warnings += msg.get("warnings", [])
-                deadline = time.monotonic() + cfg.run_timeout_s
-                if not self._verify(task, ref, worker, seeds, transfer, deadline, verdict):
-                    return
-                phases.mark("verify")
-                try:
-                    outcome = self.timekeeper.run(
-                        self._baseline_key(task, verdict),
-                        lambda command, event: ref.call(command, event, cfg.reference_timeout_s),
-                        worker, deadline, self._timed_call_check(ref, transfer, verdict))
-                except TimingFailed as exc:
-                    verdict.correct = False
-                    verdict.policy_violations += exc.violations
-                    verdict.error = verdict.error or str(exc)
-                    return
-                phases.mark("timing")
+                baseline_key = self._baseline_key(task, verdict)
+                if self.store.get("baselines", baseline_key) is None:  # compile torch.compile's baseline meanwhile
+                    ref.call({"command": "prepare"}, "prepared", cfg.reference_timeout_s)
+                    phases.mark("baseline_compile")
+                with self.device_lock:  # verification and timing: nothing else runs on the device
+                    phases.mark("device_queued")
+                    deadline = time.monotonic() + cfg.run_timeout_s
+                    if not self._verify(task, ref, worker, seeds, transfer, deadline, verdict):
+                        return
+                    phases.mark("verify")
+                    try:
+                        outcome = self.timekeeper.run(
+                            baseline_key,
+                            lambda command, event: ref.call(command, event, cfg.reference_timeout_s),
+                            worker, deadline, self._timed_call_check(ref, transfer, verdict))
+                    except TimingFailed as exc:
+                        verdict.correct = False
+                        verdict.policy_violations += exc.violations
+                        verdict.error = verdict.error or str(exc)
+                        return
+                    phases.mark("timing")
             peaks = cfg.device_peaks or self.backend.peak_rates(str(verdict.device))
             score(cfg, self.backend.timing_method, outcome, ready["work"], peaks, verdict)
         except WorkerDied as exc:

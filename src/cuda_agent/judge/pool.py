@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..backend import Backend
 from ..task import Task
+from ..workspace.build import BuildResult
 from ..workspace.candidate import Candidate
 from .config import JudgeConfig
 from .judge import Judge
@@ -57,6 +58,13 @@ class JudgePool:
 
     def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
         return self.submit(reference, candidate).result()
+
+    def compile(self, candidate: Candidate) -> BuildResult:
+        return self.judges[0].compile(candidate)
+
+    @property
+    def private_paths(self) -> list[Path]:
+        return self.judges[0].private_paths
 
     def _done(self, index: int) -> None:
         with self._lock:

@@ -78,7 +78,9 @@ def _python_paths(hidden: list[str]) -> list[str]:
     # an interpreter reached through a symlink (pyenv shims, venvs) needs its real location too
     for exe in (sys.executable, os.path.realpath(sys.executable)):
         found.append(os.path.dirname(exe))
-    inside = [p for p in dict.fromkeys(found) if any(p == h or p.startswith(h.rstrip("/") + "/") for h in hidden)]
+    # Strictly inside: a hidden or fresh folder itself is never bound back whole (a script run from /tmp puts /tmp on
+    # sys.path, and Ray copies the driver's script folder onto its workers' sys.path).
+    inside = [p for p in dict.fromkeys(found) if any(p.startswith(h.rstrip("/") + "/") for h in hidden)]
     return [p for p in inside if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in inside)]
 
 

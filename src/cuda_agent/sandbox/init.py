@@ -87,7 +87,8 @@ def build_view(spec: dict) -> None:
     set_readonly("/", True, recursive=True)
     set_readonly("/proc", False, recursive=False)  # the locking user namespace writes its uid map there
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    dirs = [os.path.realpath(h) for h in spec["hidden"] if os.path.isdir(h) and not inside(h, "/tmp")]
+    every = [os.path.realpath(h) for h in spec["hidden"] if os.path.isdir(h)]
+    dirs = [h for h in every if not inside(h, "/tmp")]  # the fresh /tmp holds nothing of the host's
     # One tmpfs per outermost hidden folder: a hidden folder inside another (the judge's cache in a hidden home)
     # is covered already, and would not be a mount point to lock.
     covers = [h for h in dirs if not any(o != h and inside(h, o) for o in dirs)]
@@ -100,9 +101,9 @@ def build_view(spec: dict) -> None:
     for fd, (path, readonly) in zip(fds, binds):
         bind(fd, path, readonly)
         os.close(fd)
-    # A hidden folder inside a bound-back one (the judge's cache inside a visible tree) is covered again.
+    # A hidden folder inside a bound-back one (the judge's cache inside a visible tree, in /tmp too) is covered again.
     targets = [os.path.realpath(path) for path, _ in binds]
-    for path in dirs:
+    for path in every:
         if path not in covers and any(inside(path, t) and path != t for t in targets):
             mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
             covers.append(path)

@@ -1,0 +1,119 @@
+"""Evaluations per hour: one evaluation at a time (a lone Judge) against the JudgePool, on the same work, each with
+its own empty cache, side by side in one run. Also the timing agreement (a candidate's median in the pool vs
+alone) and the warm-reference latency (the same task judged again).
+
+Work: (a) KernelBench references judged as their own candidates (`ModelNew = Model`, --policy kernelbench: no
+build, verify + time), a sample spread over the levels; (b) distinct copies of a one-kernel workspace (build heavy).
+
+    python benchmarks/judge_throughput.py --backend cuda --kernelbench DIR --tasks 12 --workspaces 12 \
+        --modes serial,pool --out throughput.json     # add pool2 (--gpus 0,1) on a 2-GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ROOT, write
+
+from cuda_agent.judge import Judge, JudgeConfig
+from cuda_agent.judge.pool import JudgePool
+
+WORKSPACE = {"cuda": ("affine_relu_cuda", "kernels/affine_relu.cu"), "cpu": ("affine_relu_ok", "kernels/affine_relu.cpp")}
+TASK = ROOT / "tests" / "data" / "tasks" / "affine_relu.py"
+
+
+def kernelbench_work(root: Path, count: int, folder: Path) -> list[tuple[Path, Path]]:
+    """`count` references spread evenly over levels 1-3, each with itself as the candidate."""
+    tasks = sorted(p for level in ("level1", "level2", "level3") for p in (root / level).glob("*.py"))
+    picked = [tasks[round(i * (len(tasks) - 1) / max(1, count - 1))] for i in range(count)] if count else []
+    work = []
+    for task in dict.fromkeys(picked):
+        cand = folder / f"{task.parent.name}_{task.name}"
+        cand.write_text(task.read_text() + "\n\nModelNew = Model\n")
+        work.append((task, cand))
+    return work
+
+
+def workspace_work(backend: str, count: int, folder: Path) -> list[tuple[Path, Path]]:
+    """`count` copies of the test workspace, each kernel source distinct (so each one builds)."""
+    name, kernel = WORKSPACE[backend]
+    work = []
+    for i in range(count):
+        ws = folder / f"ws{i}"
+        shutil.copytree(ROOT / "tests" / "data" / "candidates" / name, ws)
+        (ws / kernel).write_text((ws / kernel).read_text() + f"\n// variant {i}\n")
+        work.append((TASK, ws))
+    return work
+
+
+def run_mode(mode: str, backend: str, work: list[tuple[Path, Path]], cache: Path, workers: int | None,
+             gpus: list[int]) -> tuple[float, list]:
+    config = JudgeConfig(cache_dir=cache, policy="kernelbench")
+    start = time.perf_counter()
+    if mode == "serial":
+        with Judge(backend, config) as judge:
+            verdicts = [judge.evaluate(task, cand) for task, cand in work]
+    else:
+        devices = gpus if mode == "pool2" else gpus[:1]
+        with JudgePool(backend, config, devices=devices or None, workers=workers) as pool:
+            verdicts = [f.result() for f in [pool.submit(task, cand) for task, cand in work]]
+    return time.perf_counter() - start, verdicts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", default="cuda", choices=sorted(WORKSPACE))
+    ap.add_argument("--kernelbench", type=Path, help="KernelBench problems folder (level1/ ...)")
+    ap.add_argument("--tasks", type=int, default=12)
+    ap.add_argument("--workspaces", type=int, default=12)
+    ap.add_argument("--modes", default="serial,pool", help="serial, pool (one device), pool2 (two GPUs)")
+    ap.add_argument("--workers", type=int, help="pool workers (default: JudgePool's)")
+    ap.add_argument("--gpus", default="0,1")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="judge-throughput-"))
+    (tmp / "kb").mkdir()
+    sets = {"workspaces": workspace_work(args.backend, args.workspaces, tmp)}
+    if args.kernelbench:
+        sets["kernelbench"] = kernelbench_work(args.kernelbench, args.tasks, tmp / "kb")
+    sets = {name: work for name, work in sets.items() if work}
+    gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.backend == "cuda" else []
+    rows, medians = [], {}
+    for name, work in sets.items():
+        for mode in args.modes.split(","):
+            seconds, verdicts = run_mode(mode, args.backend, work, tmp / f"cache-{name}-{mode}", args.workers, gpus)
+            medians[(name, mode)] = [v.times_us["candidate"] for v in verdicts]
+            rows.append({"work": name, "mode": mode, "evaluations": len(work), "seconds": round(seconds, 1),
+                         "per_hour": round(3600 * len(work) / seconds), "passed": sum(v.correct for v in verdicts),
+                         "notes": "; ".join(f"{v.task['name']}: {(v.error or '')[:300]}" for v in verdicts if not v.correct)})
+            print(rows[-1], flush=True)
+        base = rows[-len(args.modes.split(","))]
+        for row in rows[-len(args.modes.split(",")):]:
+            row["speedup_vs_first"] = round(base["seconds"] / row["seconds"], 2)
+            pairs = [(a, b) for a, b in zip(medians[(name, base["mode"])], medians[(name, row["mode"])])
+                     if a and b and a >= 100]
+            row["timing_gap_pct_median"] = (round(100 * statistics.median(abs(b / a - 1) for a, b in pairs), 1)
+                                            if pairs else None)
+            row["timing_gap_pct_max"] = round(100 * max(abs(b / a - 1) for a, b in pairs), 1) if pairs else None
+    # the warm-reference latency: one task judged twice by one judge (the second finds its worker warm)
+    if args.kernelbench:
+        task, cand = next((t, c) for t, c in sets["kernelbench"] if t.parent.name == "level2")
+        with Judge(args.backend, JudgeConfig(cache_dir=tmp / "cache-warm", policy="kernelbench")) as judge:
+            first, second = judge.evaluate(task, cand), judge.evaluate(task, cand)
+        for label, v in (("cold", first), ("warm reference", second)):
+            rows.append({"work": f"{task.parent.name}/{task.name}", "mode": label, "evaluations": 1,
+                         "seconds": v.seconds, "passed": int(v.correct),
+                         "notes": " ".join(f"{k}={t:.1f}" for k, t in v.phases_s.items())})
+    write(args.out, f"Judge throughput ({args.backend})", rows,
+          ["work", "mode", "evaluations", "seconds", "per_hour", "speedup_vs_first", "passed",
+           "timing_gap_pct_median", "timing_gap_pct_max", "notes"], {"backend": args.backend})
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

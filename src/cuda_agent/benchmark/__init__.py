@@ -1,1 +1,0 @@
-"""Benchmarks over task suites (KernelBench layout)."""

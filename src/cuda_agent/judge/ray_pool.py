@@ -1,0 +1,119 @@
+"""The judge pool on Ray: the same API as `JudgePool`, served by Ray actors, so a cluster's judge GPUs serve
+rollouts from every node (optional extra `ray`; the local `JudgePool` stays the default).
+
+One actor per GPU (`num_gpus=1`: Ray gives each actor a GPU of its own, and its workers see only that GPU); each
+actor is a `Judge` taking `workers` evaluations at once on threads, with verification and timing one at a time
+on its GPU, as in `JudgePool`. Tasks and candidates travel by content, so an actor on another node needs no shared
+filesystem; the verdict comes back with the caller's paths.
+
+    pool = RayJudgePool("cuda", JudgeConfig(), actors=8)        # ray.init() first, or address="auto"
+    verdict = pool.submit("level1/19_ReLU.py", "my_workspace/").result()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from ..task import Task, load_task
+from ..workspace.candidate import Candidate, load_candidate
+from .config import JudgeConfig
+from .verdict import Verdict
+
+
+class JudgeActor:
+    """A Judge inside a Ray actor: it writes each task it is sent to a local file once, and judges."""
+
+    def __init__(self, backend: str, config: JudgeConfig):
+        from .judge import Judge
+
+        self.judge = Judge(backend, config)
+        self.tasks = Path(tempfile.mkdtemp(prefix="ray-judge-tasks-"))
+
+    def evaluate(self, task: Task, candidate: Candidate) -> dict[str, Any]:
+        local = task.path
+        if not (local.is_file() and local.read_text() == task.source):  # another node, or the file changed since
+            local = self.tasks / hashlib.sha256(task.source.encode()).hexdigest()[:16] / task.path.name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(task.source)
+        verdict = self.judge.evaluate(Task(local, task.source), candidate)
+        verdict.task["path"] = str(task.path)
+        return verdict.to_dict()
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.judge.backend.name, "sandboxed": self.judge.sandboxed}
+
+    def close(self) -> None:
+        self.judge.close()
+
+
+class RayJudgePool:
+    def __init__(self, backend: str = "cuda", config: JudgeConfig | None = None, actors: int | None = None,
+                 workers: int = 4, address: str | None = None):
+        """`actors`: judge actors (default: one per GPU in the cluster, one for the cpu backend); `workers`:
+        evaluations in flight per actor (its builds overlap; its GPU phases take turns)."""
+        try:
+            import ray
+        except ImportError as exc:
+            raise ImportError("the Ray judge pool needs Ray: pip install 'cuda-agent[ray]'") from exc
+        if not ray.is_initialized():
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        self.config = config or JudgeConfig()
+        gpus = backend == "cuda"
+        if actors is None:
+            actors = int(ray.cluster_resources().get("GPU", 0)) if gpus else 1
+        if actors < 1 or workers < 1:
+            raise ValueError(f"a Ray judge pool needs at least one actor and one worker (actors={actors}"
+                             + (", no GPU in the Ray cluster)" if gpus else ")"))
+        remote = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1,
+                            max_concurrency=workers)(JudgeActor)
+        self.actors = [remote.remote(backend, self.config) for _ in range(actors)]
+        described = ray.get([a.describe.remote() for a in self.actors])  # an actor that cannot start fails here
+        self.backend_name = described[0]["backend"]
+        self.sandboxed = all(d["sandboxed"] for d in described)
+        self._in_flight = [0] * actors
+        self._lock = threading.Lock()
+        self._ray = ray
+
+    def submit(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Future[Verdict]:
+        """Judge on the actor with the fewest evaluations in flight; the future's result is the verdict."""
+        task = reference if isinstance(reference, Task) else load_task(reference)
+        cand = candidate if isinstance(candidate, Candidate) else load_candidate(candidate)
+        with self._lock:
+            index = min(range(len(self.actors)), key=self._in_flight.__getitem__)
+            self._in_flight[index] += 1
+        result: Future[Verdict] = Future()
+
+        def done(raw: Future) -> None:
+            with self._lock:
+                self._in_flight[index] -= 1
+            try:
+                result.set_result(Verdict.from_dict(raw.result()))
+            except Exception as exc:  # a TaskError raised in the actor arrives wrapped by Ray: unwrap it
+                cause = getattr(exc, "cause", None)
+                result.set_exception(cause if isinstance(cause, Exception) else exc)
+
+        self.actors[index].evaluate.remote(task, cand).future().add_done_callback(done)
+        return result
+
+    def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
+        return self.submit(reference, candidate).result()
+
+    def close(self) -> None:
+        """Stop the actors (their warm reference workers with them)."""
+        for actor in self.actors:
+            try:
+                self._ray.get(actor.close.remote())
+            finally:
+                self._ray.kill(actor)
+        self.actors = []
+
+    def __enter__(self) -> "RayJudgePool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,36 @@
+"""The judge pool on Ray actors (the cpu backend on a local Ray instance): the same verdicts as a lone judge, tasks
+that travel by content, a reference error raised as in `Judge.evaluate`."""
+
+import dataclasses
+
+import pytest
+import ray
+
+from conftest import CANDIDATES, TASKS, fast_config
+from cuda_agent.judge.ray_pool import RayJudgePool
+from cuda_agent.task import TaskError, load_task
+
+AFFINE = TASKS / "affine_relu.py"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_actors_judge_as_the_local_pool_does(local_ray, cache_dir, make_workspace, tmp_path):
+    wrong = make_workspace(edits={"kernels/affine_relu.cpp": [("* 0.5f;", "* 0.55f;")]})
+    elsewhere = dataclasses.replace(load_task(AFFINE), path=tmp_path / "on_another_node" / "affine_relu.py")
+    with RayJudgePool("cpu", fast_config(cache_dir), workers=2) as pool:
+        futures = [pool.submit(AFFINE, CANDIDATES / "affine_relu_ok"), pool.submit(AFFINE, wrong),
+                   pool.submit(elsewhere, CANDIDATES / "affine_relu_single.py"),
+                   pool.submit(TASKS / "broken" / "bad_inputs.py", CANDIDATES / "affine_relu_ok")]
+        ok, bad, moved = (f.result(timeout=900) for f in futures[:3])
+        with pytest.raises(TaskError, match="get_inputs"):
+            futures[3].result(timeout=900)
+    assert ok.correct and ok.reward >= 1 and ok.task["path"] == str(AFFINE.resolve()), ok.error
+    assert not bad.correct and bad.error.startswith("incorrect"), bad.error
+    assert moved.correct and moved.task["path"] == str(elsewhere.path), moved.error  # the actor wrote it locally
+    assert not pool.actors
