@@ -14,7 +14,7 @@ import pytest
 from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent import sandbox
 from cuda_agent.agent import Environment, LoopConfig, OpenAIClient, ScriptedClient, run_episode
-from cuda_agent.agent.llm import parse_text_tool_calls
+from cuda_agent.llm import parse_text_tool_calls
 from cuda_agent.agent.loop import parse_files
 from cuda_agent.agent.tools import clip
 from cuda_agent.judge import Judge

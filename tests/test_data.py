@@ -229,7 +229,7 @@ def test_a_build_past_its_time_limit_starts_nothing_more_and_still_exports(tmp_p
 
 
 def test_seed_tasks_are_every_crawled_operator_alone(tmp_path):
-    from cuda_agent.data.filters import load
+    from cuda_agent.data.taskfile import load
     from cuda_agent.data.seeds import write_seeds
     from cuda_agent.task import load_task
 

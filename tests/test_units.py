@@ -5,7 +5,7 @@ import torch
 
 from cuda_agent.judge.compare import compare_tensor, compare_trial
 from cuda_agent.judge.config import PolicyConfig
-from cuda_agent.judge.gpu_timing import spans_from_trace
+from cuda_agent.gpu_timing import spans_from_trace
 from cuda_agent.judge.policy import scan_sources
 from cuda_agent.judge.reward import milestone_reward
 from cuda_agent.judge.tensors import checksum

@@ -293,7 +293,7 @@ class CudaBackend(Backend):
         return flush
 
     def measure(self, fn, iters, prepare, after):
-        from .judge.gpu_timing import measure_with_profiler
+        from .gpu_timing import measure_with_profiler
 
         return measure_with_profiler(fn, iters, prepare, after)
 

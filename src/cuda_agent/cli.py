@@ -401,7 +401,7 @@ def data_build_cmd(
                                            "(key from $OPENAI_API_KEY)"),
 ) -> None:
     """Compose fused tasks, filter them, deduplicate, export parquet + jsonl and a stats report."""
-    from .agent.llm import LLMError, OpenAIClient
+    from .llm import LLMError, OpenAIClient
     from .data.build import BuildConfig, Builder, LLMComposer
     from .data.filters import FilterConfig
 

@@ -2,7 +2,7 @@
 OpenAI-compatible endpoint, and the loop that connects them (`cuda-agent optimize`)."""
 
 from .environment import Environment, StepResult
-from .llm import LLMError, OpenAIClient, ScriptedClient
+from ..llm import LLMError, OpenAIClient, ScriptedClient
 from .loop import LoopConfig, run_episode
 
 __all__ = ["Environment", "StepResult", "LLMError", "OpenAIClient", "ScriptedClient", "LoopConfig", "run_episode"]

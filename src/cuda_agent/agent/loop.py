@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .environment import Environment, StepResult
-from .llm import LLMError, Reply
+from ..llm import LLMError, Reply
 from .tools import ToolError, parse_arguments
 
 NUDGE = "No tool was called. Use the tools to work on the task, and call `finish` when you are done."

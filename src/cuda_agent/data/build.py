@@ -52,7 +52,7 @@ class LLMComposer:
     temperature: float = 1.0
 
     def client_for(self, index: int):
-        from ..agent.llm import OpenAIClient
+        from ..llm import OpenAIClient
 
         return OpenAIClient(self.model, self.base_url, temperature=self.temperature, max_tokens=8192)
 
@@ -63,7 +63,7 @@ class ReplayComposer:
     replies: list[dict]
 
     def client_for(self, index: int):
-        from ..agent.llm import ScriptedClient
+        from ..llm import ScriptedClient
 
         return ScriptedClient([self.replies[index % len(self.replies)]])
 
@@ -85,7 +85,7 @@ def _attempt(index: int, seed: int, cfg: FilterConfig, composer, workdir: Path, 
     elif composer is None:
         comp = compose(ops, rng, num_ops)
     else:
-        from ..agent.llm import LLMError
+        from ..llm import LLMError
 
         try:
             comp = compose_llm(composer.client_for(index), ops, rng, num_ops)

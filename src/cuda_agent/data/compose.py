@@ -71,12 +71,6 @@ def render(chain: list[tuple[Op, str]], shape: tuple[int, ...]) -> str:
             "def get_init_inputs():\n    return []\n")
 
 
-def with_batch(source: str, batch: int) -> str:
-    """The same task at another batch size."""
-    lines = [f"BATCH = {batch}" if line.startswith("BATCH = ") else line for line in source.splitlines()]
-    return "\n".join(lines) + "\n"
-
-
 def draw_source(rng: random.Random, transformers_share: float | None = None) -> str:
     """`torch#k` or `transformers` with the paper's shares; `transformers_share` (0-1) overrides the latter's."""
     shares = dict(SOURCE_SHARES)

@@ -15,14 +15,13 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .compose import with_batch
+from .taskfile import load, with_batch
 
 
 @dataclass
@@ -65,15 +64,6 @@ class TaskResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def load(source: str) -> types.ModuleType:
-    module = types.ModuleType("task")
-    exec(compile(source, "<task>", "exec"), module.__dict__)
-    for name in ("Model", "get_inputs", "get_init_inputs"):
-        if not hasattr(module, name):
-            raise ValueError(f"the task defines no {name}")
-    return module
 
 
 def _run(module, device: str, input_seed: int, model=None):

@@ -16,6 +16,8 @@ import json
 import warnings
 from dataclasses import dataclass
 
+from .taskfile import load, with_batch
+
 ARCHITECTURES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo", "starcoder2",
                  "gpt_neox", "falcon", "gpt2", "bert", "t5")
 ROLES = {"norm": ("RMSNorm", "LayerNorm"), "mlp": ("MLP", "Intermediate"), "attention": ("Attention",),
@@ -101,8 +103,6 @@ def _try(op: HFOp, ops: list[HFOp], rejected: list[dict], tiny: str | None = Non
     """Keep `op` if its task runs at tiny sizes on the CPU and returns one floating-point tensor."""
     import torch
 
-    from .compose import with_batch
-    from .filters import load
 
     try:
         module = load(tiny or with_batch(op.source, 2))
