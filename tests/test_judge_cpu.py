@@ -527,3 +527,20 @@ def test_reference_workers_stay_warm_with_fresh_weights_per_evaluation(cache_dir
         assert first.correct and second.correct, (first.error, second.error)
         assert "baseline_compile" in first.phases_s  # torch.compile compiled before the device was held
         assert "baseline_compile" not in second.phases_s and second.phases_s["reference_ready"] < 0.5
+
+
+def test_candidate_workers_start_ahead_and_serve_one_evaluation_each(cache_dir):
+    with Judge("cpu", fast_config(cache_dir, spare_candidates=1, keep_run_dirs=True)) as judge:
+        first = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+        (spare,) = judge.spares._ready  # started as the first evaluation ended
+        assert spare.worker.proc.poll() is None and not (spare.run_dir / "task" / AFFINE.name).exists()
+        second = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+        assert first.correct and second.correct, (first.error, second.error)
+        assert (spare.run_dir / "task" / AFFINE.name).read_text() == AFFINE.read_text()  # the spare's folder served
+        assert spare.worker.proc.poll() is not None  # and its worker is gone: one evaluation each
+        (after,) = judge.spares._ready
+        assert after.worker.proc.pid != spare.worker.proc.pid
+    assert after.worker.proc.poll() is not None and not judge.spares._ready  # closing stops the spares
+    with Judge("cpu", fast_config(cache_dir, spare_candidates=0)) as judge:
+        judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+        assert not judge.spares._ready

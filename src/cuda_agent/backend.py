@@ -117,6 +117,9 @@ class Backend:
     def synchronize(self) -> None:
         pass
 
+    def warm_up(self) -> None:
+        """Create the device's context in this process (a spare worker does it before it is needed)."""
+
     def memory_held(self) -> int:
         """Bytes this process holds of the memory the device computes from (host RAM for the CPU)."""
         return os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[1])
@@ -272,6 +275,12 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         import torch
 
+        torch.cuda.synchronize()
+
+    def warm_up(self) -> None:
+        import torch
+
+        torch.empty(1, device="cuda")
         torch.cuda.synchronize()
 
     def memory_held(self) -> int:

@@ -370,5 +370,12 @@ def start(req: dict, chan: Channel) -> dict:
     }
 
 
+def prepare(req: dict) -> None:
+    """A spare's warm-up, before any candidate is known: what every evaluation needs first (torch._dynamo for
+    the op audit, the device's context)."""
+    importlib.import_module("torch._dynamo")
+    get_backend(req["backend"]).warm_up()
+
+
 if __name__ == "__main__":
-    run_worker(start, "verify_error")
+    run_worker(start, "verify_error", prepare)

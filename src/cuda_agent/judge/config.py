@@ -83,6 +83,7 @@ class JudgeConfig:
     reference_timeout_s: float = 900.0  # reference process, including the torch.compile baseline
     warm_references: int = 4  # reference workers kept warm across evaluations (judge/references.py; 0: none)
     warm_memory_gb: float = 16.0  # and at most this much device memory (host RAM on cpu) held by idle ones
+    spare_candidates: int = 2  # candidate workers started ahead of their evaluations (judge/spares.py; 0: none)
     cache_dir: Path = field(default_factory=default_cache_dir)
     keep_run_dirs: bool = False
     sandbox: str = "auto"  # candidate isolation: auto (namespaces where they work, else plain), required, none
@@ -105,7 +106,8 @@ class JudgeConfig:
         from .. import __version__
 
         settings = {k: v for k, v in self.to_dict().items()
-                    if k not in ("cache_dir", "keep_run_dirs", "warm_references", "warm_memory_gb")}
+                    if k not in ("cache_dir", "keep_run_dirs", "warm_references", "warm_memory_gb",
+                                 "spare_candidates")}
         text = json.dumps({"settings": settings, "version": __version__}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 

@@ -35,6 +35,7 @@ from .policy import scan_sources
 from .process import WorkerDied, WorkerProcess
 from .references import ReferenceFailed, ReferencePool, ReferenceWorker
 from .scoring import PRECISION_WARN_RATIO, score
+from .spares import Slot, Spares
 from .store import Store
 from .symbols import library_problems
 from .timekeeper import Timekeeper, TimingFailed
@@ -86,10 +87,12 @@ class Judge:
         self.references = ReferencePool(self.config.warm_references, self.cache_dir / "runs",
                                         self.config.warm_memory_gb * 2**30)
         self.device_lock = threading.Lock()  # verification and timing: one evaluation at a time on the device
+        self.spares = Spares(self.config.spare_candidates, self.cache_dir / "runs", self._start_candidate)
 
     def close(self) -> None:
-        """Stop the warm reference workers."""
+        """Stop the warm reference workers and the spare candidate workers."""
         self.references.close()
+        self.spares.close()
 
     def __enter__(self) -> "Judge":
         return self
@@ -111,12 +114,12 @@ class Judge:
                 "; outputs shared by CUDA IPC" if self.cuda_ipc else ""),
             task={"name": task.name, "path": str(task.path), "hash": task.hash}, policy=cfg.policy,
             candidate={"kind": cand.kind, "path": str(cand.origin), "hash": cand.hash})
-        run_dir = Path(tempfile.mkdtemp(prefix=f"{task.name[:40]}-", dir=self.cache_dir / "runs"))
+        slot = self.spares.take()  # its candidate worker has started already (or starts now)
         try:
-            self._evaluate(task, cand, seeds, run_dir, verdict)
+            self._evaluate(task, cand, seeds, slot, verdict)
         finally:
-            if not cfg.keep_run_dirs:
-                shutil.rmtree(run_dir, ignore_errors=True)
+            slot.close(keep=cfg.keep_run_dirs)
+            self.spares.top_up()  # more evaluations are likely: their workers start while this one is reported
         verdict.seconds = round(time.perf_counter() - start, 3)
         return verdict
 
@@ -131,21 +134,18 @@ class Judge:
         return [self.cache_dir]
 
     # ---- steps ---------------------------------------------------------------------------------------
-    def _evaluate(self, task: Task, cand: Candidate, seeds: list[int], run_dir: Path, verdict: Verdict) -> None:
+    def _evaluate(self, task: Task, cand: Candidate, seeds: list[int], slot: Slot, verdict: Verdict) -> None:
         cfg = self.config
         request = {"backend": self.backend.name, "allow_tf32": cfg.allow_tf32, "atol": cfg.atol, "rtol": cfg.rtol,
                    "max_relative_error": cfg.max_relative_error, "compile_mode": cfg.compile_mode,
                    "timing": self._timing()}
         with self.references.reserve(task, request, self._worker_env()) as ref:  # a cold one starts meanwhile
-            self._run(task, cand, seeds, run_dir, verdict, ref)
+            self._run(task, cand, seeds, slot, verdict, ref)
 
-    def _run(self, task: Task, cand: Candidate, seeds: list[int], run_dir: Path, verdict: Verdict,
+    def _run(self, task: Task, cand: Candidate, seeds: list[int], slot: Slot, verdict: Verdict,
              ref: ReferenceWorker) -> None:
         cfg = self.config
-        public = run_dir / "public"
-        public.mkdir()
-        transfer = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK)
-                                         else run_dir))
+        run_dir, transfer, public = slot.run_dir, slot.transfer, slot.run_dir / "public"
         worker: WorkerProcess | None = None
         phases = Phases(verdict)
         strict = cfg.policy == "strict"
@@ -157,14 +157,19 @@ class Judge:
             verdict.build = {"seconds": round(build.seconds, 3), "log": build.log[-20000:],
                              "steps": [{"source": s.source, "cached": s.cached, "seconds": round(s.seconds, 3)}
                                        for s in build.steps]}
-            if build.ok and not verdict.policy_violations:  # starts while the reference worker is still busy
-                worker = WorkerProcess("cuda_agent.judge.candidate_worker", {
+            if build.ok and not verdict.policy_violations:  # loads while the reference worker is still busy
+                task_file = run_dir / "task" / task.path.name  # the candidate's view holds this folder
+                task_file.write_text(task.source)
+                worker = slot.worker
+                worker.send({"request": {
                     "build_dir": str(build.build_dir), "kind": cand.kind, "backend": self.backend.name,
-                    "task_path": str(task.path), "out_dir": str(transfer), "allow_tf32": cfg.allow_tf32,
+                    "task_path": str(task_file), "out_dir": str(transfer), "allow_tf32": cfg.allow_tf32,
                     "allowed_ops": list(cfg.rules.allowed_ops), "audit_ops": strict, "timing": self._timing(),
-                    "cuda_ipc": self.cuda_ipc, "sandboxed": self.sandboxed,
-                }, run_dir / "candidate", self._candidate_env(run_dir),
-                    self._candidate_sandbox(task, run_dir, transfer, verdict))
+                    "cuda_ipc": self.cuda_ipc, "sandboxed": self.sandboxed}})
+                if worker.sandbox:
+                    verdict.sandbox = worker.sandbox.describe() + (
+                        "; outputs cross as files (no CUDA IPC across namespaces)" if self.backend.name == "cuda"
+                        else "")
             ready = ref.wait_ready(cfg.reference_timeout_s)
             phases.mark("reference_ready")
             verdict.device, verdict.torch_version, verdict.precision = \
@@ -223,10 +228,6 @@ class Judge:
         except ReferenceFailed as exc:  # the reference ran before, so the candidate may be the cause (e.g. OOM)
             verdict.correct = False
             verdict.error = f"evaluation aborted: {exc}"
-        finally:
-            if worker is not None:
-                worker.close()
-            shutil.rmtree(transfer, ignore_errors=True)
 
     @staticmethod
     def _load_failed(msg: dict[str, Any], verdict: Verdict) -> None:
@@ -241,7 +242,7 @@ class Judge:
         """A workspace is built here, and its library's symbols checked (strict); a single file's `load_inline`
         calls are built when its worker asks (`_serve_builds`)."""
         if cand.kind == "single_file":
-            build_dir.mkdir(parents=True)
+            build_dir.mkdir(parents=True, exist_ok=True)
             cand.write_to(build_dir)
             return BuildResult(True, build_dir, 0.0)
         build = self.builder.build(cand, build_dir)
@@ -394,20 +395,20 @@ class Judge:
         return {"warmup": c.warmup, "min_iters": c.min_iters, "max_iters": c.max_iters,
                 "target_time_s": c.target_time_s}
 
-    def _candidate_sandbox(self, task: Task, run_dir: Path, transfer: Path,
-                           verdict: Verdict) -> sandbox.Sandbox | None:
+    def _start_candidate(self, run_dir: Path, transfer: Path) -> WorkerProcess:
+        """A candidate worker for a run folder, started before its candidate is known (`spares.py`)."""
+        return WorkerProcess("cuda_agent.judge.candidate_worker", {"spare": True, "backend": self.backend.name},
+                             run_dir / "candidate", self._candidate_env(run_dir),
+                             self._candidate_sandbox(run_dir, transfer))
+
+    def _candidate_sandbox(self, run_dir: Path, transfer: Path) -> sandbox.Sandbox | None:
         """The candidate sees its build, the public inputs and the task file; writes only its own folders."""
         if not self.sandboxed:
             return None
-        for sub in ("candidate", "build"):
-            (run_dir / sub).mkdir(exist_ok=True)
         view = sandbox.View(writable=[run_dir / "candidate", transfer],
-                            readable=[run_dir / "build", run_dir / "public", task.path, self.inline.root],
+                            readable=[run_dir / "build", run_dir / "public", run_dir / "task", self.inline.root],
                             hidden=[self.cache_dir])
-        box = sandbox.Sandbox(view, self.limits, cwd=run_dir / "candidate")
-        verdict.sandbox = box.describe() + ("; outputs cross as files (no CUDA IPC across namespaces)"
-                                            if self.backend.name == "cuda" else "")
-        return box
+        return sandbox.Sandbox(view, self.limits, cwd=run_dir / "candidate")
 
     def _candidate_env(self, run_dir: Path) -> dict[str, str]:
         """Nothing the candidate writes is shared: its own torch extension and inductor folders."""

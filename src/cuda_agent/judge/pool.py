@@ -43,6 +43,8 @@ class JudgePool:
         self.workers = workers or default_workers(self.backend.name, len(self.judges))
         if self.workers < 1:
             raise ValueError("a judge pool needs at least 1 worker")
+        for judge in self.judges:  # enough candidate workers started ahead for the evaluations in flight on it
+            judge.spares.count = max(judge.spares.count, -(-self.workers // len(self.judges)))
         self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="judge")
         self._in_flight = [0] * len(self.judges)
         self._lock = threading.Lock()

@@ -207,15 +207,24 @@ def one_line(exc: BaseException) -> str:
 Handler = Callable[[dict], tuple[str, dict]]
 
 
-def run_worker(start: Callable[[dict, Channel], dict[str, Handler]], fallback_event: str) -> None:
+def run_worker(start: Callable[[dict, Channel], dict[str, Handler]], fallback_event: str,
+               prepare: Callable[[dict], None] | None = None) -> None:
     """A worker's main: read the request, start, then answer commands until told to stop.
 
     `start` sets the worker up (sending its own ready message) and returns the command handlers; each handler
-    returns the reply event and its payload, to which the seconds it took are added.
+    returns the reply event and its payload, to which the seconds it took are added. A spare (request
+    `{"spare": true, ...}`, started before its evaluation is known) runs `prepare` first, then waits for its real
+    request as the first command.
     """
     request = json.loads(Path(sys.argv[1]).read_text())
     chan = Channel()
     try:
+        if request.get("spare"):
+            if prepare:
+                prepare(request)
+            request = chan.receive().get("request")
+            if request is None:  # the judge closed without using it
+                return
         handlers = start(request, chan)
         while True:
             cmd = chan.receive()
