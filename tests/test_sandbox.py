@@ -158,15 +158,20 @@ def test_sandbox_unit_describes_and_cleans_up(tmp_path):
         assert all(not d.exists() for d in box.cgroup.dirs), "cgroup left behind"
 
 
-def test_home_directories_and_password_hashes_are_hidden_but_python_works(tmp_path):
-    secret_dir = Path.home()
-    box = sandbox.Sandbox(sandbox.View(writable=[tmp_path]), sandbox.Limits(max_processes=64), cwd=tmp_path)
+def shell_in_sandbox(script: str, writable: Path) -> subprocess.CompletedProcess:
+    """`sh -c script` in a sandbox that may write only `writable`, then a check that Python imports there."""
+    box = sandbox.Sandbox(sandbox.View(writable=[writable]), sandbox.Limits(max_processes=64), cwd=writable)
     try:
-        run = subprocess.run([*box.prefix(), "sh", "-c", f"ls -A {secret_dir} | wc -l; wc -c < /etc/shadow; "
-                              f"{sys.executable} -c 'import torch, cuda_agent; print(\"py-ok\")'"],
-                             capture_output=True, text=True, timeout=120)
+        return subprocess.run([*box.prefix(), "sh", "-c", f"{script}; {sys.executable} -c "
+                               "'import torch, cuda_agent; print(\"py-ok\")'"], capture_output=True, text=True,
+                              timeout=120)
     finally:
         box.close()
+
+
+def test_home_directories_and_password_hashes_are_hidden_but_python_works(tmp_path):
+    secret_dir = Path.home()
+    run = shell_in_sandbox(f"ls -A {secret_dir} | wc -l; wc -c < /etc/shadow", tmp_path)
     assert run.returncode == 0, run.stderr
     visible, shadow, py = run.stdout.split()
     outside = len([p for p in secret_dir.iterdir()])
@@ -180,13 +185,9 @@ def test_a_script_folder_on_sys_path_does_not_bring_the_hosts_tmp_back(tmp_path,
     marker = Path(tempfile.mkdtemp(dir="/tmp")) / "host-secret"
     marker.write_text("x")
     monkeypatch.setattr(sys, "path", ["/tmp", *sys.path])
-    box = sandbox.Sandbox(sandbox.View(writable=[tmp_path]), sandbox.Limits(max_processes=64), cwd=tmp_path)
     try:
-        run = subprocess.run([*box.prefix(), "sh", "-c", f"touch /tmp/mine && echo wrote; ls {marker} 2>&1; "
-                              f"{sys.executable} -c 'import cuda_agent; print(\"py-ok\")'"],
-                             capture_output=True, text=True, timeout=120)
+        run = shell_in_sandbox(f"touch /tmp/mine && echo wrote; ls {marker} 2>&1", tmp_path)
     finally:
-        box.close()
         shutil.rmtree(marker.parent)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("wrote\n") and "No such file" in run.stdout and "py-ok" in run.stdout, run.stdout

@@ -32,6 +32,14 @@ POLICY_HELP = ("strict (CUDA Agent's rules: compute only in your own kernels; wh
                "(KernelBench's: torch ops allowed in ModelNew; every correctness and timing check kept)")
 
 
+# the model's sampling and the agent's sandbox, for optimize and optimize-suite alike
+TEMPERATURE = typer.Option(1.0, help="sampling temperature")
+TOP_P = typer.Option(None, help="nucleus sampling")
+MAX_TOKENS = typer.Option(16384, help="tokens per reply")
+AGENT_SANDBOX = typer.Option("required", "--sandbox", help="the agent's commands and its candidates: required "
+                             "(refuse without the sandbox), auto, none")
+
+
 def _config(cache_dir: Optional[Path], trials: int = 5, seed: Optional[int] = None, **settings):
     """A JudgeConfig from the command's options (`settings` are JudgeConfig fields)."""
     from .judge import JudgeConfig
@@ -242,11 +250,10 @@ def optimize_cmd(
     max_context: int = typer.Option(131072, help="context tokens (as the endpoint reports them) before it stops"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="run folder (default runs/<task>-<time>)"),
     single_turn: bool = typer.Option(False, help="one generation, files parsed from the reply, judged once"),
-    temperature: float = typer.Option(1.0, help="sampling temperature"),
-    top_p: Optional[float] = typer.Option(None, help="nucleus sampling"),
-    max_tokens: int = typer.Option(16384, help="tokens per reply"),
-    sandbox_mode: str = typer.Option("required", "--sandbox", help="the agent's commands and its candidates: "
-                                     "required (refuse without the sandbox), auto, none"),
+    temperature: float = TEMPERATURE,
+    top_p: Optional[float] = TOP_P,
+    max_tokens: int = MAX_TOKENS,
+    sandbox_mode: str = AGENT_SANDBOX,
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
 ) -> None:
     """Run the agent on one task and keep the best verified kernel (workspace, trajectory, summary in --out)."""
@@ -304,11 +311,10 @@ def optimize_suite_cmd(
     backend: str = typer.Option("cuda", help=BACKEND_HELP),
     max_turns: int = typer.Option(200, help="turns per episode"),
     max_context: int = typer.Option(131072, help="context tokens per episode"),
-    temperature: float = typer.Option(1.0, help="sampling temperature"),
-    top_p: Optional[float] = typer.Option(None, help="nucleus sampling"),
-    max_tokens: int = typer.Option(16384, help="tokens per reply"),
-    sandbox_mode: str = typer.Option("required", "--sandbox", help="the agent's commands and its candidates: "
-                                     "required (refuse without the sandbox), auto, none"),
+    temperature: float = TEMPERATURE,
+    top_p: Optional[float] = TOP_P,
+    max_tokens: int = MAX_TOKENS,
+    sandbox_mode: str = AGENT_SANDBOX,
     workers: Optional[int] = typer.Option(None, help="judge evaluations in flight at once (default: the pool's)"),
     gpus: Optional[str] = typer.Option(None, help="GPU indices to judge on, e.g. 0,1 (default: the default GPU)"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),

@@ -180,25 +180,21 @@ class Judge:
             if verdict.policy_violations or worker is None:
                 verdict.error = f"policy violation: {verdict.policy_violations[0]}"
                 return
-            msg = self._serve_builds(worker, cfg.run_timeout_s, verdict)
+            loaded = self._candidate_step(worker, "loaded", verdict)
             phases.mark("candidate_load")
-            verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
-            if msg["event"] != "loaded" or verdict.policy_violations:
-                self._load_failed(msg, verdict)
+            if loaded is None:
                 return
             with ref.lease():  # from here on the reference is this evaluation's, and then the device
                 phases.mark("reference_queued")
                 ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31), "public_dir": str(public)},
                          "begun", cfg.reference_timeout_s)
                 worker.send({"command": "init", "public_dir": str(public)})
-                msg = self._serve_builds(worker, cfg.run_timeout_s, verdict)
+                initialised = self._candidate_step(worker, "initialised", verdict)
                 phases.mark("candidate_init")
-                verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
-                if msg["event"] != "initialised" or verdict.policy_violations:
-                    self._load_failed(msg, verdict)
+                if initialised is None:
                     return
                 verdict.compiled = True
-                verdict.warnings += msg.get("warnings", [])
+                verdict.warnings += initialised.get("warnings", [])
                 baseline_key = self._baseline_key(task, verdict)
                 if self.store.get("baselines", baseline_key) is None:  # compile torch.compile's baseline meanwhile
                     ref.call({"command": "prepare"}, "prepared", cfg.reference_timeout_s)
@@ -229,14 +225,19 @@ class Judge:
             verdict.correct = False
             verdict.error = f"evaluation aborted: {exc}"
 
-    @staticmethod
-    def _load_failed(msg: dict[str, Any], verdict: Verdict) -> None:
-        """The candidate did not load or initialise: a policy violation found there, or the worker's own error."""
+    def _candidate_step(self, worker: WorkerProcess, expected: str, verdict: Verdict) -> dict[str, Any] | None:
+        """The candidate's next message (its load_inline builds served on the way); None when it failed or broke the
+        policy there (the verdict says which)."""
+        msg = self._serve_builds(worker, self.config.run_timeout_s, verdict)
+        verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
         if verdict.policy_violations:
             verdict.error = f"policy violation: {verdict.policy_violations[0]}"
-        else:
+        elif msg["event"] != expected:
             verdict.compiled = msg["event"] != "load_error"
             verdict.error = msg.get("error", f"unexpected message {str(msg)[:200]}")
+        else:
+            return msg
+        return None
 
     def _build(self, cand: Candidate, build_dir: Path, verdict: Verdict) -> BuildResult:
         """A workspace is built here, and its library's symbols checked (strict); a single file's `load_inline`
