@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from _common import ROOT, write
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda", choices=sorted(CASES))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--kernelbench", type=Path, help="KernelBench problems folder (with level1/ ...)")
+    ap.add_argument("--pause", type=float, default=15.0, help="seconds between two evaluations (a model's turn)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="eval-latency-"))
     workspace, kernel = CASES[args.backend]
@@ -42,12 +44,22 @@ def main() -> None:
             row("warm: same candidate again", judge.evaluate(TASK, ws))]
     (ws / kernel).write_text((ws / kernel).read_text() + "\n// edited\n")
     rows.append(row(f"after editing {kernel}", judge.evaluate(TASK, ws)))
+    judge.close()
+    # Side by side: the same warm evaluation without and with a spare candidate worker started ahead (the pause
+    # stands for the model's turn between two verifications).
+    for spares in (0, 2):
+        with Judge(args.backend, JudgeConfig(cache_dir=tmp / "cache", spare_candidates=spares)) as again:
+            again.evaluate(TASK, ws)  # its reference worker warms up
+            time.sleep(args.pause)
+            rows.append(row(f"warm reference, spare_candidates={spares}, after a {args.pause:.0f} s pause",
+                            again.evaluate(TASK, ws)))
     if args.kernelbench:
-        for solution in sorted(SOLUTIONS.glob("level*/*")):
-            task = args.kernelbench / solution.parent.name / (solution.stem + ".py")
-            for attempt in ("cold", "warm"):
-                rows.append(row(f"KernelBench {solution.parent.name}/{task.name} ({attempt})",
-                                judge.evaluate(task, solution)))
+        with Judge(args.backend, JudgeConfig(cache_dir=tmp / "cache")) as judge:
+            for solution in sorted(SOLUTIONS.glob("level*/*")):
+                task = args.kernelbench / solution.parent.name / (solution.stem + ".py")
+                for attempt in ("cold", "warm"):
+                    rows.append(row(f"KernelBench {solution.parent.name}/{task.name} ({attempt})",
+                                    judge.evaluate(task, solution)))
     write(args.out, f"Evaluation latency ({args.backend})", rows,
           ["step", "seconds", "build_s", "reward", "eager_us", "compile_us", "candidate_us", "phases", "error"],
           {"backend": args.backend})
