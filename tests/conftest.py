@@ -62,3 +62,21 @@ def make_workspace(tmp_path):
         return dest
 
     return make
+
+
+def kept_processes(*judges) -> set[str]:
+    """Process ids a judge keeps between evaluations (warm reference workers, spare candidate workers) and all
+    their descendants (a sandboxed spare's worker runs under unshare and sh)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[stat.parent.name] = stat.read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+    found = {str(w.process.proc.pid) for j in judges for w in j.references.workers.values()} | \
+        {str(slot.worker.proc.pid) for j in judges for slot in j.spares._ready}
+    while True:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        if not more:
+            return found
+        found |= more

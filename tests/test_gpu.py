@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CANDIDATES, TASKS, fast_config
+from conftest import CANDIDATES, TASKS, fast_config, kept_processes
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -273,29 +273,12 @@ def test_kernel_hang_and_gpu_oom_are_verdicts_and_leave_nothing_behind(cache_dir
     again = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
     assert again.correct and again.reward >= 2, again.error
 
-    def kept(j) -> set[str]:  # a judge's processes that outlive evaluations (warm references, spare candidates,
-        # the latter inside their sandbox's process tree) and their descendants
-        parents = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents[stat.parent.name] = fields[1]
-        found = {str(w.process.proc.pid) for w in j.references.workers.values()} | \
-            {str(slot.worker.proc.pid) for slot in j.spares._ready}
-        while True:
-            more = {pid for pid, parent in parents.items() if parent in found} - found
-            if not more:
-                return found
-            found |= more
-
     def gpu_processes() -> set[str]:  # but this one's and the other judge's kept ones
         lines = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
                                capture_output=True, text=True).stdout.split()
-        return set(lines) - {str(__import__("os").getpid())} - kept(gpu_judge)
+        return set(lines) - {str(__import__("os").getpid())} - kept_processes(gpu_judge)
 
-    assert gpu_processes() <= kept(judge)  # no candidate of the three evaluations is left
+    assert gpu_processes() <= kept_processes(judge)  # no candidate of the three evaluations is left
     judge.close()
     assert gpu_processes() == set(), "GPU processes left behind"
 

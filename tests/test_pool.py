@@ -39,7 +39,8 @@ def test_the_pool_judges_at_once_one_device_phase_at_a_time_as_a_lone_judge_woul
     with JudgePool("cpu", fast_config(cache_dir), workers=3) as pool:
         lock = pool.judges[0].device_lock = CountingLock()
         together = [f.result() for f in [pool.submit(task, cand) for task, cand in work]]
-    assert lock.most == 1 and lock.entries == 4  # every evaluation reached the device, never two at once
+    # never two at once on the device; the last never reaches it (ModelNew(features) fails before, off the lock)
+    assert lock.most == 1 and lock.entries == 3
     for a, b in zip(alone, together):
         assert (a.compiled, a.correct, a.policy_violations, a.task, a.candidate, a.policy) == \
                (b.compiled, b.correct, b.policy_violations, b.task, b.candidate, b.policy)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TASKS, fast_config
+from conftest import TASKS, fast_config, kept_processes
 from cuda_agent import sandbox
 from cuda_agent.judge import Judge
 from cuda_agent.sandbox.cgroup import Cgroup
@@ -139,8 +139,8 @@ def test_fork_bomb_is_contained(judges, tmp_path):
     assert verdict.reward == -1 and verdict.error, verdict.error
     assert "process limit reached" in verdict.error or "Resource temporarily unavailable" in verdict.error, \
         verdict.error
-    left = subprocess.run(["pgrep", "-f", "candidate_worker"], capture_output=True, text=True).stdout.split()
-    assert left == [], "fork bomb processes survived the evaluation"
+    left = set(subprocess.run(["pgrep", "-f", "candidate_worker"], capture_output=True, text=True).stdout.split())
+    assert left <= kept_processes(*judges.values()), "fork bomb processes survived the evaluation"  # spares only
 
 
 def test_sandbox_unit_describes_and_cleans_up(tmp_path):
