@@ -1,10 +1,14 @@
 """The judge pool: many evaluations at once, each device's verification and timing one at a time, verdicts as a
 lone judge gives them."""
 
+import json
+import sqlite3
 import threading
 
+import pytest
+
 from conftest import CANDIDATES, TASKS, fast_config
-from cuda_agent.judge import Judge, references
+from cuda_agent.judge import Judge, Verdict, references
 from cuda_agent.judge.pool import JudgePool
 
 AFFINE = TASKS / "affine_relu.py"
@@ -71,3 +75,29 @@ def test_idle_reference_workers_are_kept_within_count_and_memory(monkeypatch, tm
     with pool.reserve(FakeTask("d", 7), {}, {}):  # b and d fit no longer: the older goes
         pass
     assert [w.task.name for w in pool.workers.values()] == ["d"] and seen["b"].closed and seen["c"].closed
+
+
+def test_an_interrupted_suite_finishes_and_stores_what_is_in_flight_and_starts_nothing_more(cache_dir, tmp_path):
+    from cuda_agent.judge.store import Store
+    from cuda_agent.suite.evaluate import discover, evaluate_suite
+
+    suite, solutions = tmp_path / "suite" / "level1", tmp_path / "solutions" / "level1"
+    suite.mkdir(parents=True)
+    solutions.mkdir(parents=True)
+    for i in range(1, 5):  # four tasks (same content, distinct solutions: four evaluations)
+        (suite / f"{i}_affine.py").write_text(AFFINE.read_text())
+        (solutions / f"{i}_affine.py").write_text((CANDIDATES / "affine_relu_single.py").read_text() + f"\n# {i}\n")
+    tasks = discover(tmp_path / "suite")
+    store, said = Store(tmp_path / "db.sqlite"), []
+
+    def interrupt(task, verdict, resumed):  # Ctrl-C as the first verdict arrives
+        if not said:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with JudgePool("cpu", fast_config(cache_dir), workers=2) as pool:
+            evaluate_suite(pool, tasks, tmp_path / "solutions", store, interrupt, said.append)
+    with sqlite3.connect(store.path) as db:
+        stored = [Verdict.from_dict(json.loads(v)) for (v,) in db.execute("SELECT value FROM entries")]
+    assert said and said[0].startswith("interrupted: finishing the") and 2 <= len(stored) <= 3  # the 4th never ran
+    assert all(v.correct for v in stored), [v.error for v in stored]  # finished, not aborted

@@ -193,7 +193,7 @@ def eval_suite_cmd(
             tag = "resumed" if resumed else f"reward {verdict.reward}"
             progress.update(bar, advance=1, last=f"{task.name}: {tag}")
 
-        records = evaluate_suite(pool, tasks, solutions, store, on_result)
+        records = evaluate_suite(pool, tasks, solutions, store, on_result, _notify)
     rep = report(records)
     _print_report(rep, f"{suite_dir} vs {solutions} ({backend})", as_json)
 
@@ -230,6 +230,10 @@ def _print_report(rep: dict, title: str, as_json: bool) -> None:
                       _fmt(s["geomean_speedup_vs_compile"], ".2f", "x"))
     out.print(table)
     out.print(f"[dim]{rep['note']}[/]")
+
+
+def _notify(message: str) -> None:
+    err.print(f"[yellow]{message}[/]", highlight=False)
 
 
 def _progress() -> Progress:
@@ -354,7 +358,7 @@ def optimize_suite_cmd(
             progress.update(judged, advance=1, last=f"{task.name}: reward {verdict.reward}")
 
         rep = optimize_suite(pool, tasks, out_dir, make_client, LoopConfig(max_turns=max_turns,
-                             max_context=max_context), concurrency, on_episode, on_result)
+                             max_context=max_context), concurrency, on_episode, on_result, _notify)
     _print_report(rep, f"{model} on {suite_dir} ({backend})", as_json)
     if not as_json:
         out.print(f"best kernels: {out_dir / 'solutions'} (eval-suite {suite_dir} --solutions ... re-judges them); "

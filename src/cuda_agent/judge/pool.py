@@ -72,9 +72,13 @@ class JudgePool:
         with self._lock:
             self._in_flight[index] -= 1
 
-    def close(self, cancel: bool = False) -> None:
-        """Wait for the evaluations in flight (with `cancel`, drop those not started), then stop the judges."""
-        self._executor.shutdown(wait=True, cancel_futures=cancel)
+    def close(self, abandon: bool = False) -> None:
+        """Wait for the evaluations in flight, then stop the judges. With `abandon`: drop the evaluations not
+        started and stop the judges first, so those in flight end at once (their verdicts are failures)."""
+        if abandon:
+            for judge in self.judges:
+                judge.close()
+        self._executor.shutdown(wait=True, cancel_futures=abandon)
         for judge in self.judges:
             judge.close()
 
@@ -82,4 +86,4 @@ class JudgePool:
         return self
 
     def __exit__(self, kind, *exc) -> None:
-        self.close(cancel=kind is not None)  # interrupted: what is running finishes, the rest is dropped
+        self.close(abandon=kind is not None)  # an exception or Ctrl-C: nothing more is judged

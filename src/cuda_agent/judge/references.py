@@ -96,12 +96,15 @@ class ReferencePool:
         self.size, self.root, self.memory_bytes = size, Path(root), memory_bytes
         self.workers: OrderedDict[str, ReferenceWorker] = OrderedDict()
         self.lock = threading.Lock()
+        self.closed = False
 
     @contextmanager
     def reserve(self, task: Task, request: dict[str, Any], env: dict[str, str]) -> Iterator[ReferenceWorker]:
         """The task's worker for one evaluation: started now if there is none (it loads meanwhile)."""
         key = f"{task.hash}|{sorted(request.items())}|{sorted(env.items())}"
         with self.lock:
+            if self.closed:
+                raise RuntimeError("the judge was closed")
             worker = self.workers.get(key)
             if worker is None or worker.failed:
                 worker = self.workers[key] = ReferenceWorker(task, request, env, self.root)
@@ -127,6 +130,7 @@ class ReferencePool:
 
     def close(self) -> None:
         with self.lock:
+            self.closed = True
             workers, self.workers = list(self.workers.values()), OrderedDict()
         for worker in workers:
             worker.close()

@@ -72,9 +72,11 @@ def missing_verdict(backend: str, reason: str) -> Verdict:
 
 
 def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path, store: Store,
-                   on_result: Callable[[SuiteTask, Verdict, bool], None] | None = None) -> list[dict]:
+                   on_result: Callable[[SuiteTask, Verdict, bool], None] | None = None,
+                   notify: Callable[[str], None] = lambda message: None) -> list[dict]:
     """Judge every task (reusing stored verdicts), as many at once as the pool takes; one record per task, in
-    the suite's order. Each verdict is stored the moment it is known, so an interrupted run loses nothing."""
+    the suite's order. Each verdict is stored the moment it is known. Interrupted (Ctrl-C), nothing new starts and
+    the evaluations in flight finish and are stored; interrupted again, they are abandoned."""
     backend = pool.backend.name
     settings = f"{backend}|{pool.config.verdict_key()}"
     verdicts: dict[int, Verdict] = {}
@@ -96,15 +98,28 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
                 on_result(task, verdicts[i], stored is not None)
         else:
             pending[pool.submit(ref, cand)] = (i, key)
-    for future in as_completed(pending):
+
+    def record(future: Future) -> None:
         i, key = pending[future]
         try:
             verdicts[i] = future.result()
         except TaskError as exc:
             verdicts[i] = missing_verdict(backend, f"reference error: {exc}")
         store.put("suite", key, verdicts[i].to_dict())
+        del pending[future]
         if on_result:
             on_result(tasks[i], verdicts[i], False)
+
+    try:
+        for future in as_completed(list(pending)):
+            record(future)
+    except KeyboardInterrupt:
+        running = [f for f in list(pending) if not f.cancel()]
+        notify(f"interrupted: finishing the {len(running)} evaluation(s) in flight (Ctrl-C again to abandon them)")
+        for future in as_completed(running):
+            if future in pending:
+                record(future)
+        raise
     return [{"level": task.level, "task": task.name, "solution": str(solution) if solution else None,
              "verdict": verdicts[i].to_dict()} for i, (task, solution) in enumerate(zip(tasks, solutions))]
 

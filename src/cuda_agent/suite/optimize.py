@@ -7,7 +7,8 @@ all judged by one shared pool; then each task's best kernel exported in KernelBe
     OUT/report.json               the suite report over OUT/solutions, with each episode's turns and stop reason
 
 Resumable: a task whose episode finished (its summary.json exists) is not run again; an interrupted episode starts
-over; the final judging resumes from OUT/suite.sqlite.
+over (Ctrl-C starts no more episodes and stops the judge, so those running end at their next evaluation); the final
+judging resumes from OUT/suite.sqlite.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def export_best(out_dir: Path, tasks: list[SuiteTask], summaries: dict[str, dict
 def optimize_suite(pool: JudgePool, tasks: list[SuiteTask], out_dir: Path, make_client: Callable[[], Any],
                    loop: LoopConfig, concurrency: int = 1,
                    on_episode: Callable[[SuiteTask, dict, bool], None] | None = None,
-                   on_result: Callable | None = None) -> dict:
+                   on_result: Callable | None = None, notify: Callable[[str], None] = lambda message: None) -> dict:
     """Run every task's episode (`make_client()` gives each its own model client), export the best kernels, judge
     them; returns the report (also written to OUT/report.json)."""
     if concurrency < 1:
@@ -74,13 +75,18 @@ def optimize_suite(pool: JudgePool, tasks: list[SuiteTask], out_dir: Path, make_
     summaries: dict[str, dict] = {}
     with ThreadPoolExecutor(concurrency, thread_name_prefix="episode") as episodes:
         futures = {episodes.submit(_episode, pool, task, out_dir, make_client, loop): task for task in tasks}
-        for future in as_completed(futures):
-            task = futures[future]
-            summaries[task.name], resumed = future.result()
-            if on_episode:
-                on_episode(task, summaries[task.name], resumed)
+        try:
+            for future in as_completed(futures):
+                task = futures[future]
+                summaries[task.name], resumed = future.result()
+                if on_episode:
+                    on_episode(task, summaries[task.name], resumed)
+        except KeyboardInterrupt:  # no episode starts; those running end at their next evaluation (rerun: resume)
+            episodes.shutdown(wait=False, cancel_futures=True)
+            pool.close(abandon=True)
+            raise
     solutions = export_best(out_dir, tasks, summaries)
-    records = evaluate_suite(pool, tasks, solutions, Store(out_dir / "suite.sqlite"), on_result)
+    records = evaluate_suite(pool, tasks, solutions, Store(out_dir / "suite.sqlite"), on_result, notify)
     for task, record in zip(tasks, records):
         s = summaries[task.name]
         record["episode"] = {"run_dir": str(run_dir_of(out_dir, task)), "stop": s.get("stop"), "turns": s.get("turns"),
