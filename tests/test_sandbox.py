@@ -139,8 +139,10 @@ def test_fork_bomb_is_contained(judges, tmp_path):
     assert verdict.reward == -1 and verdict.error, verdict.error
     assert "process limit reached" in verdict.error or "Resource temporarily unavailable" in verdict.error, \
         verdict.error
-    left = set(subprocess.run(["pgrep", "-f", "candidate_worker"], capture_output=True, text=True).stdout.split())
-    assert left <= kept_processes(*judges.values()), "fork bomb processes survived the evaluation"  # spares only
+    # candidate workers of this judge (other tests' judges keep spares of their own), but for its spares
+    left = set(subprocess.run(["pgrep", "-f", f"candidate_worker {judges['required'].cache_dir}"],
+                              capture_output=True, text=True).stdout.split())
+    assert left <= kept_processes(*judges.values()), "fork bomb processes survived the evaluation"
 
 
 def test_sandbox_unit_describes_and_cleans_up(tmp_path):
