@@ -49,8 +49,9 @@ def test_speed_of_light_bounds_are_reported_and_an_impossible_time_fails(cache_d
     assert not any("speed of light" in w for w in honest.warnings)
     work = honest.timing["work"]
     assert work["flops"] == {} and work["bytes_in"] == work["bytes_out"] == 4 * (1 << 21)  # elementwise: no FLOPs
-    # A made-up 1 GB/s device: writing 8 MB of outputs takes 8 ms there, so the real ~1 ms is impossible.
-    slow = {"bytes": 1e9, "fp32": 1e12}
+    # A made-up 10 MB/s device: writing 8 MB of outputs takes 0.8 s there, so the real few ms are impossible
+    # (1 GB/s was not enough: the 2-core CI machine took ~7 ms).
+    slow = {"bytes": 1e7, "fp32": 1e12}
     verdict = Judge("cpu", fast_config(cache_dir, device_peaks=slow)).evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
     assert verdict.reward == -1 and "faster than the speed of light" in verdict.error, verdict.error
     lenient = Judge("cpu", fast_config(cache_dir, device_peaks=slow, speed_of_light_fails=False)).evaluate(
