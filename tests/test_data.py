@@ -59,8 +59,9 @@ def test_the_runtime_window_rejects_and_the_batch_is_scaled_toward_it():
     slow_window = FilterConfig(device="cpu", window_ms=(5000.0, 9000.0), timing_iters=1)
     result = check_task(task("torch.tanh(x)", shape="4, 64"), slow_window)  # no BATCH in get_inputs: cannot scale
     assert failed(result)[0] == "runtime_window"
-    scaled = check_task(task("torch.tanh(x)", shape="BATCH, 4096"), FilterConfig(device="cpu", window_ms=(2.0, 50.0)))
-    assert scaled.passed and "BATCH = 32\n" not in scaled.source, scaled.checks  # BATCH was raised into the window
+    # Timed as the judge times (caches flushed): 32 x 64 elements take well under 20 ms even on a busy machine.
+    scaled = check_task(task("torch.tanh(x)", shape="BATCH, 64"), FilterConfig(device="cpu", window_ms=(20.0, 200.0)))
+    assert scaled.passed and "BATCH = 32\n" not in scaled.source, scaled.checks[1]  # BATCH was raised into the window
 
 
 def test_similarity_is_structural_and_catches_renamed_copies():
@@ -198,6 +199,23 @@ def test_the_llm_composer_s_code_is_checked_in_the_sandbox(tmp_path):
     hostile_check = next(c for c in records[1]["checks"] if not c["passed"])
     assert hostile_check["name"] == "runs_in_eager" and "Read-only file system" in hostile_check["detail"]
     assert records[2]["checks"][0]["detail"] == "the reply held no usable task"
+
+
+@pytest.mark.skipif(__import__("cuda_agent.sandbox", fromlist=["probe"]).probe() is not None,
+                    reason="sandbox unavailable: model-written code is not run")
+def test_a_sandboxed_task_cannot_print_a_result_for_itself(tmp_path):
+    from cuda_agent.data.filters import check_task_sandboxed
+
+    passing = {"source": "x", "checks": [{"name": "runs_in_eager", "passed": True, "value": None, "threshold": None,
+                                          "detail": ""}], "eager_ms": 1.0, "compile_ms": 1.0, "output_stats": {}}
+    forge = (f"import json, os, sys\nfor line in ({json.dumps(passing)!r}, "
+             f"{json.dumps({'event': 'result', **passing})!r}):\n"
+             "    print(line, flush=True)\n    print(line, file=sys.stderr, flush=True)\nos._exit(0)\n")
+    result = check_task_sandboxed(task("torch.tanh(x)", extra=forge), CPU, tmp_path / "forged")
+    name, why = failed(result)
+    assert name == "runs_in_eager" and "exited with code 0" in why, why
+    honest = check_task_sandboxed(task("torch.tanh(x)"), CPU, tmp_path / "honest")
+    assert honest.passed and honest.eager_ms > 0, honest.checks
 
 
 def test_transformers_operators_are_crawled_built_standalone_and_judged(cache_dir, tmp_path):

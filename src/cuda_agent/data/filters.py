@@ -3,17 +3,14 @@
 `check_task` runs the execution rules (eager and torch.compile agree, deterministic, not degenerate, runtime in
 the window, after scaling the batch toward the window); the similarity rules need the whole dataset and run in
 the builder (`build.py`). Every result carries the measured value and the threshold, so the export says why a
-task was kept or rejected.
+task was kept or rejected. Runtimes come from the judge's own timing loop (on CUDA: device time of every stream,
+L2 flushed), so the window holds for the eager time the judge will measure; model-written tasks run in the judge's
+sandboxed worker process and answer on its private channel.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import os
-import statistics
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ..backend import Backend, get_backend
+from ..judge.timing import time_callable
 from .taskfile import load, with_batch
 
 
@@ -78,18 +77,14 @@ def _run(module, device: str, input_seed: int, model=None):
         return model(*inputs), model, inputs
 
 
-def _ms(fn, device: str, iters: int) -> float:
-    times = []
-    for _ in range(iters + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+def _ms(fn, backend: Backend, iters: int) -> float:
+    """Median milliseconds of `iters` calls after one warm-up, timed as the judge times the eager baseline."""
+    def call():
         with torch.no_grad():
             fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times[1:])
+
+    return time_callable(call, backend, warmup=1, min_iters=iters, max_iters=iters, target_time_s=0.0)[
+        "median_us"] / 1e3
 
 
 CHUNK = 1 << 24  # elements per step of the float64 reductions below (bounded memory on large outputs)
@@ -130,6 +125,7 @@ def check_task(source: str, cfg: FilterConfig) -> TaskResult:
     """Run the execution rules, scaling BATCH toward the runtime window first; stops at the first failure."""
     result = TaskResult(source)
     checks = result.checks
+    backend = get_backend(cfg.device)
     if cfg.device == "cuda":  # a fixed share, so that what fits does not depend on the other workers
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.memory_budget_gb * 2**30 / total))
@@ -148,7 +144,7 @@ def check_task(source: str, cfg: FilterConfig) -> TaskResult:
     # Runtime window: scale BATCH toward the window's geometric middle. Small sizes are launch-bound (time does
     # not grow with BATCH yet), so the scaling is repeated from each new measurement.
     lo, hi = cfg.window_ms
-    ms = _ms(lambda: model(*inputs), cfg.device, cfg.timing_iters)
+    ms = _ms(lambda: model(*inputs), backend, cfg.timing_iters)
     batch = getattr(module, "BATCH", None)
     scalable = "BATCH = " in source and isinstance(batch, int) and bool(inputs) and isinstance(inputs[0], torch.Tensor)
     for _ in range(cfg.scaling_rounds if scalable else 0):
@@ -170,7 +166,7 @@ def check_task(source: str, cfg: FilterConfig) -> TaskResult:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
             out, model, inputs = _run(module, cfg.device, 0)
-            ms = _ms(lambda: model(*inputs), cfg.device, cfg.timing_iters)
+            ms = _ms(lambda: model(*inputs), backend, cfg.timing_iters)
             source = result.source = scaled
             batch = new_batch
         except Exception as exc:  # e.g. out of memory at the larger batch
@@ -183,14 +179,14 @@ def check_task(source: str, cfg: FilterConfig) -> TaskResult:
         return result
 
     try:
-        _later_checks(result, module, model, inputs, out, cfg)
+        _later_checks(result, module, model, inputs, out, cfg, backend)
     except Exception as exc:  # e.g. out of memory holding several outputs: rejected by the check that ran
         stage = ["deterministic", "not_degenerate", "runs_in_compile"][len(checks) - 2]
         checks.append(Check(stage, False, detail=f"{type(exc).__name__}: {str(exc)[:200]}"))
     return result
 
 
-def _later_checks(result: TaskResult, module, model, inputs, out, cfg: FilterConfig) -> None:
+def _later_checks(result: TaskResult, module, model, inputs, out, cfg: FilterConfig, backend: Backend) -> None:
     """Determinism, degeneracy and torch.compile agreement, at the batch size the window chose."""
     checks = result.checks
     again, _, _ = _run(module, cfg.device, 0)
@@ -241,57 +237,52 @@ def _later_checks(result: TaskResult, module, model, inputs, out, cfg: FilterCon
             with torch.no_grad():
                 c_out = compiled(*inputs)
             err = _rel(c_out, out)
-            result.compile_ms = _ms(lambda: compiled(*inputs), cfg.device, cfg.timing_iters)
+            result.compile_ms = _ms(lambda: compiled(*inputs), backend, cfg.timing_iters)
             checks.append(Check("runs_in_compile", err <= cfg.compile_tolerance, err, cfg.compile_tolerance,
                                 "relative error of torch.compile vs eager"))
         except Exception as exc:
             checks.append(Check("runs_in_compile", False, detail=f"{type(exc).__name__}: {str(exc)[:200]}"))
 
 
-def check_task_sandboxed(source: str, cfg: FilterConfig, workdir: Path) -> TaskResult:
-    """`check_task` in a sandboxed process, for code the pipeline did not write itself (the LLM composer's):
-    no network, no writes outside `workdir`, the judge's and the user's files out of sight."""
+def check_task_sandboxed(source: str, cfg: FilterConfig, workdir: Path, timeout_s: float = 1800.0) -> TaskResult:
+    """`check_task` in the judge's sandboxed worker process, for code the pipeline did not write itself (the LLM
+    composer's): no network, no writes outside `workdir`, the judge's and the user's files out of sight, and the
+    result sent on the worker's private channel (what the task prints cannot pose as a result)."""
     from .. import sandbox
+    from ..judge.process import WorkerDied, WorkerProcess
+
+    def failed(detail: str) -> TaskResult:
+        return TaskResult(source, [Check("runs_in_eager", False, detail=detail)])
 
     if sandbox.probe() is not None:
-        result = TaskResult(source)
-        result.checks.append(Check("runs_in_eager", False, detail="sandbox unavailable: LLM-written code is not run "
-                                   f"outside it ({sandbox.probe()})"))
-        return result
+        return failed(f"sandbox unavailable: LLM-written code is not run outside it ({sandbox.probe()})")
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "task.py").write_text(source)
-    (workdir / "config.json").write_text(json.dumps(asdict(cfg)))
     box = sandbox.Sandbox(sandbox.View(writable=[workdir]), sandbox.Limits(cpu_seconds=3600), cwd=workdir)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "HOME": "/tmp",
-           "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor"}
-    env.pop("OPENAI_API_KEY", None)
+    env = {"HOME": "/tmp", "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor", "OPENAI_API_KEY": ""}
+    worker = WorkerProcess("cuda_agent.data.filters", {"source": source, "config": asdict(cfg)}, workdir, env, box)
     try:
-        run = subprocess.run([*box.prefix(), sys.executable, "-m", "cuda_agent.data.filters", "task.py",
-                              "config.json"], capture_output=True, text=True, timeout=1800, env=env, cwd=workdir)
+        msg = worker.receive(time.monotonic() + timeout_s)
+    except WorkerDied as exc:
+        return failed(f"the checking process {exc}"[:300])
     finally:
-        box.close()
-    lines = run.stdout.strip().splitlines()
-    try:
-        data = json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        result = TaskResult(source)
-        tail = (run.stderr.strip().splitlines() or [f"exit code {run.returncode}"])[-1]
-        result.checks.append(Check("runs_in_eager", False, detail=f"the checking process failed: {tail[:200]}"))
-        return result
-    data["checks"] = [Check(**c) for c in data["checks"]]
-    return TaskResult(**data)
+        worker.close()
+    if msg.get("event") != "result":
+        return failed(str(msg.get("error", msg))[:300])
+    msg["checks"] = [Check(**c) for c in msg["checks"]]
+    return TaskResult(**{k: msg[k] for k in ("source", "checks", "eager_ms", "compile_ms", "output_stats")})
+
+
+def _start(request: dict, chan) -> dict:
+    raw = dict(request["config"], window_ms=tuple(request["config"]["window_ms"]))
+    chan.send("result", **check_task(request["source"], FilterConfig(**raw)).to_dict())
+    return {}
 
 
 def main() -> None:
-    """Sandboxed entry point: python -m cuda_agent.data.filters TASK.py CONFIG.json -> one JSON line."""
-    source = Path(sys.argv[1]).read_text()
-    raw = json.loads(Path(sys.argv[2]).read_text())
-    raw["window_ms"] = tuple(raw["window_ms"])
-    try:
-        result = check_task(source, FilterConfig(**raw))
-    except BaseException as exc:  # whatever the task does, the parent gets a verdict line
-        result = TaskResult(source, [Check("runs_in_eager", False, detail=f"{type(exc).__name__}: {str(exc)[:200]}")])
-    print(json.dumps(result.to_dict()), flush=True)
+    """Sandboxed entry point: python -m cuda_agent.data.filters REQUEST.json (the judge's worker protocol)."""
+    from ..judge.process import run_worker
+
+    run_worker(_start, "filter_error")
 
 
 if __name__ == "__main__":
