@@ -41,6 +41,18 @@ def test_cuda_single_file_load_inline(gpu_judge):
     assert verdict.reward >= 1
 
 
+def test_a_single_file_built_for_an_older_gpu_gets_machine_code_for_this_one(gpu_judge, tmp_path):
+    source = (CANDIDATES / "affine_relu_cuda_single.py").read_text()
+    older = tmp_path / "older_gpu.py"
+    older.write_text(source.replace('extra_cuda_cflags=["-O3"]', 'extra_cuda_cflags=["-O3", "-arch=sm_80"]')
+                     .replace("affine_relu_cuda_inline", "affine_relu_sm80"))
+    verdict = gpu_judge.evaluate(AFFINE, older)
+    assert verdict.correct, verdict.error
+    target = gpu_judge.backend.arch.rstrip("a")
+    if target != "80":  # the driver would otherwise compile the PTX at every load, in every fresh sandbox
+        assert f"-gencode=arch=compute_80,code=sm_{target}" in verdict.build["inline"][0]["log"]
+
+
 def test_illegal_memory_access_fails_and_the_judge_survives(gpu_judge, make_workspace):
     ws = make_workspace("affine_relu_cuda", {KERNEL: [
         ("reinterpret_cast<float4*>(out)[i] = v;", "reinterpret_cast<float4*>(out)[i + (1LL << 40)] = v;")]})

@@ -220,6 +220,22 @@ def test_load_inline_requests_are_validated(tmp_path):
         load_published(library, "lib", "0" * 64)
 
 
+def test_libraries_built_for_older_gpus_get_machine_code_for_the_judge_s_gpu():
+    from cuda_agent.workspace.inline import machine_code_flags
+
+    aot = ["-gencode=arch=compute_80,code=sm_90"]
+    assert machine_code_flags(["-O3", "-arch=sm_80"], "90a") == aot  # else the driver compiles PTX at every load
+    assert machine_code_flags(["-arch=sm_75", "-arch=sm_80"], "90a") == aot  # the newest PTX, as the driver picks
+    assert machine_code_flags(["-gencode=arch=compute_86,code=compute_86"], "90") == \
+        ["-gencode=arch=compute_86,code=sm_90"]
+    assert machine_code_flags(["-arch=sm_90"], "90a") == []  # runs as it is
+    assert machine_code_flags(["-arch=sm_90a"], "90a") == []
+    assert machine_code_flags(["-arch=sm_86"], "89") == []  # same major, older minor: binary compatible
+    assert machine_code_flags([], "90a") == []  # torch adds the judge's arch itself
+    assert machine_code_flags(["-gencode=arch=compute_80,code=sm_80"], "90a") == []  # no PTX: fails, as anywhere
+    assert machine_code_flags(["-arch=sm_100"], "90a") == []  # only newer GPUs: nothing to compile for this one
+
+
 def test_a_cached_baseline_is_stale_only_when_both_checks_disagree_the_same_way():
     from cuda_agent.judge.timekeeper import agree, stale
 

@@ -72,7 +72,7 @@ class Judge:
         confined = [self.cache_dir] if self.sandboxed else None
         self.builder = Builder(self.backend, self.cache_dir / "build", confined=confined)
         self.inline = InlineBuilder(self.cache_dir / "extensions", self.backend.identity(), self._worker_env(),
-                                    confined, self.config.build_timeout_s)
+                                    confined, self.config.build_timeout_s, getattr(self.backend, "arch", ""))
         # CUDA IPC handles fail to open across the sandbox's namespaces (cudaErrorMapBufferObjectFailed, measured on
         # the H200 machine): sandboxed candidates hand their outputs over as files.
         self.cuda_ipc = self.backend.name == "cuda" and self.config.cuda_ipc and not self.sandboxed

@@ -4,7 +4,8 @@ A candidate's `load_inline(...)` (KernelBench single files; any `model_new.py` m
 candidate's process. The worker sends the call's arguments to the judge (`request_from_call`), which validates
 them (`normalise`: sources as text, compiler and linker flags from an allowlist, no paths outside the toolchain),
 builds them with torch's own `load_inline` in a sandbox that may write only a private folder (`main`, which stops
-before importing the module), and publishes the library under a key of the arguments and the toolchain, where
+before importing the module; machine code for the judge's GPU added when the flags name only older ones:
+`machine_code_flags`), and publishes the library under a key of the arguments and the toolchain, where
 every candidate may read it and none may write. The worker loads it after checking its SHA-256 (`load_published`).
 So no candidate can plant a file in another's build, and an unchanged source is never rebuilt.
 
@@ -136,6 +137,44 @@ def normalise(raw: Any) -> dict[str, Any]:
     return req
 
 
+_ARCH = re.compile(r"-arch=sm_(\d+)(a?)")
+_GENCODE = re.compile(r"-gencode=arch=compute_(\d+)(a?),code=(sm|compute)_(\d+)(a?)")
+
+
+def machine_code_flags(cuda_flags: list[str], target: str) -> list[str]:
+    """nvcc flags to add so that the library holds machine code for the judge's GPU (`target`, e.g. '90a').
+
+    A candidate that names older GPUs (`-arch=sm_80`) ships their machine code and their PTX; on the judge's GPU the
+    driver must then compile that PTX when the library loads, at every evaluation (a fresh sandbox has no JIT
+    cache: seconds to minutes of `candidate_load`). Compiling the newest usable PTX for the target here gives what
+    the driver would have built. Nothing is added when runnable machine code is there already, or when no PTX is
+    (such a library does not run on this GPU, here as anywhere)."""
+    digits = target.rstrip("a")
+    major, minor = int(digits[:-1]), int(digits[-1])
+    runnable, ptx = False, []
+    for flag in cuda_flags:
+        arch = _ARCH.fullmatch(flag)
+        gencode = _GENCODE.fullmatch(flag)
+        if arch:
+            sass = virtual = (arch[1], arch[2])  # -arch=sm_XY: machine code for XY and PTX of compute_XY
+        elif gencode:
+            virtual = (gencode[1], gencode[2])
+            sass = (gencode[4], gencode[5]) if gencode[3] == "sm" else None
+            if gencode[3] == "compute":
+                ptx.append(virtual)
+        else:
+            continue
+        if arch:
+            ptx.append(virtual)
+        if sass and (sass == (digits, target[len(digits):]) or not sass[1] and int(sass[0][:-1]) == major
+                     and int(sass[0][-1]) <= minor):
+            runnable = True
+    usable = [int(v) for v, specific in ptx if not specific and int(v) <= int(digits)]
+    if runnable or not usable:
+        return []
+    return [f"-gencode=arch=compute_{max(usable)},code=sm_{digits}"]
+
+
 @dataclass
 class Built:
     path: Path  # the published library
@@ -150,9 +189,10 @@ class InlineBuilder:
     """Builds and publishes candidates' load_inline calls under `root` (the judge's `extensions` folder)."""
 
     def __init__(self, root: Path, identity: str, env: dict[str, str], confined: list[Path] | None,
-                 timeout: float = 900.0):
+                 timeout: float = 900.0, arch: str = ""):
+        """`arch`: the GPU the libraries run on (nvcc's spelling, '90a'); '' on the cpu backend."""
         self.root, self.identity, self.env, self.confined = Path(root), identity, env, confined
-        self.timeout = timeout
+        self.timeout, self.arch = timeout, arch
         self.root.mkdir(parents=True, exist_ok=True)
 
     def key(self, req: dict[str, Any]) -> str:
@@ -162,6 +202,8 @@ class InlineBuilder:
         """Raises InlineError (bad request) or RuntimeError (the compiler's error, with its log)."""
         start = time.perf_counter()
         req = normalise(raw)
+        if self.arch and req["cuda_sources"]:
+            req["extra_cuda_cflags"] += machine_code_flags(req["extra_cuda_cflags"], self.arch)
         key = self.key(req)
         module = f"{req['name']}_{key[:16]}"
         published = self.root / key
