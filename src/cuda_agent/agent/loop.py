@@ -83,7 +83,8 @@ def run_episode(env: Environment, client: Any, reference: str | Path, run_dir: P
         traj.write("event", event="model_error", error=str(exc))
     finally:
         outcome = env.result()
-        summary = {"reference": str(reference), "stop": state["stop"], "turns": state["turn"],
+        summary = {"reference": str(reference), "model": getattr(client, "model", type(client).__name__),
+                   "stop": state["stop"], "turns": state["turn"],
                    "context_tokens": state["context_tokens"], "wall_s": round(time.monotonic() - traj.start, 1),
                    **outcome}
         traj.write("result", summary=summary)
@@ -109,7 +110,7 @@ def _loop(env: Environment, client: Any, messages: list[dict], tools: list[dict]
         messages.append(reply.message())
         state["context_tokens"] = context_tokens(reply, messages)
         traj.write("assistant", turn=state["turn"], message=reply.message(), usage=reply.usage,
-                   wall_s=round(time.monotonic() - began, 3))
+                   finish_reason=reply.finish_reason, wall_s=round(time.monotonic() - began, 3))
         if not reply.tool_calls:
             invalid += 1
             if invalid >= config.max_invalid:

