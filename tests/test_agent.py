@@ -116,6 +116,18 @@ def test_text_tool_calls_and_single_turn_files_are_parsed():
     calls = parse_text_tool_calls('Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": '
                                   '"model.py"}}\n</tool_call>\n<tool_call>{bad json}</tool_call>')
     assert [(c.name, c.arguments) for c in calls] == [("read_file", {"path": "model.py"})]
+    messy = {  # what real models write: no closing tag, a fence inside the tags, "parameters", a bare JSON reply
+        '<tool_call>\n{"name": "glob", "arguments": {"pattern": "*"}}': [("glob", {"pattern": "*"})],
+        '<tool_call>\n```json\n{"name": "compile", "arguments": {}}\n```\n</tool_call>': [("compile", {})],
+        '<tool_call>{"name": "glob", "parameters": {"pattern": "*.cu"}}</tool_call>': [("glob", {"pattern": "*.cu"})],
+        '```json\n{"name": "verify", "arguments": {}}\n```': [("verify", {})],
+        '{"name": "finish", "arguments": {"summary": "done"}}': [("finish", {"summary": "done"})],
+        'A JSON example: {"name": "x", "arguments": {}} in prose.': [],  # not a call
+        '{"name": "Model", "layers": 3}': [],  # a JSON reply that is no call
+        '<tool_call>{"name": "glob", "arguments": {"pattern": "*"}}</tool_call> <tool_call>{broken': [
+            ("glob", {"pattern": "*"})]}
+    for text, expected in messy.items():
+        assert [(c.name, c.arguments) for c in parse_text_tool_calls(text)] == expected, text
     files = parse_files("Here:\n### FILE: model_new.py\n```python\nimport torch\n```\n\n### FILE: kernels/k.cpp\n"
                         "```cpp\nint x;\n```\n")
     assert files == {"model_new.py": "import torch\n", "kernels/k.cpp": "int x;\n"}

@@ -198,7 +198,7 @@ def test_the_llm_composer_s_code_is_checked_in_the_sandbox(tmp_path):
     assert [r["kept"] for r in records] == [True, False, False]
     hostile_check = next(c for c in records[1]["checks"] if not c["passed"])
     assert hostile_check["name"] == "runs_in_eager" and "Read-only file system" in hostile_check["detail"]
-    assert records[2]["checks"][0]["detail"] == "the reply held no usable task"
+    assert records[2]["checks"][0]["detail"] == "the reply held no usable task: no ```python block in the reply"
 
 
 @pytest.mark.skipif(__import__("cuda_agent.sandbox", fromlist=["probe"]).probe() is not None,

@@ -468,6 +468,8 @@ def data_build_cmd(
     model: Optional[str] = typer.Option(None, "--model", help="model for --composer llm"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="endpoint for --composer llm "
                                            "(key from $OPENAI_API_KEY)"),
+    temperature: float = TEMPERATURE,
+    max_tokens: int = typer.Option(4096, help="tokens per reply of the LLM composer"),
 ) -> None:
     """Compose fused tasks, filter them, deduplicate, export parquet + jsonl and a stats report."""
     from .llm import LLMError, OpenAIClient
@@ -484,7 +486,7 @@ def data_build_cmd(
             OpenAIClient(model, base_url).check()
         except LLMError as exc:
             _fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
-        llm = LLMComposer(model, base_url)
+        llm = LLMComposer(model, base_url, temperature, max_tokens)
 
     try:
         lo, hi = (float(x) for x in window_ms.split(","))

@@ -15,7 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-TOOL_CALL_TEXT = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+TOOL_CALL_OPEN = re.compile(r"<tool_call>\s*(?:```(?:json)?\s*)?")
+FENCED = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
 TOOL_FORMATS = ("native", "text")
@@ -27,7 +28,7 @@ You work by calling tools. Their JSON schemas:
 </tools>
 
 To call a tool, write one JSON object with its name and arguments between tags, for example:
-<tool_call>{{"name": "{example}", "arguments": {{}}}}</tool_call>
+<tool_call>{example}</tool_call>
 Each result comes back to you between <tool_response> tags."""
 
 
@@ -59,24 +60,45 @@ class Reply:
         return msg
 
 
+def _as_call(data: Any) -> ToolCall | None:
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    arguments = data.get("arguments", data.get("parameters")) or {}  # Llama-style models say "parameters"
+    return ToolCall(f"call_{uuid.uuid4().hex[:12]}", data["name"], arguments)
+
+
 def parse_text_tool_calls(content: str) -> list[ToolCall]:
-    """Tool calls a model wrote into its text as `<tool_call>{json}</tool_call>` blocks."""
-    calls = []
-    for match in TOOL_CALL_TEXT.finditer(content or ""):
+    """Tool calls a model wrote into its text: `<tool_call>{json}</tool_call>` blocks (the closing tag may be missing,
+    the JSON may sit in a ```json fence), or a reply that is nothing but one such JSON object."""
+    content = content or ""
+    decoder, calls = json.JSONDecoder(), []
+    for match in TOOL_CALL_OPEN.finditer(content):
         try:
-            data = json.loads(match.group(1))
+            data, _ = decoder.raw_decode(content, match.end())
         except json.JSONDecodeError:
             continue
-        if isinstance(data, dict) and isinstance(data.get("name"), str):
-            calls.append(ToolCall(f"call_{uuid.uuid4().hex[:12]}", data["name"], data.get("arguments") or {}))
+        if call := _as_call(data):
+            calls.append(call)
+    if not calls and "<tool_call>" not in content:
+        bare = content.strip()
+        fenced = FENCED.match(bare)
+        try:
+            call = _as_call(json.loads(fenced.group(1) if fenced else bare))
+        except json.JSONDecodeError:
+            call = None
+        if call and ("arguments" in bare or "parameters" in bare):
+            calls.append(call)
     return calls
 
 
 def with_text_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
     """The conversation for a server that cannot take `tools`: the schemas and the call syntax in the system
     message, the assistant's tool calls as the text it wrote, tool results as `<tool_response>` user turns."""
+    first = tools[0].get("function", tools[0])
+    example = {"name": first.get("name", "name"),
+               "arguments": {k: "..." for k in first.get("parameters", {}).get("required", [])}}
     spec = TEXT_TOOLS.format(schemas="\n".join(json.dumps(t.get("function", t)) for t in tools),
-                             example=tools[0].get("function", tools[0]).get("name", "name"))
+                             example=json.dumps(example))
     out: list[dict] = []
     if not messages or messages[0].get("role") != "system":
         out.append({"role": "system", "content": spec})

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .catalog import crawl_all
-from .compose import Composition, compose, compose_llm, draw_source
+from .compose import Composition, NoTask, compose, compose_llm, draw_source
 from .filters import Check, FilterConfig, check_task, check_task_sandboxed
 from .similarity import Index, fingerprint, operator_sequence
 
@@ -50,11 +50,12 @@ class LLMComposer:
     model: str
     base_url: str | None = None
     temperature: float = 1.0
+    max_tokens: int = 4096  # a task is a page of code; small models otherwise ramble to their context's end
 
     def client_for(self, index: int):
         from ..llm import OpenAIClient
 
-        return OpenAIClient(self.model, self.base_url, temperature=self.temperature, max_tokens=8192)
+        return OpenAIClient(self.model, self.base_url, temperature=self.temperature, max_tokens=self.max_tokens)
 
 
 @dataclass
@@ -89,12 +90,13 @@ def _attempt(index: int, seed: int, cfg: FilterConfig, composer, workdir: Path, 
 
         try:
             comp = compose_llm(composer.client_for(index), ops, rng, num_ops)
-        except LLMError as exc:
+        except (LLMError, NoTask) as exc:
+            why = f"model error: {exc}" if isinstance(exc, LLMError) else f"the reply held no usable task: {exc}"
             return {**head, "ops": [], "kept": False, "source": "",
-                    "checks": [asdict(Check("composes", False, detail=f"model error: {exc}"))]}
+                    "checks": [asdict(Check("composes", False, detail=why))]}
     if comp is None:
-        why = "no chain of fitting shapes found" if composer is None else "the reply held no usable task"
-        return {**head, "ops": [], "kept": False, "source": "", "checks": [asdict(Check("composes", False, detail=why))]}
+        return {**head, "ops": [], "kept": False, "source": "",
+                "checks": [asdict(Check("composes", False, detail="no chain of fitting shapes found"))]}
     if composer is None or source == "transformers":
         result = check_task(comp.source, cfg)
     else:

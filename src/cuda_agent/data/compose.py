@@ -90,21 +90,28 @@ randomness in `forward`, no file or network access. Answer with one ```python co
 CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 
-def compose_llm(client, ops: list[Op], rng: random.Random, num_ops: int) -> Composition | None:
+class NoTask(ValueError):
+    """The model's reply holds no usable task; the message says why (it goes into the attempt's record)."""
+
+
+def compose_llm(client, ops: list[Op], rng: random.Random, num_ops: int) -> Composition:
     """Ask a model to chain `num_ops` drawn operators; its code is parsed and checked here, and only ever run in
-    the sandbox (`filters.check_task_sandboxed`). None when the reply holds no usable task."""
+    the sandbox (`filters.check_task_sandboxed`). NoTask when the reply holds no usable task."""
     chosen = [op.name for op in rng.sample(ops, num_ops)]
     reply = client.complete([{"role": "user", "content": LLM_PROMPT.format(ops=", ".join(chosen))}], None)
+    cut = " (the reply was cut off at max_tokens)" if reply.finish_reason == "length" else ""
     match = CODE_BLOCK.search(reply.content or "")
     if not match:
-        return None
+        raise NoTask(("an empty reply" if not (reply.content or "").strip() else "no ```python block in the reply")
+                     + cut)
     source = match.group(1)
     try:
         tree = ast.parse(source)
-    except SyntaxError:
-        return None
+    except SyntaxError as exc:
+        raise NoTask(f"the code does not parse: {exc.msg} (line {exc.lineno}){cut}") from None
     defined = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
     defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    if not {"Model", "get_inputs", "get_init_inputs", "BATCH"} <= defined:
-        return None
+    missing = sorted({"Model", "get_inputs", "get_init_inputs", "BATCH"} - defined)
+    if missing:
+        raise NoTask(f"the code does not define {', '.join(missing)}{cut}")
     return Composition(chosen, source, ())
