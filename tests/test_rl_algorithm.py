@@ -1,0 +1,80 @@
+"""The RL algorithm against values computed by hand."""
+
+import math
+
+import pytest
+import torch
+
+from cuda_agent.rl.algorithm import (PPOConfig, entropy, explained_variance, gae, kl_penalty, masked_whiten,
+                                     outcome_rewards, policy_loss, ppo_losses, token_logprobs, value_loss)
+
+
+def t(*rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def test_gae_over_model_tokens_only():
+    adv, ret = gae(t([0, 0, 1]), t([0.5, 0.6, 0.7]), t([1, 1, 1]), gamma=1.0, lam=0.95)
+    # t=2: 1 - 0.7 = 0.3; t=1: (0.7 - 0.6) + 0.95 * 0.3 = 0.385; t=0: (0.6 - 0.5) + 0.95 * 0.385 = 0.46575
+    assert torch.allclose(adv, t([0.46575, 0.385, 0.3])) and torch.allclose(ret, t([0.96575, 0.985, 1.0]))
+    # A tool observation between model turns is no step: same numbers, its values never used.
+    gap_adv, gap_ret = gae(t([0, 0, 0, 0, 1]), t([0.5, 0.6, 9, 9, 0.7]), t([1, 1, 0, 0, 1]), gamma=1.0, lam=0.95)
+    assert torch.allclose(gap_adv, t([0.46575, 0.385, 0, 0, 0.3]))
+    assert torch.allclose(gap_ret, t([0.96575, 0.985, 0, 0, 1.0]))
+    # gamma discounts, lambda 1 is the Monte Carlo return; rows are independent.
+    adv, ret = gae(t([0, 1], [0, 0]), t([0, 0], [0.2, 0.1]), t([1, 1], [1, 1]), gamma=0.9, lam=1.0)
+    assert torch.allclose(adv, t([0.9, 1.0], [-0.2, -0.1])) and torch.allclose(ret, t([0.9, 1.0], [0, 0]))
+
+
+def test_the_outcome_reward_sits_on_the_last_model_token():
+    rewards = outcome_rewards(t(3, -1), t([1, 1, 0, 1, 0], [0, 0, 0, 0, 0]))
+    assert torch.equal(rewards, t([0, 0, 0, 3, 0], [0, 0, 0, 0, 0]))
+
+
+def test_the_policy_loss_clips_asymmetrically_and_averages_over_tokens():
+    old = torch.zeros(1, 4, dtype=torch.float64)
+    logp = t([math.log(1.5), math.log(0.5), 0.0, 5.0])
+    adv = t([1.0, -1.0, 2.0, 100.0])
+    loss, stats = policy_loss(logp, old, adv, t([1, 1, 1, 0]), clip_low=0.2, clip_high=0.28)
+    # ratio 1.5 with A=1: clipped to 1.28 -> -1.28; ratio 0.5 with A=-1: clipped to 0.8 -> 0.8; ratio 1, A=2: -2.
+    assert float(loss) == pytest.approx((-1.28 + 0.8 - 2.0) / 3)
+    assert stats["clip_fraction"] == pytest.approx(2 / 3)
+    assert stats["approx_kl"] == pytest.approx(-(math.log(1.5) + math.log(0.5)) / 3)
+    # Inside the clip range the gradient is -A * ratio per token, averaged.
+    logp = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    policy_loss(logp, torch.zeros(1, 2, dtype=torch.float64), t([1.0, -3.0]), t([1, 1]))[0].backward()
+    assert torch.allclose(logp.grad, t([-0.5, 1.5]))
+
+
+def test_the_value_loss_takes_the_worse_of_clipped_and_unclipped():
+    loss, stats = value_loss(t([1.0]), t([0.5]), t([2.0]), t([1]), clip=0.2)
+    assert float(loss) == pytest.approx(0.5 * (0.7 - 2.0) ** 2) and stats["value_clip_fraction"] == 1.0
+    loss, _ = value_loss(t([0.6]), t([0.5]), t([2.0]), t([1]), clip=0.2)
+    assert float(loss) == pytest.approx(0.5 * 1.4 ** 2)
+
+
+def test_kl_entropy_whitening_and_explained_variance():
+    assert float(kl_penalty(t([math.log(0.5)]), t([math.log(0.5)]))) == 0.0
+    assert float(kl_penalty(t([math.log(0.5)]), t([math.log(0.25)]))) == pytest.approx(0.5 + math.log(0.5) * -1 - 1)
+    assert float(entropy(torch.zeros(1, 1, 4))) == pytest.approx(math.log(4))
+    logits = torch.tensor([[[0.0, math.log(3.0)]]])
+    assert float(token_logprobs(logits, torch.tensor([[1]]))) == pytest.approx(math.log(0.75))
+    white = masked_whiten(t([1, 2, 3, 100]), t([1, 1, 1, 0]))
+    assert torch.allclose(white, t([-1.224744871, 0, 1.224744871, 0]), atol=1e-6)
+    assert explained_variance(t([1, 2, 3]), t([1, 2, 3]), t([1, 1, 1])) == pytest.approx(1.0)
+    assert explained_variance(t([2, 2, 2]), t([1, 2, 3]), t([1, 1, 1])) == pytest.approx(0.0)
+
+
+def test_ppo_losses_combine_the_terms_as_configured():
+    mask = t([1, 1, 0])
+    logp, old, adv = t([0.1, -0.1, 9]), t([0.0, 0.0, 0]), t([1.0, -1.0, 5])
+    values, returns = t([0.5, 0.5, 0]), t([1.0, 0.0, 0])
+    plain = ppo_losses(PPOConfig(whiten_advantages=False), logp, old, adv, values, values, returns, mask)
+    assert float(plain[0]) == pytest.approx(float(policy_loss(logp, old, adv, mask)[0]))
+    assert float(plain[1]) == pytest.approx(0.5 * 0.25)
+    ref, ent = t([0.0, 0.0, 0]), t([1.0, 3.0, 50])
+    full = ppo_losses(PPOConfig(whiten_advantages=False, kl_coef=0.5, entropy_coef=0.1), logp, old, adv, values,
+                      values, returns, mask, ref_logp=ref, token_entropy=ent)
+    kl = (float(kl_penalty(t([0.1]), t([0.0]))) + float(kl_penalty(t([-0.1]), t([0.0])))) / 2
+    assert float(full[0]) == pytest.approx(float(plain[0]) + 0.5 * kl - 0.1 * 2.0)
+    assert full[2]["kl"] == pytest.approx(kl) and full[2]["entropy"] == pytest.approx(2.0)
