@@ -108,6 +108,11 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     clean = type(loaded)(config)
     clean.load_state_dict(loaded.state_dict(), strict=True)
     clean.generation_config.do_sample = True
+    eos = clean.generation_config.eos_token_id  # the GGUF's tokenizer metadata names <|im_start|> as its EOS
+    if isinstance(eos, int) and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     clean.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
