@@ -1,0 +1,85 @@
+"""The actor (a causal LM) and the critic (the same backbone with a value head) of PPO, on any HF checkpoint.
+
+The actor samples with its KV cache and returns the log-probs of what it sampled; training recomputes them with
+`Actor.logprobs` on the same ids and the same temperature, so the rollout's and the trainer's numbers agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .algorithm import entropy, token_logprobs
+
+
+class Actor(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Actor:
+        from transformers import AutoModelForCausalLM
+
+        return cls(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def logprobs(self, ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
+                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log p(ids[:, t] | ids[:, :t]) for t >= 1 (shape [batch, len - 1]), and the entropy at each position."""
+        logits = self.model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1] / temperature
+        return token_logprobs(logits, ids[:, 1:]), entropy(logits) if with_entropy else None
+
+    @torch.no_grad()
+    def sample(self, prompt: list[int], max_new_tokens: int, stop: set[int], temperature: float = 1.0,
+               generator: torch.Generator | None = None) -> tuple[list[int], list[float]]:
+        """One reply: tokens sampled until a stop token (included) or the limit, with their log-probs."""
+        ids = torch.tensor([prompt], device=self.device)
+        out = self.model(input_ids=ids, use_cache=True)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        for _ in range(max_new_tokens):
+            logp = torch.log_softmax(out.logits[0, -1].float() / temperature, dim=-1)
+            token = int(torch.multinomial(logp.exp().cpu(), 1, generator=generator))
+            tokens.append(token)
+            logprobs.append(float(logp[token]))
+            if token in stop:
+                break
+            out = self.model(input_ids=torch.tensor([[token]], device=self.device),
+                             past_key_values=out.past_key_values, use_cache=True)
+        return tokens, logprobs
+
+
+class Critic(torch.nn.Module):
+    """The backbone's last hidden state -> one value per token."""
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Critic:
+        from transformers import AutoModel
+
+        backbone = AutoModel.from_pretrained(path, dtype=dtype)
+        critic = cls(backbone, backbone.config.hidden_size).to(device)
+        head = Path(path) / "value_head.pt"
+        if head.is_file():  # a critic saved by `save` (value pretraining's output)
+            critic.head.load_state_dict(torch.load(head, map_location=device))
+        return critic
+
+    def save(self, path: str | Path) -> None:
+        self.backbone.save_pretrained(path)
+        torch.save(self.head.state_dict(), Path(path) / "value_head.pt")
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """V(ids[:, :t+1]) for t < len - 1: the value before each next token (aligned with Actor.logprobs)."""
+        hidden = self.backbone(input_ids=ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
