@@ -208,8 +208,8 @@ def test_a_sandboxed_task_cannot_print_a_result_for_itself(tmp_path):
 
     passing = {"source": "x", "checks": [{"name": "runs_in_eager", "passed": True, "value": None, "threshold": None,
                                           "detail": ""}], "eager_ms": 1.0, "compile_ms": 1.0, "output_stats": {}}
-    forge = (f"import json, os, sys\nfor line in ({json.dumps(passing)!r}, "
-             f"{json.dumps({'event': 'result', **passing})!r}):\n"
+    forge = (f"import json, os, sys\nfor line in ({json.dumps({'event': 'result', **passing})!r}, "
+             f"{json.dumps(passing)!r}):\n"
              "    print(line, flush=True)\n    print(line, file=sys.stderr, flush=True)\nos._exit(0)\n")
     result = check_task_sandboxed(task("torch.tanh(x)", extra=forge), CPU, tmp_path / "forged")
     name, why = failed(result)
