@@ -56,7 +56,7 @@ class TurnTokenizer:
         if at < 0 or at + len(sentinel) >= len(rendered):
             raise ValueError("the chat template does not end an assistant turn with a token of its own")
         self.end_of_turn = rendered[at + len(sentinel)]  # what closes a model turn (<|im_end|>, <|eot_id|>, ...)
-        self._prefix, self._cut = prefix, at + len(sentinel) + 1
+        self._prefix, self._base = prefix, rendered[:at + len(sentinel) + 1]  # up to the end of the dummy turn
 
     def _view(self, messages: list[dict]) -> list[dict]:
         return with_text_tools(messages, self.tools) if self.text_tools else messages
@@ -76,10 +76,9 @@ class TurnTokenizer:
         """Append the template's rendering of the messages after a model turn (tool results, nudges), up to the
         generation prompt of the next model turn."""
         full = render_ids(self.tokenizer, self._view(self._prefix + messages), True)
-        base = render_ids(self.tokenizer, self._view(self._prefix), False)[:self._cut]
-        if full[:self._cut] != base:
+        if full[:len(self._base)] != self._base:
             raise ValueError("the chat template renders earlier turns differently once more follow")
-        trajectory.add(full[self._cut:], False)
+        trajectory.add(full[len(self._base):], False)
 
 
 def _find_last(seq: list[int], sub: list[int]) -> int:
