@@ -41,6 +41,30 @@ def fast_config(cache_dir: Path, **overrides) -> JudgeConfig:
 
 
 @pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The real SmolLM2-135M-Instruct folder (fetched into the default cache once, as the README's first use)."""
+    pytest.importorskip("gguf", reason="the `serve` extra is not installed")
+    from cuda_agent.local_model import fetch
+
+    return fetch()
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm2(smollm2, tmp_path_factory) -> Path:
+    """SmolLM2's tokenizer and chat template with a 2-layer, 64-wide config (weights: `--random-init`)."""
+    import json
+
+    folder = tmp_path_factory.mktemp("tiny-smollm2")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copyfile(smollm2 / name, folder / name)
+    config = json.loads((smollm2 / "config.json").read_text())
+    config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="session")
 def cpu_judge(cache_dir) -> Judge:
     return Judge("cpu", fast_config(cache_dir))
 

@@ -8,13 +8,10 @@ from cuda_agent.rl.tokens import TurnTokenizer
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    pytest.importorskip("gguf", reason="the `serve` extra is not installed")
+def tokenizer(smollm2):
     from transformers import AutoTokenizer
 
-    from cuda_agent.local_model import fetch
-
-    return AutoTokenizer.from_pretrained(fetch())
+    return AutoTokenizer.from_pretrained(smollm2)
 
 
 def test_an_episode_becomes_ids_turn_by_turn_and_the_mask_covers_exactly_the_model_s_tokens(tokenizer):

