@@ -124,6 +124,7 @@ class Guard:
     def __init__(self) -> None:
         # tid -> CPU time when last seen (kept for threads that have ended)
         self.harness = thread_cpu_us()
+        self.seen: dict[str, str] = {}  # threads of the candidate seen so far: tid -> name (for the verdict)
 
     def candidate_us(self) -> float:
         self.harness.update(thread_cpu_us(set(self.harness)))
@@ -134,14 +135,28 @@ class Guard:
 
     def _fail(self, label: str, busy: float, when: str, before: dict[str, float]) -> WorkerFailure:
         now = thread_cpu_us()
+        self._remember(now)
         busiest = sorted(((now[t] - before.get(t, 0.0), t) for t in now if t not in self.harness), reverse=True)
-        named = ", ".join(f"thread {t} {us:.0f} us" for us, t in busiest[:3]) or "threads that have ended"
+        named = ", ".join(f"thread {t} ({self.seen.get(t, '?')}) {us:.0f} us" for us, t in busiest[:3])
+        if not named:
+            ended = sorted(set(self.seen) - set(now))
+            named = "threads that have ended" + (": " + ", ".join(f"{t} ({self.seen[t]})" for t in ended[:5])
+                                                 if ended else ", none of them seen alive")
         return WorkerFailure("verify_error", f"{label}: threads of the candidate computed for {busy:.0f} us {when} "
                                              f"({named}): all work must happen inside the call")
+
+    def _remember(self, threads: dict[str, float]) -> None:
+        for tid in threads:
+            if tid not in self.harness and tid not in self.seen:
+                try:
+                    self.seen[tid] = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+                except OSError:
+                    self.seen[tid] = "?"
 
     def settle(self, label: str, call_us: float) -> None:
         """After a call returned: its threads must be done (fails the candidate at once if they are not)."""
         before, start = thread_cpu_us(), self.candidate_us()
+        self._remember(before)
         time.sleep(SETTLE_S)
         busy = self.candidate_us() - start
         if busy > self.limit_us(call_us):

@@ -60,7 +60,7 @@ class ChoiceReply:
         choices = torch.zeros(batch, 0, dtype=torch.long)
         logps = []
         for slot in range(len(self.slots)):
-            logp = self._slot_logp(model(input_ids=ids).logits[:, -1], slot).cpu()
+            logp = self._slot_logp(model(input_ids=ids, logits_to_keep=1).logits[:, -1], slot).cpu()
             pick = torch.multinomial(logp.exp(), 1, generator=generator)
             logps.append(logp.gather(1, pick))
             choices = torch.cat([choices, pick], dim=1)
@@ -72,7 +72,7 @@ class ChoiceReply:
     def distribution(self, model: torch.nn.Module, prompt: list[int]) -> list[float]:
         """The first slot's option probabilities after the prompt."""
         device = next(model.parameters()).device
-        logits = model(input_ids=torch.tensor([prompt], device=device)).logits[0, -1]
+        logits = model(input_ids=torch.tensor([prompt], device=device), logits_to_keep=1).logits[0, -1]
         return self._slot_logp(logits, 0).exp().tolist()
 
     def trajectory(self, prompt: list[int], choice: list[int], logp: list[float]) -> TokenTrajectory:
@@ -87,12 +87,12 @@ class ChoiceReply:
         slots = len(self.slots)
 
         def fn(model, ids, attention):
-            logits = model(input_ids=ids, attention_mask=attention).logits
+            kept = ids.shape[1] - prompt_length + 1  # logits from the prompt's last position on (not the prompt's)
+            logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=kept, use_cache=False).logits
             logps, entropies = [], []
             for slot in range(slots):
-                at = prompt_length - 1 + slot  # the logits that score the slot's token
-                logp = self._slot_logp(logits[:, at], slot)
-                token = ids[:, at + 1]
+                logp = self._slot_logp(logits[:, slot], slot)  # the logits that score the slot's token
+                token = ids[:, prompt_length + slot]
                 option = (token.unsqueeze(1) == torch.tensor(self.allowed[slot], device=ids.device)).float().argmax(1)
                 logps.append(logp.gather(1, option.unsqueeze(1)))
                 entropies.append(-(logp.exp() * logp).sum(1, keepdim=True))

@@ -105,7 +105,7 @@ def build_models(model: Path, random_init: bool, device: str, dtype: torch.dtype
     lm = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
     backbone = AutoModel.from_config(config, dtype=dtype)
     backbone.load_state_dict(lm.model.state_dict())  # the critic starts from the actor's weights
-    return Actor(lm), Critic(backbone, config.hidden_size).to(device)
+    return Actor(lm.eval()), Critic(backbone, config.hidden_size).to(device).eval()
 
 
 def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = False, device: str | None = None,

@@ -81,5 +81,5 @@ class Critic(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """V(ids[:, :t+1]) for t < len - 1: the value before each next token (aligned with Actor.logprobs)."""
-        hidden = self.backbone(input_ids=ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+        hidden = self.backbone(input_ids=ids, attention_mask=attention_mask, use_cache=False).last_hidden_state[:, :-1]
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)

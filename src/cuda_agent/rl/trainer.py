@@ -32,6 +32,7 @@ class TrainConfig:
     epochs: int = 2  # passes over each batch
     minibatches: int = 2  # optimizer steps per pass
     max_grad_norm: float = 1.0
+    gradient_checkpointing: bool = True  # recompute each layer's activations in backward: memory for time
     ppo: PPOConfig = None  # type: ignore[assignment]
 
     def __post_init__(self):
@@ -69,6 +70,9 @@ class PPOTrainer:
         self.actor, self.critic, self.config, self.logprob_fn = actor, critic, config, logprob_fn
         self.actor_optim = torch.optim.AdamW(actor.parameters(), lr=config.actor_lr, weight_decay=0.0)
         self.critic_optim = torch.optim.AdamW(critic.parameters(), lr=config.critic_lr, weight_decay=0.0)
+        if config.gradient_checkpointing:
+            actor.model.gradient_checkpointing_enable()
+            critic.backbone.gradient_checkpointing_enable()
         self.reference = None
         if config.ppo.kl_coef:  # the frozen starting policy the KL term pulls towards
             self.reference = copy.deepcopy(actor.model).eval().requires_grad_(False)
@@ -97,6 +101,7 @@ class PPOTrainer:
                 advantages = masked_whiten(advantages, batch.mask)
         ppo = replace(cfg.ppo, whiten_advantages=False)
         stats: dict[str, list[float]] = {}
+        self.actor.train(), self.critic.train()  # (checkpointing applies in training mode only)
         size = len(batch)
         per = max(1, math.ceil(size / cfg.minibatches))
         for _ in range(cfg.epochs):
@@ -122,6 +127,7 @@ class PPOTrainer:
                 self.critic_optim.step()
                 for key, value in mb_stats.items():
                     stats.setdefault(key, []).append(value)
+        self.actor.eval(), self.critic.eval()
         self.step += 1
         out = {key: sum(v) / len(v) for key, v in stats.items()}
         out["rollout_logp_gap"] = float(masked_mean((old_logp - batch.old_logp).abs(), batch.mask))
