@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -115,31 +116,60 @@ def thread_cpu_us(tids: set[str] | None = None) -> dict[str, float]:
     return found
 
 
+@dataclass
+class Mark:
+    """The CPU clocks at one moment: the process's, the harness threads' sum read just before and just after it,
+    and the live candidate threads' own clocks."""
+    process: float
+    harness_before: float
+    harness_after: float
+    others: dict[str, float]
+
+
 class Guard:
     """Work must happen inside the calls. The harness's threads are those that exist before any candidate code runs
     (the worker starts torch's thread pool, the CUDA context and the profiler first); every thread started later is
-    the candidate's, directly or through a pool it started. Their CPU time (ended threads included: the process's
-    clock minus the harness threads') must stay near zero after a call returns and while a call is prepared."""
+    the candidate's, directly or through a pool it started. Their CPU time must stay near zero after a call returns
+    and while a call is prepared.
+
+    Their time is the process's clock minus the harness threads' (which counts threads that have ended too), and at
+    least what the live candidate threads' own clocks say. The process's clock sums each thread's runtime as last
+    accounted, so a harness thread running on another core while the clocks are read (a pool thread spinning after
+    the harness's own work) is counted a little later than its own clock says: the harness clocks are read on both
+    sides of the process's, and the candidate is charged only what lies outside that window (a measured busy time is
+    a lower bound, never the harness's time charged to the candidate)."""
 
     def __init__(self) -> None:
         # tid -> CPU time when last seen (kept for threads that have ended)
         self.harness = thread_cpu_us()
         self.seen: dict[str, str] = {}  # threads of the candidate seen so far: tid -> name (for the verdict)
 
-    def candidate_us(self) -> float:
+    def _harness_sum(self) -> float:
         self.harness.update(thread_cpu_us(set(self.harness)))
-        return time.process_time_ns() / 1e3 - sum(self.harness.values())
+        return sum(self.harness.values())
+
+    def mark(self) -> Mark:
+        others = {t: us for t, us in thread_cpu_us().items() if t not in self.harness}
+        self._remember(others)
+        before = self._harness_sum()
+        process = time.process_time_ns() / 1e3
+        return Mark(process, before, self._harness_sum(), others)
+
+    def busy_us(self, since: Mark) -> tuple[float, dict[str, float]]:
+        """The candidate threads' CPU time since the mark (a lower bound), and each live one's."""
+        now = self.mark()
+        lower = (now.process - now.harness_after) - (since.process - since.harness_before)
+        threads = {t: us - since.others.get(t, 0.0) for t, us in now.others.items()}
+        return max(lower, sum(threads.values())), threads
 
     def limit_us(self, call_us: float) -> float:
         return IDLE_US + IDLE_FRACTION * call_us
 
-    def _fail(self, label: str, busy: float, when: str, before: dict[str, float]) -> WorkerFailure:
-        now = thread_cpu_us()
-        self._remember(now)
-        busiest = sorted(((now[t] - before.get(t, 0.0), t) for t in now if t not in self.harness), reverse=True)
+    def _fail(self, label: str, busy: float, when: str, threads: dict[str, float]) -> WorkerFailure:
+        busiest = sorted(((us, t) for t, us in threads.items()), reverse=True)
         named = ", ".join(f"thread {t} ({self.seen.get(t, '?')}) {us:.0f} us" for us, t in busiest[:3])
         if not named:
-            ended = sorted(set(self.seen) - set(now))
+            ended = sorted(set(self.seen) - set(threads))
             named = "threads that have ended" + (": " + ", ".join(f"{t} ({self.seen[t]})" for t in ended[:5])
                                                  if ended else ", none of them seen alive")
         return WorkerFailure("verify_error", f"{label}: threads of the candidate computed for {busy:.0f} us {when} "
@@ -147,7 +177,7 @@ class Guard:
 
     def _remember(self, threads: dict[str, float]) -> None:
         for tid in threads:
-            if tid not in self.harness and tid not in self.seen:
+            if tid not in self.seen:
                 try:
                     self.seen[tid] = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
                 except OSError:
@@ -155,18 +185,17 @@ class Guard:
 
     def settle(self, label: str, call_us: float) -> None:
         """After a call returned: its threads must be done (fails the candidate at once if they are not)."""
-        before, start = thread_cpu_us(), self.candidate_us()
-        self._remember(before)
+        start = self.mark()
         time.sleep(SETTLE_S)
-        busy = self.candidate_us() - start
+        busy, threads = self.busy_us(start)
         if busy > self.limit_us(call_us):
-            raise self._fail(label, busy, f"after forward returned ({call_us:.0f} us)", before)
+            raise self._fail(label, busy, f"after forward returned ({call_us:.0f} us)", threads)
 
-    def check_quiet(self, since_us: float, label: str, call_us: float) -> None:
-        """Nothing of the candidate's ran while the judge prepared a call (since `since_us`)."""
-        busy = self.candidate_us() - since_us
+    def check_quiet(self, since: Mark, label: str, call_us: float) -> None:
+        """Nothing of the candidate's ran while the judge prepared a call (since the mark)."""
+        busy, threads = self.busy_us(since)
         if busy > self.limit_us(call_us):
-            raise self._fail(label, busy, "while the judge prepared the call", {})
+            raise self._fail(label, busy, "while the judge prepared the call", threads)
 
 
 def installed_folders() -> list[str]:
@@ -318,7 +347,7 @@ class TimedCalls(Hooks):
         self.outputs: Any = None
         self.done = -1  # the last call that ran
         self.planned = 0
-        self.mark = 0.0
+        self.mark: Mark | None = None
         self.call_us = 0.0
 
     def call(self) -> None:
@@ -347,7 +376,7 @@ class TimedCalls(Hooks):
         fresh = make_inputs(self.cand.task, int(seed), self.cand.device)
         self.inputs = fresh if self.inputs is None else refill(self.inputs, fresh)
         self.cand.backend.synchronize()
-        self.mark = self.cand.guard.candidate_us()
+        self.mark = self.cand.guard.mark()
 
     def ready(self, call: int) -> None:
         self.cand.guard.check_quiet(self.mark, f"timed call {call}", self.call_us)
