@@ -1,5 +1,5 @@
-"""A trainer's metrics.jsonl as a PNG: mean reward and pass rate, the first slot's option probabilities, and the
-losses, over steps. Needs matplotlib (pip install matplotlib).
+"""A trainer's metrics.jsonl as a PNG: mean reward and pass rate, the first slot's option probabilities (from
+start.json beside it at step 0, when there), and the losses, over steps. Needs matplotlib (pip install matplotlib).
 
     python scripts/plot_training.py RUN/metrics.jsonl curve.png
 """
@@ -24,8 +24,11 @@ def main(metrics: Path, png: Path) -> None:
     reward.plot(steps, [r["pass_rate"] * 3 for r in rows], linestyle="--", label="pass rate x 3")
     reward.set(xlabel="step", ylabel="milestone reward", ylim=(-1.1, 3.1), title="reward")
     reward.legend()
+    start = metrics.with_name("start.json")  # the demo's distribution before the first step
+    first = json.loads(start.read_text())["p_first_slot"] if start.is_file() else None
     for option in rows[0].get("p_first_slot", {}):
-        probs.plot(steps, [r["p_first_slot"][option] for r in rows], label=option)
+        ys = [r["p_first_slot"][option] for r in rows]
+        probs.plot(([0] if first else []) + steps, ([first[option]] if first else []) + ys, label=option)
     probs.set(xlabel="step", ylabel="probability", ylim=(0, 1), title="kernel choice after the step")
     probs.legend()
     losses.plot(steps, [r["policy_loss"] for r in rows], label="policy loss")
