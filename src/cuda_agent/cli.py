@@ -551,7 +551,6 @@ if __name__ == "__main__":
 
 train_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Reinforcement learning on the environment (docs/training.md).")
-app.add_typer(train_app, name="train")
 
 
 @train_app.command("demo")
@@ -609,3 +608,104 @@ def train_demo_cmd(
         first, last = history[0], history[-1]
         out.print(f"reward {first['reward_mean']:+.2f} (step {first['step']}) -> {last['reward_mean']:+.2f} "
                   f"(step {last['step']}); metrics in {out_dir / 'metrics.jsonl'}", highlight=False)
+
+
+def _stage_tasks(data: Path, folder: Path) -> list[Path]:
+    """Task files from a reference .py, a folder of them (KernelBench layout included) or a dataset export."""
+    from .task import dataset_row
+
+    if data.is_dir():
+        tasks = sorted(p for p in data.rglob("*.py") if not p.name.startswith("_"))
+    elif data.suffix in DATASET_SUFFIXES:
+        rows = 0
+        try:
+            while True:
+                dataset_row(data, rows, folder)
+                rows += 1
+        except TaskError as exc:
+            if rows == 0:
+                raise
+            del exc
+        tasks = sorted(folder.glob(f"{data.stem}_row*.py"))
+    elif data.suffix == ".py" and data.is_file():
+        tasks = [data]
+    else:
+        raise TaskError(f"{data}: not a task file, a folder of them or a dataset (.parquet, .jsonl)")
+    if not tasks:
+        raise TaskError(f"{data} holds no tasks")
+    return tasks
+
+
+@train_app.callback(invoke_without_command=True)
+def train_cmd(
+    ctx: typer.Context,
+    stage: Optional[str] = typer.Option(None, help="warmup | rft | value | agentic (docs/training.md)"),
+    model: Optional[Path] = typer.Option(None, help="an HF causal-LM folder, or the previous stage's "
+                                         "OUT/checkpoint/actor (its critic is taken from beside it)"),
+    data: Optional[Path] = typer.Option(None, help="tasks: a reference .py, a folder of them (KernelBench "
+                                        "layout too) or a `data build` export (.parquet/.jsonl)"),
+    runs: Optional[Path] = typer.Option(None, help="rft: a folder of episode run folders (any depth), e.g. an "
+                                        "earlier stage's OUT/episodes or optimize-suite's output"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="run folder (a checkpoint there resumes)"),
+    backend: str = typer.Option("cuda", help=BACKEND_HELP),
+    steps: int = typer.Option(10, min=1, help="steps (in total, counting a resumed run's)"),
+    batch: int = typer.Option(4, min=1, help="episodes per step (rft: conversations)"),
+    max_turns: int = typer.Option(20, min=1, help="model turns per episode"),
+    max_new_tokens: int = typer.Option(1024, min=1, help="tokens per model turn"),
+    max_context: int = typer.Option(8192, min=64, help="tokens per episode"),
+    actor_lr: float = typer.Option(3e-6, min=0.0, help="actor learning rate (the paper's)"),
+    critic_lr: float = typer.Option(6e-6, min=0.0, help="critic learning rate (the paper's)"),
+    seed: int = typer.Option(0, help="task order and sampling seed"),
+    save_every: int = typer.Option(5, min=1, help="checkpoint every N steps (and at the end)"),
+    time_limit: Optional[float] = typer.Option(None, min=1.0, help="seconds: stop after the step that passes it"),
+    device: Optional[str] = typer.Option(None, help="where the model trains (default: cuda with --backend cuda)"),
+    gpus: Optional[str] = typer.Option(None, help="judge GPUs, e.g. 0,1"),
+    cache_dir: Optional[Path] = typer.Option(None, help="judge cache (builds, baselines)"),
+) -> None:
+    """Train with the paper's stages on one GPU: `cuda-agent train --stage agentic --model M --data D --out DIR`."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if stage is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
+    from .rl.stages import STAGES, StageConfig, run_stage
+    from .rl.trainer import TrainConfig
+
+    if stage not in STAGES:
+        _fail(f"unknown stage {stage!r} (choose from: {', '.join(STAGES)})")
+    if backend not in ("cuda", "cpu"):
+        _fail(f"unknown backend {backend!r} (choose cuda or cpu)")
+    if model is None or out_dir is None:
+        _fail("--model and --out are required")
+    if not (model / "config.json").is_file():
+        _fail(f"{model} is not an HF model folder (no config.json)")
+    if stage == "rft" and (runs is None or not runs.is_dir()):
+        _fail("--stage rft needs --runs: a folder of episode run folders")
+    if stage != "rft" and data is None:
+        _fail(f"--stage {stage} needs --data (tasks)")
+    try:
+        tasks = _stage_tasks(data, out_dir / "tasks") if data is not None else []
+        config = StageConfig(stage=stage, steps=steps, batch=batch, max_turns=max_turns,
+                             max_new_tokens=max_new_tokens, max_context=max_context, seed=seed,
+                             save_every=save_every, time_limit_s=time_limit,
+                             train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr))
+        run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else []
+        log = lambda m: err.print(m, highlight=False, soft_wrap=True)  # noqa: E731
+        if stage == "rft":
+            history = run_stage(config, model, tasks, out_dir, None, device or "cpu", run_dirs, log)
+        else:
+            from .judge.pool import JudgePool
+
+            with JudgePool(backend, _config(cache_dir), devices=_integers(gpus, "--gpus")) as pool:
+                _warn_unsandboxed(pool)
+                history = run_stage(config, model, tasks, out_dir, pool,
+                                    device or ("cuda" if backend == "cuda" else "cpu"), log=log)
+    except (TaskError, BackendError, ValueError) as exc:
+        _fail(str(exc))
+    last = history[-1] if history else {}
+    out.print(f"{stage}: {len(history)} step(s) this run; checkpoint in {out_dir / 'checkpoint'}; metrics in "
+              f"{out_dir / 'metrics.jsonl'}" + (f"; last reward {last['reward_mean']:+.2f}" if last else ""),
+              highlight=False)
+
+
+app.add_typer(train_app, name="train")  # after its callback (the stages) is registered

@@ -119,7 +119,7 @@ def with_text_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
     return [{k: v for k, v in m.items() if k != "tool_responses"} for m in out]
 
 
-def _reply_from(content: str | None, tool_calls: list[ToolCall], usage: dict[str, int],
+def reply_from(content: str | None, tool_calls: list[ToolCall], usage: dict[str, int],
                 finish_reason: str | None = None) -> Reply:
     content = content or ""
     if not tool_calls:
@@ -180,7 +180,7 @@ class OpenAIClient:
         calls = [ToolCall(c.id or f"call_{uuid.uuid4().hex[:12]}", c.function.name, c.function.arguments or "{}")
                  for c in (msg.tool_calls or []) if getattr(c, "function", None)]
         usage = response.usage.model_dump() if response.usage else {}
-        return _reply_from(msg.content, calls, {k: int(v) for k, v in usage.items() if isinstance(v, int)},
+        return reply_from(msg.content, calls, {k: int(v) for k, v in usage.items() if isinstance(v, int)},
                            response.choices[0].finish_reason)
 
 
@@ -205,4 +205,4 @@ class ScriptedClient:
         self.calls += 1
         calls = [ToolCall(c.get("id") or f"call_{self.calls}_{i}", c["function"]["name"], c["function"]["arguments"])
                  for i, c in enumerate(msg.get("tool_calls") or [])]
-        return _reply_from(msg.get("content"), calls, {})
+        return reply_from(msg.get("content"), calls, {})

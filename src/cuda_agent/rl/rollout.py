@@ -1,0 +1,104 @@
+"""Episodes of the agent played by the model being trained, recorded as tokens.
+
+`PolicyClient` stands where an OpenAI-compatible endpoint stands in `agent.loop.run_episode`: the same loop, the
+same Environment, the same tools and stop rules. Each `complete` appends what the loop added since the model's last
+turn (tool results, nudges) to the episode's `TokenTrajectory` as the chat template renders it, samples the next
+turn from the actor with its KV cache, and returns the decoded text as the reply (tool calls parsed from
+`<tool_call>` tags, as for any text-tools model). The ids stay exactly what was sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..agent.environment import Environment
+from ..agent.loop import LoopConfig, run_episode
+from ..llm import LLMError, Reply, reply_from
+from .models import Actor
+from .tokens import TokenTrajectory, TurnTokenizer
+from .trainer import Batch
+
+
+class PolicyClient:
+    model = "policy"
+
+    def __init__(self, actor: Actor, turns: TurnTokenizer, max_new_tokens: int, max_context: int,
+                 temperature: float = 1.0, generator: torch.Generator | None = None):
+        self.actor, self.turns = actor, turns
+        self.max_new_tokens, self.max_context = max_new_tokens, max_context
+        self.temperature, self.generator = temperature, generator
+        self.trajectory: TokenTrajectory | None = None
+        self._seen = 0  # messages of the conversation already in the trajectory
+
+    def complete(self, messages: list[dict], tools: list[dict] | None) -> Reply:
+        if self.trajectory is None:
+            self.trajectory = self.turns.start(messages)
+        else:
+            self.turns.observations(self.trajectory, messages[self._seen:])
+        room = min(self.max_new_tokens, self.max_context - len(self.trajectory.ids))
+        if room < 1:
+            raise LLMError(f"context full ({len(self.trajectory.ids)} tokens)")
+        tokens, logprobs = self.actor.sample(self.trajectory.ids, room, {self.turns.end_of_turn},
+                                             self.temperature, self.generator)
+        self.turns.model_turn(self.trajectory, tokens, logprobs)
+        self._seen = len(messages) + 1  # and the assistant message the loop appends next
+        cut = tokens[-1] != self.turns.end_of_turn
+        text = self.turns.tokenizer.decode(tokens[:-1] if not cut else tokens, skip_special_tokens=False)
+        return reply_from(text, [], {"prompt_tokens": len(self.trajectory.ids) - len(tokens),
+                                      "completion_tokens": len(tokens), "total_tokens": len(self.trajectory.ids)},
+                           "length" if cut else "stop")
+
+
+@dataclass
+class Episode:
+    trajectory: TokenTrajectory
+    score: float  # the milestone reward of the final verdict (-1 when nothing was verified)
+    summary: dict[str, Any]
+
+
+def play(env: Environment, actor: Actor, turns: TurnTokenizer, reference: Path, run_dir: Path, loop: LoopConfig,
+         max_new_tokens: int, temperature: float = 1.0, generator: torch.Generator | None = None) -> Episode:
+    """One episode of `run_episode` with the actor as the model."""
+    client = PolicyClient(actor, turns, max_new_tokens, loop.max_context, temperature, generator)
+    summary = run_episode(env, client, reference, run_dir, loop)
+    if client.trajectory is None:
+        raise RuntimeError(f"the episode on {reference} ended before the model's first turn: {summary.get('stop')}")
+    final = summary.get("final_verdict")
+    return Episode(client.trajectory, float(final["reward"]) if final else -1.0, summary)
+
+
+def batch_of(episodes: list[Episode], pad_id: int | None) -> Batch:
+    """Episodes padded into one batch: prompts left-padded to one length (so every response starts at the same
+    column; rotary positions only shift), responses right-padded with mask 0. Pads are never attended to, so a
+    tokenizer without a pad token pads with id 0."""
+    pad_id = 0 if pad_id is None else pad_id
+    start = max(e.trajectory.prompt_length for e in episodes)
+    width = max(len(e.trajectory.response) for e in episodes)
+    ids, attention, mask, logp = [], [], [], []
+    for e in episodes:
+        t = e.trajectory
+        left, right = start - t.prompt_length, width - len(t.response)
+        ids.append([pad_id] * left + t.ids + [pad_id] * right)
+        attention.append([0] * left + [1] * len(t.ids) + [0] * right)
+        mask.append(t.mask + [0] * right)
+        logp.append(t.logprobs + [0.0] * right)
+    return Batch(torch.tensor(ids), torch.tensor(attention), start, torch.tensor(mask),
+                 torch.tensor(logp), torch.tensor([e.score for e in episodes], dtype=torch.float))
+
+
+def response_logprob_fn(response_start: int, temperature: float = 1.0):
+    """Log-probs and entropies over the full vocabulary of a batch's response tokens (what `Actor.sample` drew)."""
+
+    def fn(model, ids, attention):
+        kept = ids.shape[1] - response_start + 1
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=kept, use_cache=False).logits
+        logits = logits[:, :-1].float() / temperature  # position t scores token t + 1
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.gather(-1, ids[:, response_start:].unsqueeze(-1)).squeeze(-1)
+        return chosen, -(logp.exp() * logp).sum(-1)
+
+    return fn

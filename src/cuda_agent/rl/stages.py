@@ -1,0 +1,209 @@
+"""The paper's four training stages on one GPU, each reading the previous stage's checkpoint.
+
+- warmup: single-turn PPO (the prompt, one reply with every file, the judge's reward);
+- rft: rejection fine-tuning: the good trajectories of earlier runs (`rft.export`'s filter), then supervised steps
+  on the model's turns only;
+- value: the critic alone on fresh agent episodes (the actor frozen);
+- agentic: multi-turn PPO with the critic (GAE over model tokens, clip-higher).
+
+Every episode is `agent.loop.run_episode` with the model itself as the client (`rollout.PolicyClient`), so its
+run folder (trajectory.jsonl, summary.json) is what `optimize` writes and what `rft` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..agent.environment import Environment
+from ..agent.loop import LoopConfig
+from ..agent.tools import SCHEMAS
+from ..judge.pool import JudgePool
+from .algorithm import masked_mean
+from .models import Actor, Critic
+from .rft import RFTFilter, export
+from .rollout import batch_of, play, response_logprob_fn
+from .tokens import TokenTrajectory, TurnTokenizer
+from .trainer import MetricsLog, PPOTrainer, TrainConfig
+
+STAGES = ("warmup", "rft", "value", "agentic")
+
+
+@dataclass
+class StageConfig:
+    stage: str = "agentic"
+    steps: int = 10
+    batch: int = 4  # episodes (rft: conversations) per step
+    max_turns: int = 20
+    max_new_tokens: int = 1024  # per model turn
+    max_context: int = 8192  # tokens of an episode
+    temperature: float = 1.0
+    seed: int = 0
+    save_every: int = 5
+    time_limit_s: float | None = None
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        if self.stage not in STAGES:
+            raise ValueError(f"unknown stage {self.stage!r} (choose from {', '.join(STAGES)})")
+        if self.steps < 1 or self.batch < 1 or self.max_turns < 1 or self.max_new_tokens < 1:
+            raise ValueError("steps, batch, max_turns and max_new_tokens must be >= 1")
+
+
+def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, pool: JudgePool | None,
+              device: str = "cpu", rft_runs: list[Path] | None = None,
+              log: Callable[[str], None] = print) -> list[dict]:
+    """Train `config.steps` steps of one stage from `model` (an HF folder, or a previous stage's checkpoint/actor
+    beside its checkpoint/critic); resumes from `out/checkpoint`. rft needs `rft_runs` (episode folders)."""
+    from transformers import AutoTokenizer
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = out / "checkpoint"
+    resuming = (checkpoint / "trainer.pt").is_file()
+    actor_dir = checkpoint / "actor" if resuming else Path(model)
+    critic_dir = checkpoint / "critic" if resuming else _critic_beside(Path(model))
+    tokenizer = AutoTokenizer.from_pretrained(actor_dir)
+    actor, critic = Actor.load(actor_dir, device), Critic.load(critic_dir, device)
+    # tools described in the system message, calls written as <tool_call> text (none in the single-turn warm-up)
+    turns = TurnTokenizer(tokenizer, None if config.stage == "warmup" else SCHEMAS, tool_format="text")
+    trainer = PPOTrainer(actor, critic, config.train, lambda *a: None)  # the log-prob fn is set per batch
+    extra = trainer.restore(checkpoint) if resuming else {}
+    rng = random.Random(config.seed)
+    if "rng" in extra:
+        rng.setstate(extra["rng"])
+    generator = torch.Generator().manual_seed(config.seed)
+    if "generator" in extra:
+        generator.set_state(extra["generator"])
+    (out / "config.json").write_text(json.dumps({"model": str(model), "tasks": [str(t) for t in tasks],
+                                                 **asdict(config)}, indent=2, default=str))
+    sft_rows = _rft_rows(rft_runs or [], out, log) if config.stage == "rft" else []
+    metrics = MetricsLog(out, trainer.step, log=log)
+    history, began = [], time.monotonic()
+    try:
+        while trainer.step < config.steps:
+            step_began = time.monotonic()
+            if config.stage == "rft":
+                record = _sft_step(trainer, turns, rng.sample(sft_rows, min(config.batch, len(sft_rows))))
+            else:
+                record = _ppo_step(trainer, turns, config, pool, tasks, out, rng, generator)
+            if config.stage == "rft":  # (PPOTrainer.update counts its own steps)
+                trainer.step += 1
+            record["seconds"] = time.monotonic() - step_began
+            metrics.write(trainer.step, record)
+            history.append({"step": trainer.step, **record})
+            log(f"{config.stage} step {trainer.step}/{config.steps}  " + "  ".join(
+                f"{k} {v:.3g}" for k, v in record.items() if k in ("reward_mean", "pass_rate", "sft_loss",
+                                                                   "policy_loss", "value_loss", "seconds")))
+            out_of_time = config.time_limit_s is not None and time.monotonic() - began > config.time_limit_s
+            if trainer.step % config.save_every == 0 or trainer.step == config.steps or out_of_time:
+                trainer.save(checkpoint, tokenizer, {"generator": generator.get_state(), "rng": rng.getstate()})
+            if out_of_time:
+                log(f"time limit reached after step {trainer.step}: the same command continues")
+                break
+    finally:
+        metrics.close()
+    return history
+
+
+def _critic_beside(model: Path) -> Path:
+    """A previous stage's checkpoint keeps the critic beside the actor; a plain model starts one from itself."""
+    critic = model.parent / "critic"
+    return critic if model.name == "actor" and (critic / "value_head.pt").is_file() else model
+
+
+def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, pool: JudgePool, tasks: list[Path],
+              out: Path, rng: random.Random, generator: torch.Generator) -> dict:
+    loop = LoopConfig(max_turns=config.max_turns, max_context=config.max_context,
+                      single_turn=config.stage == "warmup")
+    step = trainer.step + 1
+    episodes = []
+    with (out / "episodes.jsonl").open("a") as log:
+        for i in range(config.batch):
+            task = tasks[rng.randrange(len(tasks))]
+            run_dir = out / "episodes" / f"step_{step:04d}" / f"{i:02d}"
+            env = Environment(pool, run_dir, use_sandbox=pool.sandboxed)
+            episode = play(env, trainer.actor, turns, task, run_dir, loop, config.max_new_tokens,
+                           config.temperature, generator)
+            episodes.append(episode)
+            shutil.rmtree(run_dir / "workspace", ignore_errors=True)  # trajectory, summary and snapshots stay
+            log.write(json.dumps({"step": step, "episode": i, "task": str(task), "reward": episode.score,
+                                  "turns": episode.summary.get("turns"), "stop": episode.summary.get("stop"),
+                                  "tokens": len(episode.trajectory.response)}) + "\n")
+    batch = batch_of(episodes, turns.tokenizer.pad_token_id)
+    trainer.logprob_fn = response_logprob_fn(batch.response_start, config.temperature)
+    stats = trainer.update(batch, train_actor=config.stage != "value")
+    scores = [e.score for e in episodes]
+    return {"reward_mean": statistics.fmean(scores), "pass_rate": sum(s >= 1 for s in scores) / len(scores),
+            "turns_mean": statistics.fmean(e.summary.get("turns") or 0 for e in episodes), **stats}
+
+
+def _rft_rows(runs: list[Path], out: Path, log: Callable[[str], None]) -> list[dict]:
+    counts = export(runs, out / "rft", RFTFilter())
+    log(f"rft: {counts['kept']} of {counts['seen']} trajectories kept; rejected: {counts['rejected']}")
+    rows = [json.loads(line) for line in (out / "rft" / "rft.jsonl").read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"no trajectory of the {len(runs)} runs passes the RFT filter: nothing to fine-tune on")
+    return rows
+
+
+def conversation_ids(turns: TurnTokenizer, messages: list[dict]) -> TokenTrajectory:
+    """A saved conversation as ids with the model's turns masked 1 (their text tokenized once: in SFT nothing was
+    sampled, so there are no ids to keep)."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None:
+        raise ValueError("the conversation has no model turn")
+    trajectory = turns.start(messages[:first])
+    pending: list[dict] = []
+    for msg in messages[first:]:
+        if msg["role"] != "assistant":
+            pending.append(msg)
+            continue
+        if pending:
+            turns.observations(trajectory, pending)
+            pending = []
+        text = msg.get("content") or ""
+        calls = msg.get("tool_calls") or []
+        if calls and "<tool_call>" not in text:  # an endpoint's native calls: as a text-tools model writes them
+            text += "".join(f"\n<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': _args(c)})}"
+                            "\n</tool_call>" for c in calls)
+        turns.model_turn(trajectory, turns.tokenizer.encode(text, add_special_tokens=False) + [turns.end_of_turn])
+    return trajectory
+
+
+def _args(call: dict):
+    arguments = call["function"].get("arguments") or {}
+    try:
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError:
+        return arguments
+
+
+def _sft_step(trainer: PPOTrainer, turns: TurnTokenizer, rows: list[dict]) -> dict:
+    """One AdamW step of the actor on the model turns of `rows` (token-mean negative log-likelihood)."""
+    trajectories = [conversation_ids(turns, json.loads(r["messages"])) for r in rows]
+    width = max(len(t.ids) for t in trajectories)
+    pad = turns.tokenizer.pad_token_id or 0
+    ids = torch.tensor([t.ids + [pad] * (width - len(t.ids)) for t in trajectories], device=trainer.actor.device)
+    attention = torch.tensor([[1] * len(t.ids) + [0] * (width - len(t.ids)) for t in trajectories],
+                             device=trainer.actor.device)
+    mask = torch.tensor([[0] * t.prompt_length + t.mask + [0] * (width - len(t.ids)) for t in trajectories],
+                        device=trainer.actor.device, dtype=torch.float)[:, 1:]
+    trainer.actor.train()
+    logp, _ = trainer.actor.logprobs(ids, attention)
+    loss = -masked_mean(logp, mask)
+    trainer.actor_optim.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(trainer.actor.parameters(), trainer.config.max_grad_norm)
+    trainer.actor_optim.step()
+    trainer.actor.eval()
+    return {"sft_loss": float(loss.detach()), "actor_grad_norm": float(norm), "tokens": float(mask.sum()),
+            "reward_mean": statistics.fmean(float(r["reward"]) for r in rows)}

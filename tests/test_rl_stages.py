@@ -1,0 +1,166 @@
+"""The training stages on the cpu backend with a tiny model (SmolLM2's tokenizer, random weights): episodes played
+by the model through the agent loop become token batches whose log-probs the trainer recomputes exactly; warm-up,
+agentic PPO, value pretraining and RFT each run, checkpoint, and hand their checkpoint to the next."""
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cuda_agent.agent.environment import Environment
+from cuda_agent.agent.loop import LoopConfig
+from cuda_agent.agent.tools import SCHEMAS
+from cuda_agent.cli import app
+from cuda_agent.llm import with_text_tools
+from cuda_agent.rl.rollout import batch_of, play, response_logprob_fn
+from cuda_agent.rl.tokens import TurnTokenizer
+
+from conftest import TASKS, fast_config
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_smollm2, tmp_path_factory):
+    """The tiny config with saved random weights (the stages load a model folder)."""
+    folder = tmp_path_factory.mktemp("tiny-weights")
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.from_pretrained(tiny_smollm2)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(tiny_smollm2).save_pretrained(folder)
+    return folder
+
+
+class ScriptedActor:
+    """Replays fixed replies as if sampled (log-prob -1 each): the agent loop's tool calls, deterministically."""
+
+    def __init__(self, turns, texts):
+        self.turns, self.replies = turns, [turns.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+    def sample(self, prompt, max_new_tokens, stop, temperature=1.0, generator=None):
+        tokens = self.replies.pop(0)[:max_new_tokens - 1] + [self.turns.end_of_turn]
+        return tokens, [-1.0] * len(tokens)
+
+
+def test_a_played_episode_is_the_conversation_the_template_renders(tiny_model, cpu_judge, tmp_path):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    turns = TurnTokenizer(tokenizer, SCHEMAS, tool_format="text")
+    replies = ['Look first.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "model.py"}}\n</tool_call>',
+               "I am not sure.",
+               '<tool_call>\n{"name": "finish", "arguments": {}}\n</tool_call>']
+    env = Environment(cpu_judge, tmp_path / "run", use_sandbox=False)
+    episode = play(env, ScriptedActor(turns, replies), turns, TASKS / "affine_relu.py", tmp_path / "run",
+                   LoopConfig(max_turns=5), max_new_tokens=64)
+    assert episode.score == -1 and episode.summary["stop"] == "finish" and episode.summary["turns"] == 3
+    records = [json.loads(line) for line in (tmp_path / "run" / "trajectory.jsonl").read_text().splitlines()]
+    messages = [r["message"] for r in records if r["type"] in ("system", "user", "assistant", "tool")]
+    assert [m["role"] for m in messages][2:] == ["assistant", "tool", "assistant", "user", "assistant", "tool"]
+    assert "class Model" in messages[3]["content"]  # read_file really ran
+    # the ids end with the model's last turn (the reward sits there; the last tool result is never input)
+    rendered = tokenizer.apply_chat_template(with_text_tools(messages[:-1], SCHEMAS), tokenize=False)
+    t = episode.trajectory
+    assert tokenizer.decode(t.ids) == rendered.rstrip("\n")
+    sampled = [i for i, m in zip(t.response, t.mask) if m]
+    assert tokenizer.decode(sampled) == "".join(r + "<|im_end|>" for r in replies)
+    assert sum(t.mask) == len(sampled) and all(lp == -1.0 for lp, m in zip(t.logprobs, t.mask) if m)
+
+
+def test_sampled_episodes_batch_up_and_the_trainer_recomputes_their_log_probs(tiny_model, cpu_judge, tmp_path):
+    from cuda_agent.rl.models import Actor
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    actor = Actor.load(tiny_model)
+    episodes = []
+    for i, (tools, single) in enumerate([(SCHEMAS, False), (None, True)]):  # two prompt lengths
+        turns = TurnTokenizer(tokenizer, tools, tool_format="text")
+        env = Environment(cpu_judge, tmp_path / f"run{i}", use_sandbox=False)
+        episodes.append(play(env, actor, turns, TASKS / "affine_relu.py", tmp_path / f"run{i}",
+                             LoopConfig(max_turns=2, single_turn=single), max_new_tokens=12,
+                             generator=torch.Generator().manual_seed(i)))
+    lengths = [e.trajectory.prompt_length for e in episodes]
+    assert lengths[0] != lengths[1]
+    batch = batch_of(episodes, tokenizer.pad_token_id)
+    assert batch.response_start == max(lengths) and batch.ids.shape[0] == 2
+    short = lengths.index(min(lengths))
+    assert int(batch.attention[short, :max(lengths) - min(lengths)].sum()) == 0  # left padding
+    logp, _ = response_logprob_fn(batch.response_start)(actor.model, batch.ids, batch.attention)
+    mask = batch.mask.bool()
+    assert torch.allclose(logp[mask], batch.old_logp[mask], atol=2e-4)
+
+
+def test_the_four_stages_run_and_hand_over_their_checkpoints(tiny_model, cache_dir, tmp_path):
+    common = ["--backend", "cpu", "--data", str(TASKS / "affine_relu.py"), "--steps", "1", "--batch", "2",
+              "--max-turns", "2", "--max-new-tokens", "8", "--cache-dir", str(cache_dir)]
+    warm = tmp_path / "warmup"
+    result = CliRunner().invoke(app, ["train", "--stage", "warmup", "--model", str(tiny_model), "--out", str(warm),
+                                      *common])
+    assert result.exit_code == 0, result.output
+    row = json.loads((warm / "metrics.jsonl").read_text())
+    assert row["step"] == 1 and row["reward_mean"] == -1 and math.isfinite(row["value_loss"])
+    assert row["rollout_logp_gap"] < 1e-3
+    episodes = [json.loads(line) for line in (warm / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 2 and all(e["stop"].startswith("single turn") for e in episodes)
+
+    agentic = tmp_path / "agentic"
+    result = CliRunner().invoke(app, ["train", "--stage", "agentic", "--model", str(warm / "checkpoint" / "actor"),
+                                      "--out", str(agentic), *common])
+    assert result.exit_code == 0, result.output
+    row = json.loads((agentic / "metrics.jsonl").read_text())
+    assert row["tokens"] > 0 and math.isfinite(row["policy_loss"]) and row["rollout_logp_gap"] < 1e-3
+    assert (agentic / "episodes" / "step_0001" / "00" / "trajectory.jsonl").is_file()
+
+    value = tmp_path / "value"
+    actor_before = transformers.AutoModelForCausalLM.from_pretrained(agentic / "checkpoint" / "actor")
+    result = CliRunner().invoke(app, ["train", "--stage", "value", "--model", str(agentic / "checkpoint" / "actor"),
+                                      "--out", str(value), *common])
+    assert result.exit_code == 0, result.output
+    actor_after = transformers.AutoModelForCausalLM.from_pretrained(value / "checkpoint" / "actor")
+    for (name, a), (_, b) in zip(actor_before.named_parameters(), actor_after.named_parameters()):
+        assert torch.equal(a, b), f"value pretraining changed the actor's {name}"
+    head_before = torch.load(agentic / "checkpoint" / "critic" / "value_head.pt")
+    head_after = torch.load(value / "checkpoint" / "critic" / "value_head.pt")
+    assert not torch.equal(head_before["bias"], head_after["bias"])  # the critic learned (from the agentic one)
+
+
+def test_rft_fine_tunes_on_the_kept_trajectories_only(tiny_model, tmp_path):
+    def run(name, reward):
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        call = {"id": "c", "type": "function", "function": {"name": "finish", "arguments": "{}"}}
+        records = [{"type": "system", "message": {"role": "system", "content": "S"}},
+                   {"type": "user", "message": {"role": "user", "content": "Optimise it."}},
+                   {"type": "assistant", "turn": 1, "message": {"role": "assistant", "content": "Done already.",
+                                                                 "tool_calls": [call]}},
+                   {"type": "tool", "turn": 1, "message": {"role": "tool", "tool_call_id": "c", "content": "ok"}},
+                   {"type": "result", "summary": {"reference": "t.py", "final_verdict": {
+                       "reward": reward, "policy_violations": [], "speedup_vs_compile": 1.1}}}]
+        (folder / "trajectory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    run("good", 3)
+    run("failed", -1)
+    out = tmp_path / "rft"
+    result = CliRunner().invoke(app, ["train", "--stage", "rft", "--model", str(tiny_model), "--runs",
+                                      str(tmp_path / "runs"), "--out", str(out), "--steps", "4", "--batch", "1",
+                                      "--actor-lr", "1e-3"])
+    assert result.exit_code == 0, result.output
+    assert "1 of 2 trajectories kept" in result.output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["reward_mean"] == 3 for r in rows)
+    assert rows[-1]["sft_loss"] < rows[0]["sft_loss"] and rows[0]["tokens"] > 5
+    kept = [json.loads(line) for line in (out / "rft" / "rft.jsonl").read_text().splitlines()]
+    assert len(kept) == 1 and kept[0]["reward"] == 3
+
+
+def test_stage_options_are_checked(tiny_model, tmp_path):
+    result = CliRunner().invoke(app, ["train", "--stage", "sft", "--model", str(tiny_model), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "unknown stage" in result.output
+    result = CliRunner().invoke(app, ["train", "--stage", "agentic", "--model", str(tiny_model), "--out",
+                                      str(tmp_path)])
+    assert result.exit_code == 2 and "needs --data" in result.output
+    result = CliRunner().invoke(app, ["train", "--stage", "rft", "--model", str(tiny_model), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "needs --runs" in result.output
+    result = CliRunner().invoke(app, ["train", "--stage", "agentic", "--model", str(tiny_model), "--data",
+                                      str(tmp_path / "none.py"), "--out", str(tmp_path / "o"), "--backend", "cpu"])
+    assert result.exit_code == 2 and "not a task file" in result.output
