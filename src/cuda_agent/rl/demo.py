@@ -17,7 +17,7 @@ import shutil
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Callable
@@ -143,7 +143,7 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
             generator.set_state(extra["generator"])
         metrics = MetricsLog(out, trainer.step, log=log)
         (out / "config.json").write_text(json.dumps({"model": str(model), "random_init": random_init,
-                                                     "prompt_tokens": len(prompt), **_plain(config)}, indent=2))
+                                                     "prompt_tokens": len(prompt), **asdict(config)}, indent=2))
         if resuming:
             log(f"resuming at step {trainer.step} from {checkpoint}")
         else:
@@ -219,9 +219,3 @@ def _counts(reply: ChoiceReply, choices: list[list[int]]) -> dict[str, int]:
         key = "".join(reply.texts(c))
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
-
-
-def _plain(config: DemoConfig) -> dict:
-    from dataclasses import asdict
-
-    return asdict(config)
