@@ -30,7 +30,7 @@ from ..judge.pool import JudgePool
 from .choice import ChoiceReply, Slot
 from .models import Actor, Critic
 from .tokens import TurnTokenizer
-from .trainer import Batch, MetricsLog, PPOTrainer, TrainConfig
+from .trainer import Batch, MetricsLog, PPOTrainer, TrainConfig, cut_after
 
 TASK_DIR = resources.files("cuda_agent.rl").joinpath("demo_task")
 KERNELS = {"A": ("vector", "16-byte vector loads, grid-stride loop"),
@@ -142,6 +142,7 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
         if "generator" in extra:
             generator.set_state(extra["generator"])
         metrics = MetricsLog(out, trainer.step, log=log)
+        cut_after(out / "episodes.jsonl", trainer.step)
         (out / "config.json").write_text(json.dumps({"model": str(model), "random_init": random_init,
                                                      "prompt_tokens": len(prompt), **asdict(config)}, indent=2))
         if resuming:

@@ -32,7 +32,7 @@ from .models import Actor, Critic
 from .rft import RFTFilter, export
 from .rollout import batch_of, play, response_logprob_fn
 from .tokens import TokenTrajectory, TurnTokenizer
-from .trainer import MetricsLog, PPOTrainer, TrainConfig
+from .trainer import MetricsLog, PPOTrainer, TrainConfig, cut_after
 
 STAGES = ("warmup", "rft", "value", "agentic")
 
@@ -87,6 +87,7 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
                                                  **asdict(config)}, indent=2, default=str))
     sft_rows = _rft_rows(rft_runs or [], out, log) if config.stage == "rft" else []
     metrics = MetricsLog(out, trainer.step, log=log)
+    cut_after(out / "episodes.jsonl", trainer.step)
     history, began = [], time.monotonic()
     try:
         while trainer.step < config.steps:

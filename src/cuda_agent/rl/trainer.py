@@ -170,9 +170,7 @@ class MetricsLog:
 
     def __init__(self, out: Path, resume_step: int = 0, tensorboard: bool = True, log=print):
         self.path = Path(out) / "metrics.jsonl"
-        lines = self.path.read_text().splitlines() if self.path.exists() else []
-        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= resume_step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        cut_after(self.path, resume_step)
         self.writer = None
         if tensorboard:
             try:
@@ -195,6 +193,12 @@ class MetricsLog:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def cut_after(path: Path, step: int) -> None:
+    """Drop the lines of a per-step JSONL file (metrics, episodes) written after `step` (a resumed checkpoint's)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    path.write_text("".join(line + "\n" for line in lines if line.strip() and json.loads(line)["step"] <= step))
 
 
 def _finite(value):
