@@ -17,7 +17,7 @@ from cuda_agent.llm import with_text_tools
 from cuda_agent.rl.rollout import batch_of, play, response_logprob_fn
 from cuda_agent.rl.tokens import TurnTokenizer
 
-from conftest import TASKS, fast_config
+from conftest import TASKS
 
 transformers = pytest.importorskip("transformers")
 
