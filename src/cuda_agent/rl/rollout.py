@@ -47,7 +47,8 @@ class PolicyClient:
         self.turns.model_turn(self.trajectory, tokens, logprobs)
         self._seen = len(messages) + 1  # and the assistant message the loop appends next
         cut = tokens[-1] != self.turns.end_of_turn
-        text = self.turns.tokenizer.decode(tokens[:-1] if not cut else tokens, skip_special_tokens=False)
+        text = self.turns.tokenizer.decode(tokens[:-1] if not cut else tokens, skip_special_tokens=False,
+                                          clean_up_tokenization_spaces=False)
         return reply_from(text, [], {"prompt_tokens": len(self.trajectory.ids) - len(tokens),
                                       "completion_tokens": len(tokens), "total_tokens": len(self.trajectory.ids)},
                            "length" if cut else "stop")
