@@ -53,3 +53,16 @@ def test_the_demo_refuses_bad_input(tmp_path):
     assert result.exit_code == 2 and "no config.json" in result.output
     result = CliRunner().invoke(app, ["train", "demo", "--batch", "1", "--out", str(tmp_path)])
     assert result.exit_code == 2
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # a folder without weights or tokenizer
+    result = CliRunner().invoke(app, ["train", "demo", "--backend", "cpu", "--model", str(tmp_path),
+                                      "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and f"model {tmp_path}" in result.output.replace("\n", ""), result.output
+
+
+def test_the_demo_says_there_is_no_gpu_before_loading_anything(tmp_path):
+    import shutil
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has a GPU")
+    result = CliRunner().invoke(app, ["train", "demo", "--model", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "no CUDA GPU found" in result.output, result.output

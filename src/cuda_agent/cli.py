@@ -282,6 +282,8 @@ def optimize_cmd(
         client.check()  # fail fast on a missing or unreachable endpoint
     except (TaskError, BackendError, ValueError) as exc:
         _fail(str(exc))
+    except OSError as exc:  # transformers: a folder without weights or tokenizer files
+        _fail(f"model {model}: {exc}")
     except LLMError as exc:
         _fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
     run_dir = out_dir or Path("runs") / f"{task.name}-{stamp}"
@@ -584,10 +586,11 @@ def train_demo_cmd(
         import transformers  # noqa: F401
     except ImportError:
         _fail("training needs transformers: pip install -e '.[serve]' (or bash scripts/setup.sh)")
-    from .backend import get_backend
+    from .backend import detect_cuda_arch
 
     try:
-        get_backend(backend)
+        if backend == "cuda":
+            detect_cuda_arch()  # no GPU: say so before fetching or loading a model
         if model is None:
             from .local_model import ModelError, fetch
 
@@ -604,6 +607,8 @@ def train_demo_cmd(
                            log=lambda m: err.print(m, highlight=False, soft_wrap=True))
     except BackendError as exc:
         _fail(str(exc))
+    except (OSError, ValueError) as exc:  # transformers: a folder without weights or tokenizer files, ...
+        _fail(f"model {model}: {exc}")
     if history:
         first, last = history[0], history[-1]
         out.print(f"reward {first['reward_mean']:+.2f} (step {first['step']}) -> {last['reward_mean']:+.2f} "
@@ -702,6 +707,8 @@ def train_cmd(
                                     device or ("cuda" if backend == "cuda" else "cpu"), log=log)
     except (TaskError, BackendError, ValueError) as exc:
         _fail(str(exc))
+    except OSError as exc:  # transformers: a folder without weights or tokenizer files
+        _fail(f"model {model}: {exc}")
     last = history[-1] if history else {}
     out.print(f"{stage}: {len(history)} step(s) this run; checkpoint in {out_dir / 'checkpoint'}; metrics in "
               f"{out_dir / 'metrics.jsonl'}" + (f"; last reward {last['reward_mean']:+.2f}" if last else ""),
