@@ -4,6 +4,7 @@ agentic PPO, value pretraining and RFT each run, checkpoint, and hand their chec
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -143,7 +144,7 @@ def test_rft_fine_tunes_on_the_kept_trajectories_only(tiny_model, tmp_path):
     out = tmp_path / "rft"
     result = CliRunner().invoke(app, ["train", "--stage", "rft", "--model", str(tiny_model), "--runs",
                                       str(tmp_path / "runs"), "--out", str(out), "--steps", "4", "--batch", "1",
-                                      "--actor-lr", "1e-3"])
+                                      "--actor-lr", "1e-3", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert "1 of 2 trajectories kept" in result.output
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -164,3 +165,7 @@ def test_stage_options_are_checked(tiny_model, tmp_path):
     result = CliRunner().invoke(app, ["train", "--stage", "agentic", "--model", str(tiny_model), "--data",
                                       str(tmp_path / "none.py"), "--out", str(tmp_path / "o"), "--backend", "cpu"])
     assert result.exit_code == 2 and "not a task file" in result.output
+    if not shutil.which("nvidia-smi"):  # the default backend is cuda: said before any model is loaded
+        result = CliRunner().invoke(app, ["train", "--stage", "warmup", "--model", str(tiny_model), "--data",
+                                          str(TASKS / "affine_relu.py"), "--out", str(tmp_path / "g")])
+        assert result.exit_code == 2 and "no CUDA GPU found" in result.output, result.output

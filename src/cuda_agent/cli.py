@@ -663,7 +663,8 @@ def train_cmd(
     seed: int = typer.Option(0, help="task order and sampling seed"),
     save_every: int = typer.Option(5, min=1, help="checkpoint every N steps (and at the end)"),
     time_limit: Optional[float] = typer.Option(None, min=1.0, help="seconds: stop after the step that passes it"),
-    device: Optional[str] = typer.Option(None, help="where the model trains (default: cuda with --backend cuda)"),
+    device: Optional[str] = typer.Option(None, help="where the model trains (default: cuda with --backend cuda, "
+                                         "for rft too)"),
     gpus: Optional[str] = typer.Option(None, help="judge GPUs, e.g. 0,1"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache (builds, baselines)"),
 ) -> None:
@@ -688,7 +689,12 @@ def train_cmd(
         _fail("--stage rft needs --runs: a folder of episode run folders")
     if stage != "rft" and data is None:
         _fail(f"--stage {stage} needs --data (tasks)")
+    device = device or ("cuda" if backend == "cuda" else "cpu")
     try:
+        if device.startswith("cuda") or (backend == "cuda" and stage != "rft"):
+            from .backend import detect_cuda_arch
+
+            detect_cuda_arch()  # no GPU: say so before loading a model
         tasks = _stage_tasks(data, out_dir / "tasks") if data is not None else []
         config = StageConfig(stage=stage, steps=steps, batch=batch, max_turns=max_turns,
                              max_new_tokens=max_new_tokens, max_context=max_context, seed=seed,
@@ -697,14 +703,13 @@ def train_cmd(
         run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else []
         log = lambda m: err.print(m, highlight=False, soft_wrap=True)  # noqa: E731
         if stage == "rft":
-            history = run_stage(config, model, tasks, out_dir, None, device or "cpu", run_dirs, log)
+            history = run_stage(config, model, tasks, out_dir, None, device, run_dirs, log)
         else:
             from .judge.pool import JudgePool
 
             with JudgePool(backend, _config(cache_dir), devices=_integers(gpus, "--gpus")) as pool:
                 _warn_unsandboxed(pool)
-                history = run_stage(config, model, tasks, out_dir, pool,
-                                    device or ("cuda" if backend == "cuda" else "cpu"), log=log)
+                history = run_stage(config, model, tasks, out_dir, pool, device, log=log)
     except (TaskError, BackendError, ValueError) as exc:
         _fail(str(exc))
     except OSError as exc:  # transformers: a folder without weights or tokenizer files

@@ -25,8 +25,10 @@ from typing import Callable
 import torch
 
 from ..agent.environment import Environment
+from ..agent.loop import LoopConfig, run_episode
 from ..judge.config import JudgeConfig
 from ..judge.pool import JudgePool
+from ..llm import ScriptedClient
 from .choice import ChoiceReply, Slot
 from .models import Actor, Critic
 from .tokens import TurnTokenizer
@@ -74,6 +76,28 @@ def judge_pick(pool: JudgePool, reference: Path, run_dir: Path, files: dict[str,
     verdict = final or first
     return {"reward": final["reward"] if final else -1, "times_us": verdict.get("times_us", {}),
             "error": verdict.get("error"), "correct": bool(final and final.get("correct"))}
+
+
+def expert_runs(pool: JudgePool, out: Path, count: int = 2) -> list[dict]:
+    """`count` agent episodes in which a scripted expert solves the demo task through the loop and the judge (kernel
+    A, 256 threads: written, verified, finished), as run folders `out/NN` like `optimize` writes: seed data for the
+    rft stage where no strong model is at hand. Returns their summaries."""
+    files = candidate_files(pool.backend.name, ["A", "3"] if pool.backend.name == "cuda" else ["A"])
+
+    def call(name: str, arguments: dict) -> dict:
+        return {"type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+    script = [{"role": "assistant", "content": "The vectorised kernel, its binding and ModelNew.",
+               "tool_calls": [call("write_file", {"path": p, "content": c}) for p, c in files.items()]},
+              {"role": "assistant", "content": "Checking it.", "tool_calls": [call("verify", {})]},
+              {"role": "assistant", "content": "Correct and fast: done.", "tool_calls": [call("finish", {})]}]
+    reference = Path(str(TASK_DIR.joinpath("affine_relu.py")))
+    summaries = []
+    for i in range(count):
+        run_dir = Path(out) / f"{i:02d}"
+        summaries.append(run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed), ScriptedClient(script),
+                                     reference, run_dir, LoopConfig(max_turns=len(script))))
+    return summaries
 
 
 @dataclass
