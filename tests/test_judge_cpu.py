@@ -545,3 +545,20 @@ def test_candidate_workers_start_ahead_and_serve_one_evaluation_each(cache_dir):
     with Judge("cpu", fast_config(cache_dir, spare_candidates=0)) as judge:
         judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
         assert not judge.spares._ready
+
+
+def test_an_input_set_the_reference_itself_fails_on_is_skipped_for_the_candidate_too(cache_dir, tmp_path):
+    # KernelBench level1/100_HingeLoss in small: at the extra shape (batch 5) the reference's broadcast fails, so
+    # that set is skipped; the candidate (the reference itself) fails there too and must still be judged on the rest
+    task = tmp_path / "hinge.py"
+    task.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, predictions, targets):\n"
+                    "        return torch.mean(torch.clamp(1 - predictions * targets, min=0))\n\n\n"
+                    "batch_size = 8\ninput_shape = (8,)\n\n\ndef get_inputs():\n"
+                    "    return [torch.rand(batch_size, *input_shape), torch.randint(0, 2, (batch_size,)).float() * 2 - 1]"
+                    "\n\n\ndef get_init_inputs():\n    return []\n")
+    candidate = tmp_path / "hinge_new.py"
+    candidate.write_text(task.read_text() + "\n\nModelNew = Model\n")
+    with Judge("cpu", fast_config(cache_dir, policy="kernelbench")) as judge:
+        verdict = judge.evaluate(task, candidate)
+    assert verdict.correct and verdict.reward >= 1, verdict.error
+    assert any("skipped: the reference fails there" in w for w in verdict.warnings), verdict.warnings

@@ -313,7 +313,10 @@ class Candidate:
         label = f"input set {k}"
         with ThreadAudit(self.allowed_ops, enabled=self.audit is not None) as threads:
             inputs = make_inputs(self.task, seed, self.device, shapes, scale)
-            out, call_us = self.forward(inputs, label)
+            try:
+                out, call_us = self.forward(inputs, label)
+            except WorkerFailure as failure:  # the worker stays: where the reference fails too, the set is skipped
+                return {"failed": str(failure)}
             self.guard.settle(label, call_us)
             reply = self.export(out, inputs, f"trial{k}")
         violations = (self.audit.messages() if self.audit else []) + threads.messages() + reply["violations"]

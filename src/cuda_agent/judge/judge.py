@@ -327,8 +327,8 @@ class Judge:
         if ready["checksums"] is None:  # the task itself does not hold at these sizes: nothing to check
             verdict.warnings.append(f"{label} skipped: the reference fails there ({ready['error']})")
             return True
-        if msg["event"] != "trial_done":
-            verdict.error = msg.get("error", f"unexpected message {str(msg)[:200]}")
+        if msg["event"] != "trial_done" or msg.get("failed"):
+            verdict.error = msg.get("failed") or msg.get("error", f"unexpected message {str(msg)[:200]}")
             return False
         verdict.warnings = list(dict.fromkeys(verdict.warnings + msg["warnings"]))
         for name, seconds in (("reference", ready["seconds"]), ("candidate", msg["seconds"])):
