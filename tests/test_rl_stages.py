@@ -169,3 +169,16 @@ def test_stage_options_are_checked(tiny_model, tmp_path):
         result = CliRunner().invoke(app, ["train", "--stage", "warmup", "--model", str(tiny_model), "--data",
                                           str(TASKS / "affine_relu.py"), "--out", str(tmp_path / "g")])
         assert result.exit_code == 2 and "no CUDA GPU found" in result.output, result.output
+
+
+def test_the_scripted_expert_solves_the_demo_task_and_its_run_passes_the_rft_filter(cache_dir, tmp_path):
+    from conftest import fast_config
+    from cuda_agent.judge.pool import JudgePool
+    from cuda_agent.rl.demo import expert_runs
+    from cuda_agent.rl.rft import RFTFilter, export
+
+    with JudgePool("cpu", fast_config(cache_dir)) as pool:
+        [summary] = expert_runs(pool, tmp_path / "expert", count=1)
+    assert summary["stop"] == "finish" and summary["final_verdict"]["reward"] >= 1, summary
+    counts = export([tmp_path / "expert" / "00"], tmp_path / "rft", RFTFilter())
+    assert counts["kept"] == 1, counts
