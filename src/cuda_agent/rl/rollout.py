@@ -3,15 +3,16 @@
 `PolicyClient` stands where an OpenAI-compatible endpoint stands in `agent.loop.run_episode`: the same loop, the
 same Environment, the same tools and stop rules. Each `complete` appends what the loop added since the model's last
 turn (tool results, nudges) to the episode's `TokenTrajectory` as the chat template renders it, samples the next
-turn from the actor with its KV cache, and returns the decoded text as the reply (tool calls parsed from
-`<tool_call>` tags, as for any text-tools model). The ids stay exactly what was sampled.
+turn token in, token out (`Sampler`: the actor with its KV cache here, an inference server under verl), and
+returns the decoded text as the reply (tool calls parsed from `<tool_call>` tags, as for any text-tools model).
+The ids stay exactly what was sampled.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -23,14 +24,20 @@ from .tokens import TokenTrajectory, TurnTokenizer
 from .trainer import Batch
 
 
+Sampler = Callable[[list[int], int, set[int]], tuple[list[int], list[float]]]
+"""(prompt ids, most new tokens, stop ids) -> (sampled ids, ending with a stop id unless cut; their log-probs)."""
+
+
+def actor_sampler(actor: Actor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Sampler:
+    return lambda ids, room, stop: actor.sample(ids, room, stop, temperature, generator)
+
+
 class PolicyClient:
     model = "policy"
 
-    def __init__(self, actor: Actor, turns: TurnTokenizer, max_new_tokens: int, max_context: int,
-                 temperature: float = 1.0, generator: torch.Generator | None = None):
-        self.actor, self.turns = actor, turns
+    def __init__(self, sample: Sampler, turns: TurnTokenizer, max_new_tokens: int, max_context: int):
+        self.sample, self.turns = sample, turns
         self.max_new_tokens, self.max_context = max_new_tokens, max_context
-        self.temperature, self.generator = temperature, generator
         self.trajectory: TokenTrajectory | None = None
         self._seen = 0  # messages of the conversation already in the trajectory
 
@@ -42,8 +49,9 @@ class PolicyClient:
         room = min(self.max_new_tokens, self.max_context - len(self.trajectory.ids))
         if room < 1:
             raise LLMError(f"context full ({len(self.trajectory.ids)} tokens)")
-        tokens, logprobs = self.actor.sample(self.trajectory.ids, room, {self.turns.end_of_turn},
-                                             self.temperature, self.generator)
+        tokens, logprobs = self.sample(self.trajectory.ids, room, {self.turns.end_of_turn})
+        if not tokens:
+            raise LLMError("the sampler returned no tokens")
         self.turns.model_turn(self.trajectory, tokens, logprobs)
         self._seen = len(messages) + 1  # and the assistant message the loop appends next
         cut = tokens[-1] != self.turns.end_of_turn
@@ -61,10 +69,10 @@ class Episode:
     summary: dict[str, Any]
 
 
-def play(env: Environment, actor: Actor, turns: TurnTokenizer, reference: Path, run_dir: Path, loop: LoopConfig,
-         max_new_tokens: int, temperature: float = 1.0, generator: torch.Generator | None = None) -> Episode:
-    """One episode of `run_episode` with the actor as the model."""
-    client = PolicyClient(actor, turns, max_new_tokens, loop.max_context, temperature, generator)
+def play(env: Environment, sample: Sampler, turns: TurnTokenizer, reference: Path, run_dir: Path, loop: LoopConfig,
+         max_new_tokens: int) -> Episode:
+    """One episode of `run_episode` with the model behind `sample` (e.g. `actor_sampler(actor)`) as the client."""
+    client = PolicyClient(sample, turns, max_new_tokens, loop.max_context)
     summary = run_episode(env, client, reference, run_dir, loop)
     if client.trajectory is None:
         raise RuntimeError(f"the episode on {reference} ended before the model's first turn: {summary.get('stop')}")

@@ -30,7 +30,7 @@ from ..judge.pool import JudgePool
 from .algorithm import masked_mean
 from .models import Actor, Critic
 from .rft import RFTFilter, export
-from .rollout import batch_of, play, response_logprob_fn
+from .rollout import actor_sampler, batch_of, play, response_logprob_fn
 from .tokens import TokenTrajectory, TurnTokenizer
 from .trainer import MetricsLog, PPOTrainer, TrainConfig, cut_after
 
@@ -132,8 +132,8 @@ def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, po
             task = tasks[rng.randrange(len(tasks))]
             run_dir = out / "episodes" / f"step_{step:04d}" / f"{i:02d}"
             env = Environment(pool, run_dir, use_sandbox=pool.sandboxed)
-            episode = play(env, trainer.actor, turns, task, run_dir, loop, config.max_new_tokens,
-                           config.temperature, generator)
+            episode = play(env, actor_sampler(trainer.actor, config.temperature, generator), turns, task, run_dir,
+                           loop, config.max_new_tokens)
             episodes.append(episode)
             shutil.rmtree(run_dir / "workspace", ignore_errors=True)  # trajectory, summary and snapshots stay
             log.write(json.dumps({"step": step, "episode": i, "task": str(task), "reward": episode.score,
