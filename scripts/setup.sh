@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# One-command setup of a fresh machine: the pinned CPU test stack, then this package (editable, with dev extras).
+# One-command setup of a fresh machine: the pinned CPU test stack (with verl for the `train` extra's tests), then
+# this package (editable).
 # On a GPU machine whose torch is already installed, torch is left alone (pass --keep-torch to be explicit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--keep-torch" ] || python3 -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then
   grep -v '^torch==' requirements-ci.txt > /tmp/cuda-agent-reqs.txt
-  python3 -m pip install -q -r /tmp/cuda-agent-reqs.txt
+  python3 -m pip install -q -r /tmp/cuda-agent-reqs.txt -r requirements-train.txt
 else
-  python3 -m pip install -q -r requirements-ci.txt
+  python3 -m pip install -q -r requirements-ci.txt -r requirements-train.txt
 fi
+python3 -m pip install -q --no-deps verl==0.9.1  # its own pins: requirements-train.txt says why
 python3 -m pip install -q --no-deps -e .
 python3 -c "import cuda_agent, torch; print('cuda-agent', cuda_agent.__version__, '| torch', torch.__version__)"

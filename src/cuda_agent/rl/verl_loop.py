@@ -1,0 +1,101 @@
+"""The agent as a verl agent loop (the `train` extra): `CudaAgentLoop`, registered as "cuda_agent".
+
+verl runs rollouts as coroutines on its agent-loop workers; each episode builds the loop class and awaits `run`.
+`run` plays the same episode as `cuda-agent train --stage agentic` (`rollout.play`: `agent.loop.run_episode`
+with our Environment, tools, stop rules and judge) in a thread, with a `Sampler` that hands each turn's prompt ids
+to verl's server manager (token in, token out) and waits for its ids and log-probs on the event loop. What verl
+gets back: the prompt ids, the response ids with mask 1 on sampled tokens and 0 on tool results and template
+tokens, the server's log-probs, and `reward_score` = the final verdict's milestone reward, which verl puts on the
+last response token; the response is therefore cut to end on a model token (at `response_length` too).
+
+A dataset row carries the task's reference source in `extra_info["reference"]`. Options come
+from the agent-loop config file (`name: cuda_agent`, `_target_: cuda_agent.rl.verl_loop.CudaAgentLoop`, then
+`backend`, `gpus`, `max_turns`, `single_turn`, `episodes_dir`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from ..agent.environment import Environment
+from ..agent.loop import LoopConfig
+from ..agent.tools import SCHEMAS
+from ..judge.config import JudgeConfig
+from ..judge.pool import JudgePool
+from ..llm import LLMError
+from .rollout import play
+from .tokens import TurnTokenizer
+
+_pools: dict[tuple, JudgePool] = {}
+_pools_lock = threading.Lock()
+
+
+def judge_pool(backend: str, gpus: list[int] | None = None) -> JudgePool:
+    """One judge pool per worker process and setting, shared by all its episodes (closed at exit)."""
+    key = (backend, tuple(gpus or ()))
+    with _pools_lock:
+        if key not in _pools:
+            pool = JudgePool(backend, JudgeConfig(), devices=list(gpus) if gpus else None)
+            atexit.register(pool.close)
+            _pools[key] = pool
+        return _pools[key]
+
+
+@register("cuda_agent")
+class CudaAgentLoop(AgentLoopBase):
+    def __init__(self, *args, backend: str = "cuda", gpus: list[int] | None = None, max_turns: int = 20,
+                 single_turn: bool = False, episodes_dir: str = "episodes", pool: JudgePool | None = None,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pool = pool or judge_pool(backend, gpus)
+        self.loop_config = LoopConfig(max_turns=max_turns, single_turn=single_turn,
+                                      max_context=self.rollout_config.prompt_length
+                                      + self.rollout_config.response_length)
+        self.turns = TurnTokenizer(self.tokenizer, None if single_turn else SCHEMAS, tool_format="text")
+        self.episodes_dir = Path(episodes_dir)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
+        reference = (kwargs.get("extra_info") or {}).get("reference")
+        if not reference:
+            raise ValueError("the row has no extra_info['reference'] (the task's source)")
+        run_dir = self.episodes_dir / uuid.uuid4().hex[:12]
+        run_dir.mkdir(parents=True)
+        task = run_dir / "task.py"
+        task.write_text(reference)
+        loop, request_id = asyncio.get_running_loop(), uuid.uuid4().hex
+        seen: dict[str, Any] = {"prompt": None, "logprobs": True}
+        limit = self.rollout_config.response_length
+
+        def sample(ids: list[int], room: int, stop: set[int]) -> tuple[list[int], list[float] | None]:
+            seen["prompt"] = seen["prompt"] or len(ids)
+            room = min(room, limit - (len(ids) - seen["prompt"]))
+            if room < 1:  # the episode ends here: nothing after the response length may earn the reward
+                raise LLMError(f"response length reached ({limit} tokens)")
+            params = {**sampling_params, "max_tokens": room,
+                      "stop_token_ids": sorted(set(sampling_params.get("stop_token_ids") or []) | stop)}
+            out = asyncio.run_coroutine_threadsafe(
+                self.server_manager.generate(request_id=request_id, prompt_ids=list(ids), sampling_params=params),
+                loop).result()
+            seen["logprobs"] = seen["logprobs"] and bool(out.log_probs)
+            return list(out.token_ids), list(out.log_probs) if out.log_probs else None
+
+        env = Environment(self.pool, run_dir / "run", use_sandbox=self.pool.sandboxed)
+        episode = await asyncio.to_thread(play, env, sample, self.turns, task, run_dir / "run", self.loop_config,
+                                          limit)
+        t = episode.trajectory
+        end = max((i + 1 for i, m in enumerate(t.mask[:limit]) if m), default=0)  # the reward on a model token
+        summary = episode.summary
+        final = summary.get("final_verdict") or {}
+        return AgentLoopOutput(
+            prompt_ids=t.ids[:t.prompt_length], response_ids=t.response[:end], response_mask=t.mask[:end],
+            response_logprobs=t.logprobs[:end] if seen["logprobs"] else None, reward_score=episode.score,
+            num_turns=1 + 2 * int(summary.get("turns") or 0), metrics=AgentLoopMetrics(),
+            extra_fields={"turns": summary.get("turns"), "stop": summary.get("stop"),
+                          "best_speedup": final.get("speedup_vs_compile"), "run_dir": str(run_dir)})

@@ -1,0 +1,84 @@
+"""The verl agent loop (`rl/verl_loop.py`) driven by a stand-in for verl's server manager that returns scripted
+replies as token ids of SmolLM2's tokenizer: masks, log-prob lengths, the reward on the last token, truncation."""
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("verl", reason="the `train` extra (verl) is not installed")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+from conftest import TASKS, fast_config  # noqa: E402
+from cuda_agent.judge.pool import JudgePool  # noqa: E402
+from cuda_agent.rl.demo import candidate_files  # noqa: E402
+from cuda_agent.rl.verl_loop import CudaAgentLoop  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+
+class ScriptedServer:
+    """verl's server manager replaying fixed replies, each token with log-prob -0.5; records every request."""
+
+    def __init__(self, tokenizer, texts: list[str], end_of_turn: int):
+        self.replies = [tokenizer.encode(t, add_special_tokens=False) + [end_of_turn] for t in texts]
+        self.requests = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        self.requests.append({"prompt_ids": list(prompt_ids), **sampling_params})
+        ids = self.replies.pop(0)[:sampling_params["max_tokens"]]
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids))
+
+
+def call(name: str, **arguments) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def pool(cache_dir):
+    with JudgePool("cpu", fast_config(cache_dir)) as pool:
+        yield pool
+
+
+def episode(tokenizer, pool, tmp_path, texts, response_length=8192):
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096,
+                                                                 "response_length": response_length}},
+                               "data": {}})
+    loop = CudaAgentLoop(DictConfigWrap(config), None, tokenizer, None, None, DictConfigWrap(config.data),
+                         backend="cpu", max_turns=6, episodes_dir=str(tmp_path), pool=pool)
+    loop.server_manager = server = ScriptedServer(tokenizer, texts, loop.turns.end_of_turn)
+    row = {"extra_info": {"reference": (TASKS / "affine_relu.py").read_text()}}
+    return asyncio.run(loop.run({"temperature": 1.0}, **row)), server, loop
+
+
+def test_a_solved_episode_gives_verl_its_tokens_masks_log_probs_and_reward(smollm2, pool, tmp_path):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2)
+    files = candidate_files("cpu", ["A"])
+    texts = ["I write the kernel.\n" + "\n".join(call("write_file", path=p, content=c) for p, c in files.items()),
+             "Checking.\n" + call("verify"), call("finish")]
+    out, server, loop = episode(tokenizer, pool, tmp_path, texts)
+    assert out.reward_score >= 1 and out.extra_fields["stop"] == "finish" and out.extra_fields["turns"] == 3
+    assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
+    sampled = [i for i, m in zip(out.response_ids, out.response_mask) if m]
+    assert tokenizer.decode(sampled) == "".join(t + "<|im_end|>" for t in texts)
+    assert all(lp == -0.5 for lp, m in zip(out.response_logprobs, out.response_mask) if m)
+    assert 0 in out.response_mask and out.response_mask[-1] == 1  # tool results in between; ends on the model
+    tensors = out.as_dict()  # what verl batches: the reward sits on the last response token
+    assert float(tensors["rm_scores"][-1]) == out.reward_score and float(tensors["rm_scores"][:-1].abs().sum()) == 0
+    # token in, token out: each request's prompt is the previous prompt + the reply + the tool results
+    assert server.requests[1]["prompt_ids"][:len(server.requests[0]["prompt_ids"])] == server.requests[0]["prompt_ids"]
+    assert out.prompt_ids == server.requests[0]["prompt_ids"]
+    assert all(loop.turns.end_of_turn in r["stop_token_ids"] and r["max_tokens"] > 0 for r in server.requests)
+
+
+def test_an_episode_past_the_response_length_is_cut_on_a_model_token(smollm2, pool, tmp_path):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2)
+    texts = [call("read_file", path="model.py"), call("read_file", path="model.py"), call("finish")]
+    out, server, _ = episode(tokenizer, pool, tmp_path, texts, response_length=200)
+    # model.py's text (the first tool result) fills the 200 tokens: no second turn, the result is cut off
+    assert len(server.requests) == 1 and "response length reached" in out.extra_fields["stop"]
+    assert out.response_mask == [1] * len(out.response_ids) and len(out.response_ids) < 200
+    assert out.reward_score == -1  # nothing verified
