@@ -67,6 +67,14 @@ def skill_text(backend: str) -> str:
     return resources.files("cuda_agent.agent").joinpath("skills", f"{backend}.md").read_text()
 
 
+def opening_messages(source: str, backend: str) -> list[dict[str, str]]:
+    """An episode's first messages: the system prompt, then the task (the reference's source and SKILL.md)."""
+    task = (f"Optimise this module for the `{backend}` backend. It is in model.py; the workspace holds SKILL.md "
+            f"(below), a starter model_new.py, kernels/ and the judge's binding files.\n\n## model.py\n\n"
+            f"```python\n{source}\n```\n\n{skill_text(backend)}")
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}]
+
+
 class Environment:
     def __init__(self, judge: Judge | JudgePool, run_dir: Path, use_sandbox: bool = True, bash_timeout: int = 180):
         if judge.config.policy != "strict":  # rewards (and what the agent is told) follow CUDA Agent's rules only
@@ -87,20 +95,15 @@ class Environment:
         if self.workspace.exists():
             shutil.rmtree(self.workspace)
         (self.workspace / "kernels").mkdir(parents=True)
-        skill = skill_text(self.judge.backend.name)
         (self.workspace / "model.py").write_text(source)
-        (self.workspace / "SKILL.md").write_text(skill)
+        (self.workspace / "SKILL.md").write_text(skill_text(self.judge.backend.name))
         (self.workspace / "model_new.py").write_text(STARTER)
         for name in ("binding.cpp", "binding_registry.h"):
             shutil.copyfile(TEMPLATE_DIR / name, self.workspace / name)
         self.snapshots = []
         self.tools = Tools(self.workspace, self.reference, self.judge, self.use_sandbox, self.bash_timeout,
                            on_verdict=self._record)
-        task = (f"Optimise this module for the `{self.judge.backend.name}` backend. It is in model.py; the "
-                f"workspace holds SKILL.md (below), a starter model_new.py, kernels/ and the judge's binding files."
-                f"\n\n## model.py\n\n```python\n{source}\n```\n\n{skill}")
-        return {"messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}],
-                "tools": SCHEMAS}
+        return {"messages": opening_messages(source, self.judge.backend.name), "tools": SCHEMAS}
 
     def step(self, name: str, arguments: dict[str, Any]) -> StepResult:
         if self.tools is None:

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from ..agent.environment import Environment
+from ..agent.environment import Environment, opening_messages
 from ..agent.loop import LoopConfig, run_episode
 from ..judge.config import JudgeConfig
 from ..judge.pool import JudgePool
@@ -156,8 +156,7 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
     reference = Path(str(TASK_DIR.joinpath("affine_relu.py")))
     judge_config = judge_config or JudgeConfig()
     with JudgePool(config.backend, judge_config, devices=devices) as pool:
-        opening = Environment(pool, out / "prompt", use_sandbox=pool.sandboxed).reset(reference)["messages"]
-        shutil.rmtree(out / "prompt", ignore_errors=True)
+        opening = opening_messages(reference.read_text(), config.backend)
         opening[-1] = {"role": "user", "content": opening[-1]["content"] + "\n\n" + reply.instructions()}
         prompt = reply.turns.start(opening).ids
         trainer = PPOTrainer(actor, critic, config.train, reply.logprob_fn(len(prompt)))

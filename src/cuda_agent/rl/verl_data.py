@@ -1,0 +1,36 @@
+"""Tasks as rows of verl's RL dataset (parquet), the data `cuda-agent train verl` hands to verl's trainer.
+
+One row per task: `data_source` "cuda_agent"; `prompt`, the episode's opening messages (verl's dataset filters
+prompts by their length; the agent loop builds the same messages itself from the reference); `ability`;
+`reward_model` (style "judge": the reward is the judge's verdict, there is no ground truth); `extra_info` (index,
+task name, backend and the reference's source, which the agent loop judges against); `agent_name` "cuda_agent"
+(`rl/verl_loop.py`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..agent.environment import opening_messages
+
+AGENT_NAME = "cuda_agent"
+
+
+def verl_rows(tasks: list[Path], backend: str) -> list[dict]:
+    rows = []
+    for index, task in enumerate(tasks):
+        source = Path(task).read_text()
+        rows.append({"data_source": "cuda_agent", "prompt": opening_messages(source, backend),
+                     "ability": "cuda_kernels", "reward_model": {"style": "judge", "ground_truth": ""},
+                     "extra_info": {"index": index, "task": Path(task).stem, "backend": backend, "reference": source},
+                     "agent_name": AGENT_NAME})
+    return rows
+
+
+def write_parquet(rows: list[dict], path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
