@@ -12,6 +12,7 @@ evaluation goes to the device with the fewest in flight. Verdicts are those a lo
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -87,3 +88,19 @@ class JudgePool:
 
     def __exit__(self, kind, *exc) -> None:
         self.close(abandon=kind is not None)  # an exception or Ctrl-C: nothing more is judged
+
+
+_shared: dict[tuple, JudgePool] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_pool(backend: str, devices: list[int] | None = None) -> JudgePool:
+    """One pool per process and setting, for callers that cannot hold one themselves (verl's agent loops and
+    reward functions are built per episode); closed at exit."""
+    key = (backend, tuple(devices or ()))
+    with _shared_lock:
+        if key not in _shared:
+            pool = JudgePool(backend, JudgeConfig(), devices=list(devices) if devices else None)
+            atexit.register(pool.close)
+            _shared[key] = pool
+        return _shared[key]

@@ -12,15 +12,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..agent.environment import opening_messages
+from ..agent.loop import SINGLE_TURN
 
 AGENT_NAME = "cuda_agent"
 
 
-def verl_rows(tasks: list[Path], backend: str) -> list[dict]:
+def verl_rows(tasks: list[Path], backend: str, single_turn: bool = False) -> list[dict]:
+    """One row per task; `single_turn` (the warm-up, judged by `verl_reward.compute_score`) adds the request for
+    every file in one reply that the agent's single-turn mode sends."""
     rows = []
     for index, task in enumerate(tasks):
         source = Path(task).read_text()
-        rows.append({"data_source": "cuda_agent", "prompt": opening_messages(source, backend),
+        prompt = opening_messages(source, backend) + ([{"role": "user", "content": SINGLE_TURN}] if single_turn else [])
+        rows.append({"data_source": "cuda_agent", "prompt": prompt,
                      "ability": "cuda_kernels", "reward_model": {"style": "judge", "ground_truth": ""},
                      "extra_info": {"index": index, "task": Path(task).stem, "backend": backend, "reference": source},
                      "agent_name": AGENT_NAME})

@@ -16,8 +16,6 @@ from the agent-loop config file (`name: cuda_agent`, `_target_: cuda_agent.rl.ve
 from __future__ import annotations
 
 import asyncio
-import atexit
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,26 +25,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from ..agent.environment import Environment
 from ..agent.loop import LoopConfig
 from ..agent.tools import SCHEMAS
-from ..judge.config import JudgeConfig
-from ..judge.pool import JudgePool
+from ..judge.pool import JudgePool, shared_pool
 from ..llm import LLMError
 from .rollout import play
 from .tokens import TurnTokenizer
-
-_pools: dict[tuple, JudgePool] = {}
-_pools_lock = threading.Lock()
-
-
-def judge_pool(backend: str, gpus: list[int] | None = None) -> JudgePool:
-    """One judge pool per worker process and setting, shared by all its episodes (closed at exit)."""
-    key = (backend, tuple(gpus or ()))
-    with _pools_lock:
-        if key not in _pools:
-            pool = JudgePool(backend, JudgeConfig(), devices=list(gpus) if gpus else None)
-            atexit.register(pool.close)
-            _pools[key] = pool
-        return _pools[key]
-
 
 @register("cuda_agent")
 class CudaAgentLoop(AgentLoopBase):
@@ -54,7 +36,7 @@ class CudaAgentLoop(AgentLoopBase):
                  single_turn: bool = False, episodes_dir: str = "episodes", pool: JudgePool | None = None,
                  **kwargs):
         super().__init__(*args, **kwargs)
-        self.pool = pool or judge_pool(backend, gpus)
+        self.pool = pool or shared_pool(backend, gpus)
         self.loop_config = LoopConfig(max_turns=max_turns, single_turn=single_turn,
                                       max_context=self.rollout_config.prompt_length
                                       + self.rollout_config.response_length)
