@@ -720,4 +720,54 @@ def train_cmd(
               highlight=False)
 
 
+@train_app.command("verl")
+def train_verl_cmd(
+    stage: str = typer.Option(..., help="warmup | rft | value | agentic (docs/training.md)"),
+    model: Path = typer.Option(..., help="an HF causal-LM folder"),
+    out_dir: Path = typer.Option(..., "--out", help="run folder: data, verl config, launch.sh, checkpoints"),
+    data: Optional[Path] = typer.Option(None, help="tasks: a reference .py, a folder of them (KernelBench layout "
+                                        "too) or a `data build` export"),
+    runs: Optional[Path] = typer.Option(None, help="rft: a folder of episode run folders (any depth)"),
+    backend: str = typer.Option("cuda", help="the judge's backend on the rollout nodes"),
+    nodes: int = typer.Option(1, min=1, help="training nodes"),
+    gpus_per_node: int = typer.Option(8, min=1, help="training GPUs per node"),
+    steps: int = typer.Option(150, min=1, help="training steps (the paper's 150)"),
+    batch: int = typer.Option(1024, min=1, help="tasks per step (the paper's 1024)"),
+    max_turns: int = typer.Option(200, min=1, help="model turns per episode (the paper's 200)"),
+    max_prompt: int = typer.Option(8192, min=64, help="prompt tokens"),
+    max_response: int = typer.Option(122880, min=64, help="response tokens (prompt + response: the paper's 128k)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="write and validate everything, launch nothing"),
+) -> None:
+    """The stage as a verl 0.9.1 run (the `train` extra): data, configuration validated by verl, launch script."""
+    try:
+        from .rl.verl_recipe import Recipe, prepare
+    except ImportError as exc:
+        _fail(f"training on verl needs the `train` extra (pip install -e '.[train]'): {exc}")
+    if not (model / "config.json").is_file():
+        _fail(f"{model} is not an HF model folder (no config.json)")
+    if stage == "rft" and (runs is None or not runs.is_dir()):
+        _fail("--stage rft needs --runs: a folder of episode run folders")
+    if stage != "rft" and data is None:
+        _fail(f"--stage {stage} needs --data (tasks)")
+    try:
+        recipe = Recipe(stage, model.resolve(), out_dir.resolve(), backend, nodes, gpus_per_node, steps, batch,
+                        max_turns, max_prompt, max_response)
+        tasks = [t.resolve() for t in _stage_tasks(data, out_dir / "tasks")] if data is not None else None
+        run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else None
+        script = prepare(recipe, tasks, run_dirs)
+    except (TaskError, ValueError) as exc:
+        _fail(str(exc))
+    out.print(f"{stage}: verl config {out_dir / f'verl_{stage}.yaml'}, data in {out_dir / 'data'}; launch: {script}",
+              highlight=False)
+    if dry_run:
+        return
+    import importlib.util
+    import subprocess
+
+    if not any(importlib.util.find_spec(engine) for engine in ("vllm", "sglang")):
+        _fail("verl's rollouts need vLLM or SGLang on this machine (not installed); the run is written: launch "
+              f"{script} where they are")
+    raise typer.Exit(subprocess.call([str(script)]))
+
+
 app.add_typer(train_app, name="train")  # after its callback (the stages) is registered

@@ -91,6 +91,25 @@ def parse_text_tool_calls(content: str) -> list[ToolCall]:
     return calls
 
 
+def assistant_text(msg: dict) -> str:
+    """An assistant message as a text-tools model writes it: its content, then its native tool calls (if any, and
+    not already in the content) as `<tool_call>` text."""
+    text = msg.get("content") or ""
+    calls = msg.get("tool_calls") or []
+    if calls and "<tool_call>" not in text:
+        text += "".join(f"\n<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': _arguments(c)})}"
+                        "\n</tool_call>" for c in calls)
+    return text
+
+
+def _arguments(call: dict) -> Any:
+    arguments = call["function"].get("arguments") or {}
+    try:
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError:
+        return arguments
+
+
 def with_text_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
     """The conversation for a server that cannot take `tools`: the schemas and the call syntax in the system
     message, the assistant's tool calls as the text it wrote, tool results as `<tool_response>` user turns."""
@@ -113,7 +132,7 @@ def with_text_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
             else:
                 out.append({"role": "user", "content": text, "tool_responses": True})
         elif role == "assistant":
-            out.append({"role": "assistant", "content": msg.get("content") or ""})
+            out.append({"role": "assistant", "content": assistant_text(msg)})
         else:
             out.append(dict(msg))
     return [{k: v for k, v in m.items() if k != "tool_responses"} for m in out]

@@ -27,6 +27,7 @@ from ..agent.environment import Environment
 from ..agent.loop import LoopConfig
 from ..agent.tools import SCHEMAS
 from ..judge.pool import JudgePool
+from ..llm import assistant_text
 from .algorithm import masked_mean
 from .models import Actor, Critic
 from .rft import RFTFilter, export
@@ -171,21 +172,9 @@ def conversation_ids(turns: TurnTokenizer, messages: list[dict]) -> TokenTraject
         if pending:
             turns.observations(trajectory, pending)
             pending = []
-        text = msg.get("content") or ""
-        calls = msg.get("tool_calls") or []
-        if calls and "<tool_call>" not in text:  # an endpoint's native calls: as a text-tools model writes them
-            text += "".join(f"\n<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': _args(c)})}"
-                            "\n</tool_call>" for c in calls)
+        text = assistant_text(msg)  # an endpoint's native calls: as a text-tools model writes them
         turns.model_turn(trajectory, turns.tokenizer.encode(text, add_special_tokens=False) + [turns.end_of_turn])
     return trajectory
-
-
-def _args(call: dict):
-    arguments = call["function"].get("arguments") or {}
-    try:
-        return json.loads(arguments) if isinstance(arguments, str) else arguments
-    except json.JSONDecodeError:
-        return arguments
 
 
 def _sft_step(trainer: PPOTrainer, turns: TurnTokenizer, rows: list[dict]) -> dict:

@@ -9,10 +9,13 @@ task name, backend and the reference's source, which the agent loop judges again
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..agent.environment import opening_messages
 from ..agent.loop import SINGLE_TURN
+from ..llm import with_text_tools
+from .rft import RFTFilter, export
 
 AGENT_NAME = "cuda_agent"
 
@@ -28,6 +31,19 @@ def verl_rows(tasks: list[Path], backend: str, single_turn: bool = False) -> lis
                      "ability": "cuda_kernels", "reward_model": {"style": "judge", "ground_truth": ""},
                      "extra_info": {"index": index, "task": Path(task).stem, "backend": backend, "reference": source},
                      "agent_name": AGENT_NAME})
+    return rows
+
+
+def rft_rows(runs: list[Path], folder: Path) -> list[dict]:
+    """The trajectories of `runs` that pass the RFT filter (`rft.export`, its files in `folder`) as verl's
+    multi-turn SFT rows (`messages`): tools described in the system message and every call written as the
+    `<tool_call>` text a text-tools model writes, tool results as `<tool_response>` turns."""
+    export(runs, folder, RFTFilter())
+    rows = []
+    for line in (folder / "rft.jsonl").read_text().splitlines():
+        if line.strip():
+            kept = json.loads(line)
+            rows.append({"messages": with_text_tools(json.loads(kept["messages"]), json.loads(kept["tools"]))})
     return rows
 
 

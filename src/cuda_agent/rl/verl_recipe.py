@@ -1,0 +1,143 @@
+"""The paper's four stages as verl 0.9.1 runs (the `train` extra): for each, the data it reads, the configuration
+composed from verl's own config files with the recipe's overrides and validated by verl's own code, and the
+command that launches it.
+
+| stage | verl entry point | what the recipe sets |
+|---|---|---|
+| warmup | `verl.trainer.main_ppo` | verl's `single_turn_agent`; reward `verl_reward.compute_score` (the judge) |
+| rft | `verl.trainer.sft_trainer` | the kept trajectories (`rft.export`) as multi-turn SFT data |
+| value | `verl.trainer.main_ppo` | the `cuda_agent` agent loop; `trainer.critic_warmup` = all steps: critic only |
+| agentic | `verl.trainer.main_ppo` | the `cuda_agent` agent loop (`verl_loop.py`) |
+
+Every PPO stage: GAE with a critic (gamma 1, lambda 0.95), clip 0.2 low / 0.28 high, token-mean loss, no KL, actor
+lr 3e-6, critic lr 6e-6, the paper's batch of 1024 tasks and 150 steps unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+STAGES = ("warmup", "rft", "value", "agentic")
+
+
+@dataclass
+class Recipe:
+    stage: str
+    model: Path
+    out: Path
+    backend: str = "cuda"
+    nodes: int = 1
+    gpus_per_node: int = 8
+    steps: int = 150
+    batch: int = 1024
+    max_turns: int = 200
+    max_prompt: int = 8192
+    max_response: int = 122880  # prompt + response = the paper's 128k context
+
+    def __post_init__(self):
+        if self.stage not in STAGES:
+            raise ValueError(f"unknown stage {self.stage!r} (choose from {', '.join(STAGES)})")
+        if min(self.nodes, self.gpus_per_node, self.steps, self.batch, self.max_turns, self.max_prompt,
+               self.max_response) < 1:
+            raise ValueError("nodes, GPUs, steps, batch, turns and lengths must be >= 1")
+
+
+def ppo_overrides(r: Recipe, train_file: Path, agent_loops: Path) -> list[str]:
+    single = r.stage == "warmup"
+    mini = min(256, r.batch)
+    return [
+        f"actor_rollout_ref.model.path={r.model}", f"critic.model.path={r.model}",
+        f"data.train_files={train_file}", f"data.val_files={train_file}", f"data.train_batch_size={r.batch}",
+        f"data.max_prompt_length={r.max_prompt}", f"data.max_response_length={r.max_response}",
+        "data.return_raw_chat=True",
+        "algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=0.95", "algorithm.use_kl_in_reward=False",
+        "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.optim.lr=3e-6", "critic.optim.lr=6e-6",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}", f"critic.ppo_mini_batch_size={mini}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "critic.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.top_p=1.0", "actor_rollout_ref.rollout.top_k=-1",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops}",
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={'single_turn_agent' if single else 'cuda_agent'}",
+        *(["reward.custom_reward_function.path=pkg://cuda_agent.rl.verl_reward",
+           "reward.custom_reward_function.name=compute_score"] if single else []),
+        f"trainer.total_training_steps={r.steps}", f"trainer.critic_warmup={r.steps if r.stage == 'value' else 0}",
+        f"trainer.n_gpus_per_node={r.gpus_per_node}", f"trainer.nnodes={r.nodes}",
+        "trainer.project_name=cuda-agent", f"trainer.experiment_name={r.stage}",
+        f"trainer.default_local_dir={r.out / 'checkpoints'}", "trainer.logger=[console]", "trainer.save_freq=10",
+        "trainer.test_freq=-1", "trainer.val_before_train=False",
+    ]
+
+
+def sft_overrides(r: Recipe, train_file: Path) -> list[str]:
+    return [
+        f"model.path={r.model}", f"data.train_files={train_file}", "data.val_files=null",
+        f"data.train_batch_size={min(r.batch, 256)}", "data.micro_batch_size_per_gpu=1",
+        f"data.max_length={r.max_prompt + r.max_response}", "data.truncation=right", "data.messages_key=messages",
+        "optim.lr=3e-6", f"trainer.total_training_steps={r.steps}", f"trainer.n_gpus_per_node={r.gpus_per_node}",
+        f"trainer.nnodes={r.nodes}", "trainer.project_name=cuda-agent", "trainer.experiment_name=rft",
+        f"trainer.default_local_dir={r.out / 'checkpoints'}", "trainer.logger=[console]",
+    ]
+
+
+def compose(config_name: str, overrides: list[str]):
+    """verl's config file `config_name` with `overrides`, as verl's hydra entry points compose it."""
+    import verl
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        return hydra_compose(config_name=config_name, overrides=overrides)
+
+
+def validate_ppo(config) -> None:
+    """verl's own checks, as `main_ppo` runs them before training."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+
+
+def prepare(r: Recipe, tasks: list[Path] | None = None, runs: list[Path] | None = None) -> Path:
+    """Write the stage's data, agent-loop file, composed config (`OUT/verl_<stage>.yaml`) and launch script
+    (`OUT/launch.sh`); returns the script. Raises ValueError when verl rejects the configuration."""
+    from omegaconf import OmegaConf
+
+    from .verl_data import rft_rows, verl_rows, write_parquet
+
+    r.out.mkdir(parents=True, exist_ok=True)
+    name = f"verl_{r.stage}"
+    if r.stage == "rft":
+        rows = rft_rows(runs or [], r.out / "rft")
+        if not rows:
+            raise ValueError("no trajectory passes the RFT filter: nothing to fine-tune on (see OUT/rft)")
+        config = compose("sft_trainer_engine", sft_overrides(r, write_parquet(rows, r.out / "data" / "rft.parquet")))
+        command = f"torchrun --nnodes={r.nodes} --nproc_per_node={r.gpus_per_node} -m verl.trainer.sft_trainer"
+    else:
+        if not tasks:
+            raise ValueError(f"stage {r.stage} needs tasks")
+        train = write_parquet(verl_rows(tasks, r.backend, single_turn=r.stage == "warmup"),
+                              r.out / "data" / "train.parquet")
+        loops = r.out / "agent_loops.yaml"
+        loops.write_text(OmegaConf.to_yaml([{
+            "name": "cuda_agent", "_target_": "cuda_agent.rl.verl_loop.CudaAgentLoop", "backend": r.backend,
+            "max_turns": r.max_turns, "episodes_dir": str(r.out / "episodes")}]))
+        config = compose("ppo_trainer", ppo_overrides(r, train, loops))
+        try:
+            validate_ppo(config)
+        except (AssertionError, ValueError) as exc:
+            raise ValueError(f"verl rejects the {r.stage} configuration: {exc}") from exc
+        command = "python3 -m verl.trainer.main_ppo"
+    (r.out / f"{name}.yaml").write_text(OmegaConf.to_yaml(config))
+    (r.out / "recipe.json").write_text(json.dumps({k: str(v) for k, v in vars(r).items()}, indent=2))
+    script = r.out / "launch.sh"
+    script.write_text("#!/usr/bin/env bash\n# written by `cuda-agent train verl`; run it on the Ray cluster's head node\n"
+                      f"set -euo pipefail\nexec {command} --config-path {shlex.quote(str(r.out.resolve()))} "
+                      f"--config-name {name} \"$@\"\n")
+    script.chmod(0o755)
+    return script

@@ -1,0 +1,83 @@
+"""The four stages as verl runs: configurations composed from verl's own files and validated by its own code, the
+agent loop importable from the file they name, and the data loading with verl's dataset classes."""
+
+import json
+
+import pytest
+
+pytest.importorskip("verl", reason="the `train` extra (verl) is not installed")
+
+from omegaconf import OmegaConf  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from conftest import TASKS  # noqa: E402
+from cuda_agent.cli import app  # noqa: E402
+from cuda_agent.rl.verl_recipe import Recipe, prepare  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+
+def recipe(stage, model, out, **kw):
+    return Recipe(stage, model, out, gpus_per_node=2, steps=3, batch=8, max_prompt=4096, max_response=4096, **kw)
+
+
+@pytest.mark.parametrize("stage", ["warmup", "value", "agentic"])
+def test_ppo_stages_compose_validate_and_name_our_agent_loop_and_reward(stage, tiny_smollm2, tmp_path):
+    from hydra.utils import get_class
+
+    script = prepare(recipe(stage, tiny_smollm2, tmp_path), tasks=[TASKS / "affine_relu.py", TASKS / "row_mean.py"])
+    assert "verl.trainer.main_ppo" in script.read_text() and f"--config-name verl_{stage}" in script.read_text()
+    config = OmegaConf.load(tmp_path / f"verl_{stage}.yaml")
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.optim.lr, config.critic.optim.lr) == (0.2, 0.28, 3e-6, 6e-6)
+    assert config.algorithm.adv_estimator == "gae" and config.algorithm.lam == 0.95 and config.algorithm.gamma == 1
+    assert config.trainer.critic_warmup == (3 if stage == "value" else 0) and config.trainer.total_training_steps == 3
+    [loop] = OmegaConf.load(rollout.agent.agent_loop_config_path)
+    assert get_class(loop["_target_"]).__name__ == "CudaAgentLoop" and loop.backend == "cuda"
+    if stage == "warmup":
+        assert rollout.agent.default_agent_loop == "single_turn_agent"
+        assert config.reward.custom_reward_function.path == "pkg://cuda_agent.rl.verl_reward"
+    else:
+        assert rollout.agent.default_agent_loop == "cuda_agent"
+
+
+def test_a_batch_verl_cannot_split_is_refused_with_verls_reason(tiny_smollm2, tmp_path):
+    with pytest.raises(ValueError, match="verl rejects the agentic configuration"):
+        prepare(Recipe("agentic", tiny_smollm2, tmp_path, gpus_per_node=4, batch=6), tasks=[TASKS / "affine_relu.py"])
+
+
+def test_rft_writes_sft_data_verls_multi_turn_dataset_loads(tiny_smollm2, tmp_path):
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    run = tmp_path / "runs" / "good"
+    run.mkdir(parents=True)
+    call = {"id": "c", "type": "function", "function": {"name": "finish", "arguments": "{}"}}
+    records = [{"type": "system", "message": {"role": "system", "content": "S"}},
+               {"type": "user", "message": {"role": "user", "content": "Optimise it."}},
+               {"type": "assistant", "turn": 1, "message": {"role": "assistant", "content": "Done.", "tool_calls": [call]}},
+               {"type": "tool", "turn": 1, "message": {"role": "tool", "tool_call_id": "c", "content": "ok"}},
+               {"type": "result", "summary": {"reference": "t.py", "final_verdict": {
+                   "reward": 3, "policy_violations": [], "speedup_vs_compile": 1.2}}}]
+    (run / "trajectory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    script = prepare(recipe("rft", tiny_smollm2, tmp_path / "out"), runs=[run])
+    assert "verl.trainer.sft_trainer" in script.read_text()
+    config = OmegaConf.load(tmp_path / "out" / "verl_rft.yaml")
+    assert config.data.train_files.endswith("rft.parquet") and config.optim.lr == 3e-6
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_smollm2)
+    data = MultiTurnSFTDataset(config.data.train_files, tokenizer, OmegaConf.create({"max_length": 4096}))
+    item = data[0]
+    text = tokenizer.decode(item["input_ids"][item["loss_mask"].bool()])
+    assert "Done." in text and '"name": "finish"' in text and "Optimise it." not in text  # loss on the model only
+
+
+def test_train_verl_dry_run_writes_the_run_and_says_how_to_launch_it(tiny_smollm2, tmp_path):
+    result = CliRunner().invoke(app, ["train", "verl", "--stage", "agentic", "--model", str(tiny_smollm2), "--data",
+                                      str(TASKS / "affine_relu.py"), "--out", str(tmp_path), "--gpus-per-node", "2",
+                                      "--batch", "8", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "launch.sh" in result.output and (tmp_path / "verl_agentic.yaml").is_file()
+    assert (tmp_path / "data" / "train.parquet").is_file()
+    result = CliRunner().invoke(app, ["train", "verl", "--stage", "agentic", "--model", str(tiny_smollm2), "--data",
+                                      str(TASKS / "affine_relu.py"), "--out", str(tmp_path), "--gpus-per-node", "2",
+                                      "--batch", "8"])
+    assert result.exit_code == 2 and "need vLLM or SGLang" in result.output.replace("\n", " "), result.output
