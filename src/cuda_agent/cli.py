@@ -641,6 +641,15 @@ def _stage_tasks(data: Path, folder: Path) -> list[Path]:
     return tasks
 
 
+def _check_stage_inputs(stage: str, model: Path, data: Path | None, runs: Path | None) -> None:
+    if not (model / "config.json").is_file():
+        _fail(f"{model} is not an HF model folder (no config.json)")
+    if stage == "rft" and (runs is None or not runs.is_dir()):
+        _fail("--stage rft needs --runs: a folder of episode run folders")
+    if stage != "rft" and data is None:
+        _fail(f"--stage {stage} needs --data (tasks)")
+
+
 @train_app.callback(invoke_without_command=True)
 def train_cmd(
     ctx: typer.Context,
@@ -683,12 +692,7 @@ def train_cmd(
         _fail(f"unknown backend {backend!r} (choose cuda or cpu)")
     if model is None or out_dir is None:
         _fail("--model and --out are required")
-    if not (model / "config.json").is_file():
-        _fail(f"{model} is not an HF model folder (no config.json)")
-    if stage == "rft" and (runs is None or not runs.is_dir()):
-        _fail("--stage rft needs --runs: a folder of episode run folders")
-    if stage != "rft" and data is None:
-        _fail(f"--stage {stage} needs --data (tasks)")
+    _check_stage_inputs(stage, model, data, runs)
     device = device or ("cuda" if backend == "cuda" else "cpu")
     try:
         if device.startswith("cuda") or (backend == "cuda" and stage != "rft"):
@@ -743,12 +747,7 @@ def train_verl_cmd(
         from .rl.verl_recipe import Recipe, prepare
     except ImportError as exc:
         _fail(f"training on verl needs the `train` extra (pip install -e '.[train]'): {exc}")
-    if not (model / "config.json").is_file():
-        _fail(f"{model} is not an HF model folder (no config.json)")
-    if stage == "rft" and (runs is None or not runs.is_dir()):
-        _fail("--stage rft needs --runs: a folder of episode run folders")
-    if stage != "rft" and data is None:
-        _fail(f"--stage {stage} needs --data (tasks)")
+    _check_stage_inputs(stage, model, data, runs)
     try:
         recipe = Recipe(stage, model.resolve(), out_dir.resolve(), backend, nodes, gpus_per_node, steps, batch,
                         max_turns, max_prompt, max_response)
