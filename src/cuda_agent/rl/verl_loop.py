@@ -6,7 +6,8 @@ with our Environment, tools, stop rules and judge) in a thread, with a `Sampler`
 to verl's server manager (token in, token out) and waits for its ids and log-probs on the event loop. What verl
 gets back: the prompt ids, the response ids with mask 1 on sampled tokens and 0 on tool results and template
 tokens, the server's log-probs, and `reward_score` = the final verdict's milestone reward, which verl puts on the
-last response token; the response is therefore cut to end on a model token (at `response_length` too).
+last response token. The episode ends once its response reaches `response_length` tokens (nothing later may earn
+the reward), and the response is cut to end on the model's last token.
 
 A dataset row carries the task's reference source in `extra_info["reference"]`. Options come
 from the agent-loop config file (`name: cuda_agent`, `_target_: cuda_agent.rl.verl_loop.CudaAgentLoop`, then
@@ -29,6 +30,7 @@ from ..judge.pool import JudgePool, shared_pool
 from ..llm import LLMError
 from .rollout import play
 from .tokens import TurnTokenizer
+
 
 @register("cuda_agent")
 class CudaAgentLoop(AgentLoopBase):
