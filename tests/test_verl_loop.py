@@ -82,3 +82,33 @@ def test_an_episode_past_the_response_length_is_cut_on_a_model_token(smollm2, po
     assert len(server.requests) == 1 and "response length reached" in out.extra_fields["stop"]
     assert out.response_mask == [1] * len(out.response_ids) and len(out.response_ids) < 200
     assert out.reward_score == -1  # nothing verified
+
+
+def test_a_workers_episodes_all_run_at_once(smollm2, pool, tmp_path):
+    # verl awaits many episodes per worker; each waits on the server most of its life. The server here answers
+    # nobody until all 40 are waiting: with asyncio's default executor (min(32, cores + 4) threads) this hangs.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2)
+    count = 40
+
+    class Gate(ScriptedServer):
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            self.requests.append(request_id)
+            if len(self.requests) == count:
+                self.all_waiting.set()
+            await asyncio.wait_for(self.all_waiting.wait(), 60)
+            ids = tokenizer.encode(call("finish"), add_special_tokens=False) + [self.end]
+            return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids))
+
+    async def main():
+        config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096, "response_length": 512}},
+                                   "data": {}})
+        server = Gate(tokenizer, [], 0)
+        server.all_waiting = asyncio.Event()
+        loops = [CudaAgentLoop(DictConfigWrap(config), server, tokenizer, None, None, DictConfigWrap(config.data),
+                               backend="cpu", episodes_dir=str(tmp_path / str(i)), pool=pool) for i in range(count)]
+        server.end = loops[0].turns.end_of_turn
+        row = {"extra_info": {"reference": (TASKS / "affine_relu.py").read_text()}}
+        return await asyncio.gather(*(loop.run({}, **row) for loop in loops))
+
+    outputs = asyncio.run(main())
+    assert len(outputs) == count and all(o.extra_fields["stop"] == "finish" for o in outputs)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,10 @@ from ..judge.pool import JudgePool, shared_pool
 from ..llm import LLMError
 from .rollout import play
 from .tokens import TurnTokenizer
+
+# an episode's thread mostly waits (for the server, for the judge): far more of them than asyncio's default
+# executor allows (min(32, cores + 4)), so that a worker's episodes all run at once
+_EPISODES = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="episode")
 
 
 @register("cuda_agent")
@@ -71,8 +76,8 @@ class CudaAgentLoop(AgentLoopBase):
             return list(out.token_ids), list(out.log_probs) if out.log_probs else None
 
         env = Environment(self.pool, run_dir / "run", use_sandbox=self.pool.sandboxed)
-        episode = await asyncio.to_thread(play, env, sample, self.turns, task, run_dir / "run", self.loop_config,
-                                          limit)
+        episode = await loop.run_in_executor(_EPISODES, play, env, sample, self.turns, task, run_dir / "run",
+                                             self.loop_config, limit)
         t = episode.trajectory
         end = max((i + 1 for i, m in enumerate(t.mask[:limit]) if m), default=0)  # the reward on a model token
         summary = episode.summary
