@@ -87,7 +87,7 @@ def main() -> None:
     for name, work in sets.items():
         for mode in args.modes.split(","):
             seconds, verdicts = run_mode(mode, args.backend, work, tmp / f"cache-{name}-{mode}", args.workers, gpus)
-            medians[(name, mode)] = [v.times_us["candidate"] for v in verdicts]
+            medians[(name, mode)] = [(v.task["name"], v.times_us["candidate"]) for v in verdicts]
             rows.append({"work": name, "mode": mode, "evaluations": len(work), "seconds": round(seconds, 1),
                          "per_hour": round(3600 * len(work) / seconds), "passed": sum(v.correct for v in verdicts),
                          "notes": "; ".join(f"{v.task['name']}: {(v.error or '')[:300]}" for v in verdicts if not v.correct)})
@@ -95,11 +95,13 @@ def main() -> None:
         base = rows[-len(args.modes.split(","))]
         for row in rows[-len(args.modes.split(",")):]:
             row["speedup_vs_first"] = round(base["seconds"] / row["seconds"], 2)
-            pairs = [(a, b) for a, b in zip(medians[(name, base["mode"])], medians[(name, row["mode"])])
-                     if a and b and a >= 100]
-            row["timing_gap_pct_median"] = (round(100 * statistics.median(abs(b / a - 1) for a, b in pairs), 1)
-                                            if pairs else None)
-            row["timing_gap_pct_max"] = round(100 * max(abs(b / a - 1) for a, b in pairs), 1) if pairs else None
+            pairs = [(task, a, b) for (task, a), (_, b) in zip(medians[(name, base["mode"])],
+                                                                medians[(name, row["mode"])]) if a and b and a >= 100]
+            gaps = sorted((abs(b / a - 1), task, a, b) for task, a, b in pairs)
+            row["timing_gap_pct_median"] = round(100 * statistics.median(g[0] for g in gaps), 1) if gaps else None
+            row["timing_gap_pct_max"] = round(100 * gaps[-1][0], 1) if gaps else None
+            if gaps and row is not base:
+                row["notes"] += f" largest timing gap: {gaps[-1][1]} {gaps[-1][2]:.0f} vs {gaps[-1][3]:.0f} us"
     # the warm-reference latency: one task judged twice by one judge (the second finds its worker warm)
     if args.kernelbench:
         task, cand = next((t, c) for t, c in sets["kernelbench"] if t.parent.name == "level2")

@@ -4,34 +4,41 @@ lone judge gives them."""
 import json
 import sqlite3
 import threading
+from contextlib import contextmanager
 
 import pytest
 
 from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent.judge import Judge, Verdict, references
+from cuda_agent.judge.device_lock import DeviceLock
 from cuda_agent.judge.pool import JudgePool
 
 AFFINE = TASKS / "affine_relu.py"
 
 
-class CountingLock:
-    """A lock that remembers how many holders it ever had at once."""
+class CountingLock(DeviceLock):
+    """A device lock that remembers how many exclusive holders it ever had at once."""
 
     def __init__(self):
-        self._lock, self._count = threading.Lock(), threading.Lock()
+        super().__init__()
+        self._count = threading.Lock()
         self.holders = self.most = self.entries = 0
 
-    def __enter__(self):
-        self._lock.acquire()
-        with self._count:
-            self.holders += 1
-            self.entries += 1
-            self.most = max(self.most, self.holders)
-
-    def __exit__(self, *exc):
-        with self._count:
-            self.holders -= 1
-        self._lock.release()
+    @contextmanager
+    def exclusive(self):
+        if self._owned():  # the holder entering again: not another holder
+            yield
+            return
+        with super().exclusive():
+            with self._count:
+                self.holders += 1
+                self.entries += 1
+                self.most = max(self.most, self.holders)
+            try:
+                yield
+            finally:
+                with self._count:
+                    self.holders -= 1
 
 
 def test_the_pool_judges_at_once_one_device_phase_at_a_time_as_a_lone_judge_would(cache_dir, make_workspace):
@@ -50,6 +57,21 @@ def test_the_pool_judges_at_once_one_device_phase_at_a_time_as_a_lone_judge_woul
                (b.compiled, b.correct, b.policy_violations, b.task, b.candidate, b.policy)
         assert (a.error or "").split(":")[0] == (b.error or "").split(":")[0]  # inputs are fresh per evaluation
     assert [v.correct for v in together] == [True, False, True, False]
+
+
+def test_an_evaluation_that_ran_out_of_device_memory_beside_others_is_judged_again_alone(cache_dir, tmp_path):
+    single = (CANDIDATES / "affine_relu_single.py").read_text()
+    oom = tmp_path / "oom.py"  # out of memory every time: the second verdict, alone, is the one that counts
+    oom.write_text(single.replace("        return ext.affine_relu(x, self.scale, self.shift)",
+                                  "        raise RuntimeError('CUDA out of memory. Tried to allocate 6.00 GiB')"))
+    with JudgePool("cpu", fast_config(cache_dir), workers=2) as pool:
+        lock = pool.judges[0].device_lock = CountingLock()
+        verdicts = [f.result() for f in [pool.submit(AFFINE, oom), pool.submit(AFFINE, CANDIDATES / "affine_relu_ok")]]
+    failed, fine = verdicts
+    assert not failed.correct and "out of memory" in failed.error
+    assert "ran out of device memory beside other evaluations: judged again alone" in failed.warnings
+    assert fine.correct and not any("judged again" in w for w in fine.warnings), fine.error
+    assert lock.most == 1 and lock.entries == 3  # two evaluations, then the retry holding it from start to end
 
 
 def test_idle_reference_workers_are_kept_within_count_and_memory(monkeypatch, tmp_path):

@@ -34,3 +34,24 @@ def test_ray_actors_judge_as_the_local_pool_does(local_ray, cache_dir, make_work
     assert not bad.correct and bad.error.startswith("incorrect"), bad.error
     assert moved.correct and moved.task["path"] == str(elsewhere.path), moved.error  # the actor wrote it locally
     assert not pool.actors
+
+
+def test_the_agent_and_the_warmup_reward_judge_on_ray_actors(local_ray, cache_dir, monkeypatch):
+    from cuda_agent.agent.environment import Environment
+    from cuda_agent.judge import pool as pools
+    from cuda_agent.rl.demo import candidate_files
+    from cuda_agent.rl.verl_data import verl_rows
+    from cuda_agent.rl.verl_reward import compute_score
+    from cuda_agent.workspace.candidate import load_candidate
+
+    with RayJudgePool("cpu", fast_config(cache_dir), workers=2) as pool:
+        monkeypatch.setitem(pools._shared, ("cpu", (), "ray"), pool)  # what shared_pool("cpu", judge="ray") gives
+        assert pool.backend.name == "cpu" and pool.private_paths == [cache_dir.resolve()]
+        built = pool.compile(load_candidate(CANDIDATES / "affine_relu_ok"))  # the agent's compile tool, on an actor
+        assert built.ok and built.steps, built.error
+        Environment(pool, cache_dir / "agent-run", use_sandbox=pool.sandboxed).reset(AFFINE)
+        [row] = verl_rows([AFFINE], "cpu", single_turn=True, judge="ray")
+        reply = "\n\n".join(f"### FILE: {path}\n```\n{content}\n```"
+                            for path, content in candidate_files("cpu", ["A"]).items())
+        result = compute_score("cuda_agent", reply, "", row["extra_info"])
+        assert result["score"] >= 1 and result["correct"], result

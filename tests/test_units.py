@@ -1,5 +1,7 @@
 """Unit tests: reward, policy scan, comparison, timing-trace parsing, task and candidate loading."""
 
+import os
+
 import pytest
 import torch
 
@@ -89,17 +91,27 @@ def test_zeros_do_not_pass_on_tiny_outputs():
     assert compare_tensor(r * (1 + 1e-3), r, None, 1e-2, 1e-2, "out")["ok"]
 
 
-def test_compare_trial_reads_raw_outputs_and_checks_structure(tmp_path):
+def test_outputs_cross_as_sealed_shared_memory_and_bad_handovers_fail_the_comparison():
     ref = (torch.randn(3, 4), torch.arange(5))
-    manifest = export_outputs((ref[0].clone(), ref[1].clone()), tmp_path / "ok", use_ipc=False)
-    assert compare_trial(manifest, ref, None, 1e-2, 1e-2, "cpu", "set 0")["ok"]
-    manifest = export_outputs(ref[0].clone(), tmp_path / "single", use_ipc=False)
-    result = compare_trial(manifest, ref, None, 1e-2, 1e-2, "cpu", "set 0")
-    assert not result["ok"] and "structure" in result["reason"]
-    manifest = export_outputs((ref[0].clone(), ref[1].clone()), tmp_path / "cut", use_ipc=False)
-    path = manifest["leaves"][0]["file"]
-    open(path, "r+b").truncate(8)
-    assert "unreadable output" in compare_trial(manifest, ref, None, 1e-2, 1e-2, "cpu", "set 0")["reason"]
+
+    def compare(manifest, fds):
+        return compare_trial(manifest, fds, ref, None, 1e-2, 1e-2, "cpu", "set 0")
+
+    manifest, buffers = export_outputs((ref[0].clone(), ref[1].clone()))
+    fds = [b.fd for b in buffers]
+    assert [leaf["kind"] for leaf in manifest["leaves"]] == ["host", "host"] and compare(manifest, fds)["ok"]
+    with pytest.raises(PermissionError):  # sealed: the writer can no longer shrink what the reader maps
+        os.ftruncate(fds[0], 8)
+    assert "structure" in compare(export_outputs(ref[0].clone())[0], fds)["reason"]
+    assert "malformed" in compare(["not", "a", "manifest"], fds)["reason"]
+    assert "no shared memory" in compare(manifest, fds[:1])["reason"]
+    wrong, held = export_outputs((ref[0] + 1, ref[1].clone()))
+    assert "outside atol" in compare(wrong, [b.fd for b in held])["reason"]
+    unsealed = os.memfd_create("x", os.MFD_ALLOW_SEALING)
+    os.write(unsealed, ref[0].numpy().tobytes())
+    result = compare(manifest, [unsealed, fds[1]])
+    assert "unreadable output" in result["reason"] and "resize" in result["reason"], result
+    os.close(unsealed)
 
 
 def test_checksum_sees_a_single_changed_element():

@@ -41,6 +41,24 @@ def test_ppo_stages_compose_validate_and_name_our_agent_loop_and_reward(stage, t
         assert rollout.agent.default_agent_loop == "cuda_agent"
 
 
+def test_a_cluster_run_with_the_judge_on_ray_joins_the_cluster_and_says_where_to_judge(tiny_smollm2, tmp_path):
+    import pyarrow.parquet as pq
+
+    script = prepare(recipe("agentic", tiny_smollm2, tmp_path, nodes=2, judge="ray"), tasks=[TASKS / "affine_relu.py"])
+    text = script.read_text()
+    assert "export RAY_ADDRESS=${RAY_ADDRESS:-auto}" in text and "scripts/ray_cluster.sh" in text
+    config = OmegaConf.load(tmp_path / "verl_agentic.yaml")
+    assert config.trainer.nnodes == 2 and config.trainer.n_gpus_per_node == 2
+    [loop] = OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    assert loop.judge == "ray"
+    [row] = pq.read_table(tmp_path / "data" / "train.parquet").to_pylist()
+    assert row["extra_info"]["judge"] == "ray"  # the warm-up's reward function reads it from the row
+    single = prepare(recipe("agentic", tiny_smollm2, tmp_path / "one"), tasks=[TASKS / "affine_relu.py"])
+    assert "RAY_ADDRESS" not in single.read_text()
+    with pytest.raises(ValueError, match="judge must be"):
+        recipe("agentic", tiny_smollm2, tmp_path, judge="remote")
+
+
 def test_a_batch_verl_cannot_split_is_refused_with_verls_reason(tiny_smollm2, tmp_path):
     with pytest.raises(ValueError, match="verl rejects the agentic configuration"):
         prepare(Recipe("agentic", tiny_smollm2, tmp_path, gpus_per_node=4, batch=6), tasks=[TASKS / "affine_relu.py"])

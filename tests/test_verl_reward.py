@@ -13,7 +13,7 @@ from cuda_agent.rl.verl_reward import compute_score
 @pytest.fixture
 def cpu_pool(cache_dir, monkeypatch):
     with JudgePool("cpu", fast_config(cache_dir)) as pool:
-        monkeypatch.setitem(pools._shared, ("cpu", ()), pool)  # what shared_pool("cpu") hands out
+        monkeypatch.setitem(pools._shared, ("cpu", (), "local"), pool)  # what shared_pool("cpu") hands out
         yield pool
 
 

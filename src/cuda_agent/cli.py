@@ -733,6 +733,8 @@ def train_verl_cmd(
                                         "too) or a `data build` export"),
     runs: Optional[Path] = typer.Option(None, help="rft: a folder of episode run folders (any depth)"),
     backend: str = typer.Option("cuda", help="the judge's backend on the rollout nodes"),
+    judge: str = typer.Option("local", help="local (each rollout worker's own GPUs) or ray (judge actors on the "
+                              "Ray cluster's GPUs outside the training pool)"),
     nodes: int = typer.Option(1, min=1, help="training nodes"),
     gpus_per_node: int = typer.Option(8, min=1, help="training GPUs per node"),
     steps: int = typer.Option(150, min=1, help="training steps (the paper's 150)"),
@@ -749,8 +751,8 @@ def train_verl_cmd(
         _fail(f"training on verl needs the `train` extra (pip install -e '.[train]'): {exc}")
     _check_stage_inputs(stage, model, data, runs)
     try:
-        recipe = Recipe(stage, model.resolve(), out_dir.resolve(), backend, nodes, gpus_per_node, steps, batch,
-                        max_turns, max_prompt, max_response)
+        recipe = Recipe(stage, model.resolve(), out_dir.resolve(), backend, judge, nodes, gpus_per_node, steps,
+                        batch, max_turns, max_prompt, max_response)
         tasks = [t.resolve() for t in _stage_tasks(data, out_dir / "tasks")] if data is not None else None
         run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else None
         script = prepare(recipe, tasks, run_dirs)

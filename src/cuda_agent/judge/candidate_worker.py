@@ -2,8 +2,8 @@
 
 It never sees reference outputs. The judge sends one seed per trial (so no later input set is known in advance);
 the worker draws that input set with the task's `get_inputs` (at other sizes for the extra-shape trial), runs
-`ModelNew` under the op audit while the profiler watches every other thread, exports the outputs (CUDA IPC
-handles or raw bytes) for the reference worker to compare, and reports fingerprints of the inputs as the candidate
+`ModelNew` under the op audit while the profiler watches every other thread, copies the outputs into shared
+memory for the reference worker to compare (`transfer.py`), and reports fingerprints of the inputs as the candidate
 left them. Timing asks the judge for a fresh seed before every call and writes that input set into the timed
 buffers; after a call the judge may ask for its outputs, which it then checks.
 
@@ -237,7 +237,8 @@ class Candidate:
         start_harness_threads(self.backend)
         self.guard = Guard()  # every thread that exists now is the harness's
         self.integrity = Integrity((sys.modules[__name__],))  # before any candidate code runs
-        writable = [os.getcwd(), req["out_dir"], req["build_dir"], tempfile.gettempdir(), "/tmp", "/dev/shm"]
+        self.shared: list = []  # the last exported outputs' buffers
+        writable = [os.getcwd(), req["build_dir"], tempfile.gettempdir(), "/tmp", "/dev/shm"]
         self.native = NativeAudit(str(Path(torch.__file__).parent / "lib"), installed_folders(),
                                   [os.path.realpath(w) for w in writable]) if req["audit_ops"] else None
         try:
@@ -298,15 +299,15 @@ class Candidate:
             raise WorkerFailure("verify_error", "candidate code replaced functions the judge relies on: "
                                                 + ", ".join(replaced[:8]))
 
-    def export(self, out: Any, inputs: list, name: str) -> dict:
-        """Outputs to files (or IPC handles) for the reference worker, and what the judge checks about them (the
-        harness is checked first: nothing it reports may come from replaced functions)."""
+    def export(self, out: Any, inputs: list) -> dict:
+        """Outputs into shared memory for the reference worker (descriptors sent now, the manifest in the reply), and
+        what the judge checks about them (the harness is checked first: nothing it reports may come from replaced
+        functions)."""
         self.check_integrity()
-        self.last_outputs = out  # shared outputs must stay alive until the reference has compared them
-        manifest = export_outputs(out, Path(self.req["out_dir"]) / name, self.req["cuda_ipc"])
-        (Path(self.req["out_dir"]) / f"{name}.json").write_text(json.dumps(manifest))
-        return {"checksums_after": checksum(inputs), "problems": output_problems(out, inputs),
-                "violations": self.native_violations()}
+        manifest, self.shared = export_outputs(out)  # the buffers stay until the next export
+        self.chan.send_fds([b.fd for b in self.shared])
+        return {"manifest": manifest, "fds": len(self.shared), "checksums_after": checksum(inputs),
+                "problems": output_problems(out, inputs), "violations": self.native_violations()}
 
     def run_trial(self, k: int, seed: int, shapes: dict[str, int] | None = None, scale: float | None = None) -> dict:
         """Run ModelNew on the input set of `seed` (at other sizes with `shapes`, scaled by `scale`)."""
@@ -318,7 +319,7 @@ class Candidate:
             except WorkerFailure as failure:  # the worker stays: where the reference fails too, the set is skipped
                 return {"failed": str(failure)}
             self.guard.settle(label, call_us)
-            reply = self.export(out, inputs, f"trial{k}")
+            reply = self.export(out, inputs)
         violations = (self.audit.messages() if self.audit else []) + threads.messages() + reply["violations"]
         warnings = [] if threads.available else \
             ["this torch cannot profile other threads: background-thread compute was not audited"]
@@ -368,8 +369,7 @@ class TimedCalls(Hooks):
             reply = self.chan.receive()
             if not reply.get("export"):
                 return reply.get("seed")
-            self.chan.send("exported", call=self.done,
-                           **self.cand.export(self.outputs, self.inputs, f"timed{self.done}"))
+            self.chan.send("exported", call=self.done, **self.cand.export(self.outputs, self.inputs))
 
     def plan(self, iters: int) -> None:
         self.planned = iters

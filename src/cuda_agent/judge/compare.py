@@ -70,12 +70,15 @@ def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, a
     return res
 
 
-def compare_trial(manifest: dict, ref: Any, ref64: Any | None, atol: float, rtol: float, device: str,
+def compare_trial(manifest: Any, fds: list[int], ref: Any, ref64: Any | None, atol: float, rtol: float, device: str,
                   label: str, max_rel: float = 0.5) -> dict[str, Any]:
-    """Compare the candidate's outputs (a manifest of raw files) with the reference outputs of one trial."""
+    """Compare the candidate's outputs (its manifest and the descriptors of their shared memory, `transfer.py`) with
+    the reference outputs of one trial."""
     out: dict[str, Any] = {"ok": True, "reason": None, "max_abs": 0.0, "rel": 0.0, "rel64": [], "eager_rel64": []}
     ref_leaves = list(leaves(ref))
-    got = manifest.get("leaves", [])
+    got = manifest.get("leaves") if isinstance(manifest, dict) else None
+    if not isinstance(got, list) or not all(isinstance(item, dict) for item in got):
+        return {**out, "ok": False, "reason": f"{label}: malformed output manifest"}
     if [item.get("path") for item in got] != [p for p, _ in ref_leaves]:
         return {**out, "ok": False, "reason": f"{label}: output structure {manifest.get('structure')} != expected "
                                               f"{structure(ref)}"}
@@ -86,8 +89,8 @@ def compare_trial(manifest: dict, ref: Any, ref64: Any | None, atol: float, rtol
             if item.get("kind") == "value":
                 return {**out, "ok": False, "reason": f"{where} is a {item.get('type')}, expected a tensor"}
             try:
-                c = import_tensor(item, device)
-            except (OSError, ValueError, RuntimeError) as exc:
+                c = import_tensor(item, fds, device)
+            except (OSError, ValueError, RuntimeError, TypeError, KeyError) as exc:
                 return {**out, "ok": False, "reason": f"{where}: unreadable output ({exc})"}
             res = compare_tensor(c, r, ref64_leaves.get(path), atol, rtol, where, max_rel)
             del c

@@ -89,7 +89,6 @@ class JudgeConfig:
     sandbox: str = "auto"  # candidate isolation: auto (namespaces where they work, else plain), required, none
     memory_limit_gb: float | None = None  # sandbox memory: cgroup, plus address space on cpu (None: 80% of RAM)
     max_processes: int = 4096  # sandbox process/thread count (cgroup pids, or RLIMIT_NPROC when not root)
-    cuda_ipc: bool = True  # share CUDA outputs with the comparing process in place (else raw files)
     # strict: CUDA Agent's rules (compute only in the candidate's own kernels; the only policy rewards use);
     # kernelbench: KernelBench's (torch ops allowed in ModelNew), every correctness, isolation and timing defence kept.
     policy: str = "strict"

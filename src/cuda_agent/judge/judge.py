@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import tempfile
-import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -31,8 +30,9 @@ from ..workspace.build import Builder, BuildResult
 from ..workspace.candidate import Candidate, load_candidate
 from ..workspace.inline import InlineBuilder, InlineError
 from .config import POLICIES, JudgeConfig
+from .device_lock import DeviceLock
 from .policy import scan_sources
-from .process import WorkerDied, WorkerProcess
+from .process import WorkerDied, WorkerProcess, close_fds
 from .references import ReferenceFailed, ReferencePool, ReferenceWorker
 from .scoring import PRECISION_WARN_RATIO, score
 from .spares import Slot, Spares
@@ -73,9 +73,6 @@ class Judge:
         self.builder = Builder(self.backend, self.cache_dir / "build", confined=confined)
         self.inline = InlineBuilder(self.cache_dir / "extensions", self.backend.identity(), self._worker_env(),
                                     confined, self.config.build_timeout_s, getattr(self.backend, "arch", ""))
-        # CUDA IPC handles fail to open across the sandbox's namespaces (cudaErrorMapBufferObjectFailed, measured on
-        # the H200 machine): sandboxed candidates hand their outputs over as files.
-        self.cuda_ipc = self.backend.name == "cuda" and self.config.cuda_ipc and not self.sandboxed
         limit = self.config.memory_limit_gb
         # No CPU-seconds rlimit (the timeouts bound the candidate): it would make the process's CPU clock coarse,
         # and the worker reads that clock to see threads working outside the calls.
@@ -86,7 +83,7 @@ class Judge:
         self.timekeeper = Timekeeper(self.config, self.store)
         self.references = ReferencePool(self.config.warm_references, self.cache_dir / "runs",
                                         self.config.warm_memory_gb * 2**30)
-        self.device_lock = threading.Lock()  # verification and timing: one evaluation at a time on the device
+        self.device_lock = DeviceLock()  # verification and timing: one evaluation at a time on the device
         self.spares = Spares(self.config.spare_candidates, self.cache_dir / "runs", self._start_candidate)
 
     def close(self) -> None:
@@ -101,7 +98,10 @@ class Judge:
         self.close()
 
     # ---- public --------------------------------------------------------------------------------------
-    def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
+    def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate, alone: bool = False) -> Verdict:
+        """Judge `candidate` against `reference`. With `alone`, nothing else runs on the device from the moment the
+        reference is this evaluation's to the verdict (other evaluations on this judge wait; idle warm reference
+        workers are stopped first)."""
         start = time.perf_counter()
         task = reference if isinstance(reference, Task) else load_task(reference)
         cand = candidate if isinstance(candidate, Candidate) else load_candidate(candidate)
@@ -110,13 +110,12 @@ class Judge:
         verdict = Verdict(
             reward=-1, compiled=False, correct=False, backend=self.backend.name, torch_version=torch.__version__,
             tolerance={"atol": cfg.atol, "rtol": cfg.rtol}, seeds=seeds,
-            sandbox="namespaces (candidate not started)" if self.sandboxed else sandbox.NONE_DESCRIPTION + (
-                "; outputs shared by CUDA IPC" if self.cuda_ipc else ""),
+            sandbox="namespaces (candidate not started)" if self.sandboxed else sandbox.NONE_DESCRIPTION,
             task={"name": task.name, "path": str(task.path), "hash": task.hash}, policy=cfg.policy,
             candidate={"kind": cand.kind, "path": str(cand.origin), "hash": cand.hash})
         slot = self.spares.take()  # its candidate worker has started already (or starts now)
         try:
-            self._evaluate(task, cand, seeds, slot, verdict)
+            self._evaluate(task, cand, seeds, slot, verdict, alone)
         finally:
             slot.close(keep=cfg.keep_run_dirs)
             self.spares.top_up()  # more evaluations are likely: their workers start while this one is reported
@@ -134,18 +133,28 @@ class Judge:
         return [self.cache_dir]
 
     # ---- steps ---------------------------------------------------------------------------------------
-    def _evaluate(self, task: Task, cand: Candidate, seeds: list[int], slot: Slot, verdict: Verdict) -> None:
+    def _evaluate(self, task: Task, cand: Candidate, seeds: list[int], slot: Slot, verdict: Verdict,
+                  alone: bool) -> None:
         cfg = self.config
         request = {"backend": self.backend.name, "allow_tf32": cfg.allow_tf32, "atol": cfg.atol, "rtol": cfg.rtol,
                    "max_relative_error": cfg.max_relative_error, "compile_mode": cfg.compile_mode,
                    "timing": self._timing()}
         with self.references.reserve(task, request, self._worker_env()) as ref:  # a cold one starts meanwhile
-            self._run(task, cand, seeds, slot, verdict, ref)
+            self._run(task, cand, seeds, slot, verdict, ref, alone)
+
+    @contextmanager
+    def _alone(self, alone: bool) -> Iterator[None]:
+        if not alone:
+            yield
+            return
+        with self.device_lock.exclusive():
+            self.references.drop_idle()  # their device memory too
+            yield
 
     def _run(self, task: Task, cand: Candidate, seeds: list[int], slot: Slot, verdict: Verdict,
-             ref: ReferenceWorker) -> None:
+             ref: ReferenceWorker, alone: bool) -> None:
         cfg = self.config
-        run_dir, transfer, public = slot.run_dir, slot.transfer, slot.run_dir / "public"
+        run_dir, public = slot.run_dir, slot.run_dir / "public"
         worker: WorkerProcess | None = None
         phases = Phases(verdict)
         strict = cfg.policy == "strict"
@@ -163,13 +172,11 @@ class Judge:
                 worker = slot.worker
                 worker.send({"request": {
                     "build_dir": str(build.build_dir), "kind": cand.kind, "backend": self.backend.name,
-                    "task_path": str(task_file), "out_dir": str(transfer), "allow_tf32": cfg.allow_tf32,
+                    "task_path": str(task_file), "allow_tf32": cfg.allow_tf32,
                     "allowed_ops": list(cfg.rules.allowed_ops), "audit_ops": strict, "timing": self._timing(),
-                    "cuda_ipc": self.cuda_ipc, "sandboxed": self.sandboxed}})
+                    "sandboxed": self.sandboxed}})
                 if worker.sandbox:
-                    verdict.sandbox = worker.sandbox.describe() + (
-                        "; outputs cross as files (no CUDA IPC across namespaces)" if self.backend.name == "cuda"
-                        else "")
+                    verdict.sandbox = worker.sandbox.describe()
             ready = ref.wait_ready(cfg.reference_timeout_s)
             phases.mark("reference_ready")
             verdict.device, verdict.torch_version, verdict.precision = \
@@ -184,10 +191,13 @@ class Judge:
             phases.mark("candidate_load")
             if loaded is None:
                 return
-            with ref.lease():  # from here on the reference is this evaluation's, and then the device
+            # from here on the reference is this evaluation's, and then the device (always in this order: no
+            # evaluation waits for a reference while it holds the device)
+            with ref.lease(), self._alone(alone):
                 phases.mark("reference_queued")
-                ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31), "public_dir": str(public)},
-                         "begun", cfg.reference_timeout_s)
+                with self.device_lock.shared():  # its first one runs Model on the device
+                    begun = ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31),
+                                      "public_dir": str(public)}, "begun", cfg.reference_timeout_s, TaskError)
                 worker.send({"command": "init", "public_dir": str(public)})
                 initialised = self._candidate_step(worker, "initialised", verdict)
                 phases.mark("candidate_init")
@@ -197,19 +207,20 @@ class Judge:
                 verdict.warnings += initialised.get("warnings", [])
                 baseline_key = self._baseline_key(task, verdict)
                 if self.store.get("baselines", baseline_key) is None:  # compile torch.compile's baseline meanwhile
-                    ref.call({"command": "prepare"}, "prepared", cfg.reference_timeout_s)
+                    with self.device_lock.shared():  # its first run uses the device: never beside a timed run
+                        ref.call({"command": "prepare"}, "prepared", cfg.reference_timeout_s)
                     phases.mark("baseline_compile")
-                with self.device_lock:  # verification and timing: nothing else runs on the device
+                with self.device_lock.exclusive():  # verification and timing: nothing else runs on the device
                     phases.mark("device_queued")
                     deadline = time.monotonic() + cfg.run_timeout_s
-                    if not self._verify(task, ref, worker, seeds, transfer, deadline, verdict):
+                    if not self._verify(task, ref, worker, seeds, deadline, verdict):
                         return
                     phases.mark("verify")
                     try:
                         outcome = self.timekeeper.run(
                             baseline_key,
                             lambda command, event: ref.call(command, event, cfg.reference_timeout_s),
-                            worker, deadline, self._timed_call_check(ref, transfer, verdict))
+                            worker, deadline, self._timed_call_check(ref, worker, deadline, verdict))
                     except TimingFailed as exc:
                         verdict.correct = False
                         verdict.policy_violations += exc.violations
@@ -217,7 +228,7 @@ class Judge:
                         return
                     phases.mark("timing")
             peaks = cfg.device_peaks or self.backend.peak_rates(str(verdict.device))
-            score(cfg, self.backend.timing_method, outcome, ready["work"], peaks, verdict)
+            score(cfg, self.backend.timing_method, outcome, begun["work"], peaks, verdict)
         except WorkerDied as exc:
             verdict.correct = False
             verdict.error = f"candidate process {exc}"
@@ -278,26 +289,26 @@ class Judge:
                 continue
             worker.send({"path": str(built.path), "module": built.module, "sha256": built.sha256})
 
-    def _verify(self, task: Task, ref: ReferenceWorker, worker: WorkerProcess, seeds: list[int], transfer: Path,
-                deadline: float, verdict: Verdict) -> bool:
+    def _verify(self, task: Task, ref: ReferenceWorker, worker: WorkerProcess, seeds: list[int], deadline: float,
+                verdict: Verdict) -> bool:
         """Every input set in lockstep: reference outputs, candidate outputs, comparison on the reference side."""
         errors: dict[str, list[float]] = {"candidate": [], "eager": []}
         verdict.max_abs_error = verdict.max_rel_error = 0.0
         for k, seed in enumerate(seeds):
             if not self._trial(task, ref, worker, {"command": "trial", "k": k, "seed": seed}, f"input set {k}",
-                               transfer, deadline, verdict, errors):
+                               deadline, verdict, errors):
                 return False
         shapes = extra_shape(shape_constants(task.source)) if self.config.extra_shapes else {}
         if shapes:
             label = "extra shape (" + ", ".join(f"{k}={v}" for k, v in shapes.items()) + ")"
             command = {"command": "trial", "k": len(seeds), "seed": secrets.randbelow(2**31), "shapes": shapes}
-            if not self._trial(task, ref, worker, command, label, transfer, deadline, verdict, errors):
+            if not self._trial(task, ref, worker, command, label, deadline, verdict, errors):
                 return False
         if self.config.scaled_inputs:  # 2-4x the task's inputs: moments of its input distribution no longer hold
             scale = 2 + 2 * secrets.randbelow(10**6) / 10**6
             command = {"command": "trial", "k": len(seeds) + 1, "seed": secrets.randbelow(2**31), "scale": scale}
-            if not self._trial(task, ref, worker, command, f"scaled inputs (x{scale:.3f})", transfer, deadline,
-                               verdict, errors):
+            if not self._trial(task, ref, worker, command, f"scaled inputs (x{scale:.3f})", deadline, verdict,
+                               errors):
                 return False
         verdict.correct = True
         if errors["candidate"] and errors["eager"]:
@@ -316,7 +327,7 @@ class Judge:
         return True
 
     def _trial(self, task: Task, ref: ReferenceWorker, worker: WorkerProcess, command: dict[str, Any], label: str,
-               transfer: Path, deadline: float, verdict: Verdict, errors: dict[str, list[float]]) -> bool:
+               deadline: float, verdict: Verdict, errors: dict[str, list[float]]) -> bool:
         """One input set: the reference draws it and computes its outputs, the candidate runs on it, the reference
         compares. False on failure (the verdict says why)."""
         ref.send({"command": "trial", "seed": command["seed"], "shapes": command.get("shapes"),
@@ -333,11 +344,23 @@ class Judge:
         verdict.warnings = list(dict.fromkeys(verdict.warnings + msg["warnings"]))
         for name, seconds in (("reference", ready["seconds"]), ("candidate", msg["seconds"])):
             verdict.phases_s[f"verify_{name}"] = round(verdict.phases_s.get(f"verify_{name}", 0.0) + seconds, 3)
-        return self._check_outputs(ref, ready, msg, label, transfer / f"trial{command['k']}.json", verdict, errors)
+        return self._check_outputs(ref, worker, ready, msg, label, deadline, verdict, errors)
 
-    def _check_outputs(self, ref: ReferenceWorker, ready: dict, msg: dict, label: str, manifest: Path,
-                       verdict: Verdict, errors: dict[str, list[float]]) -> bool:
+    def _check_outputs(self, ref: ReferenceWorker, worker: WorkerProcess, ready: dict, msg: dict, label: str,
+                       deadline: float, verdict: Verdict, errors: dict[str, list[float]]) -> bool:
         """The candidate's report on one call (inputs as it left them, its outputs) against the reference's."""
+        try:  # the shared memory holding its outputs, whatever happens next
+            fds = worker.receive_fds(min(int(msg.get("fds", 0)), 1 << 16), deadline)
+        except (OSError, ValueError, TypeError) as exc:
+            verdict.error = f"invalid output: {label}: the candidate did not hand its outputs over ({exc})"
+            return False
+        try:
+            return self._compare(ref, ready, msg, label, fds, verdict, errors)
+        finally:
+            close_fds(fds)
+
+    def _compare(self, ref: ReferenceWorker, ready: dict, msg: dict, label: str, fds: list[int], verdict: Verdict,
+                 errors: dict[str, list[float]]) -> bool:
         verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
         expected = ready["checksums"]
         changed = [a.split(":")[0] for a, b in zip(msg["checksums_after"], expected) if a != b]
@@ -351,10 +374,9 @@ class Judge:
         if verdict.policy_violations:
             verdict.error = f"policy violation: {verdict.policy_violations[0]}"
             return False
-        # the manifest's path is the judge's own, whatever the worker says
-        compared = ref.call({"command": "compare", "manifest": str(manifest), "label": label}, "compared",
-                            self.config.reference_timeout_s)
-        shutil.rmtree(manifest.with_suffix(""), ignore_errors=True)
+        ref.send_fds(fds)
+        compared = ref.call({"command": "compare", "manifest": msg.get("manifest"), "fds": len(fds), "label": label},
+                            "compared", self.config.reference_timeout_s)
         verdict.phases_s["verify_compare"] = round(verdict.phases_s.get("verify_compare", 0.0) + compared["seconds"],
                                                    3)
         result = compared["result"]
@@ -367,7 +389,7 @@ class Judge:
             return False
         return True
 
-    def _timed_call_check(self, ref: ReferenceWorker, transfer: Path, verdict: Verdict):
+    def _timed_call_check(self, ref: ReferenceWorker, worker: WorkerProcess, deadline: float, verdict: Verdict):
         """Checks the outputs of a timed call the timekeeper picked: the reference redraws its inputs from the seed."""
 
         def check(seed: int, label: str, exported: dict) -> bool:
@@ -376,8 +398,7 @@ class Judge:
             if ready["checksums"] is None:
                 verdict.error = f"incorrect: {label}: the reference failed there ({ready['error']})"
                 return False
-            manifest = transfer / f"timed{exported['call']}.json"
-            ok = self._check_outputs(ref, ready, exported, label, manifest, verdict,
+            ok = self._check_outputs(ref, worker, ready, exported, label, deadline, verdict,
                                      {"candidate": [], "eager": []})
             if not ok:
                 verdict.correct = False
@@ -396,17 +417,17 @@ class Judge:
         return {"warmup": c.warmup, "min_iters": c.min_iters, "max_iters": c.max_iters,
                 "target_time_s": c.target_time_s}
 
-    def _start_candidate(self, run_dir: Path, transfer: Path) -> WorkerProcess:
+    def _start_candidate(self, run_dir: Path) -> WorkerProcess:
         """A candidate worker for a run folder, started before its candidate is known (`spares.py`)."""
         return WorkerProcess("cuda_agent.judge.candidate_worker", {"spare": True, "backend": self.backend.name},
                              run_dir / "candidate", self._candidate_env(run_dir),
-                             self._candidate_sandbox(run_dir, transfer))
+                             self._candidate_sandbox(run_dir))
 
-    def _candidate_sandbox(self, run_dir: Path, transfer: Path) -> sandbox.Sandbox | None:
+    def _candidate_sandbox(self, run_dir: Path) -> sandbox.Sandbox | None:
         """The candidate sees its build, the public inputs and the task file; writes only its own folders."""
         if not self.sandboxed:
             return None
-        view = sandbox.View(writable=[run_dir / "candidate", transfer],
+        view = sandbox.View(writable=[run_dir / "candidate"],
                             readable=[run_dir / "build", run_dir / "public", run_dir / "task", self.inline.root],
                             hidden=[self.cache_dir])
         return sandbox.Sandbox(view, self.limits, cwd=run_dir / "candidate")

@@ -3,7 +3,8 @@
 One `Judge` per device (GPU index, or the CPU), all sharing the cache (objects, precompiled headers, published
 libraries, baselines). Evaluations run on threads: builds, candidate loads and everything else on the CPU overlap
 on all cores, while verification and timing hold their device's lock, so no two timed runs share a device. Each
-evaluation goes to the device with the fewest in flight. Verdicts are those a lone `Judge` gives.
+evaluation goes to the device with the fewest in flight. Verdicts are those a lone `Judge` gives: an evaluation
+that ran out of device memory while others shared the device is judged again with the device to itself.
 
     with JudgePool("cuda", JudgeConfig(), devices=[0, 1]) as pool:
         futures = [pool.submit(task, candidate) for task, candidate in work]
@@ -19,12 +20,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..backend import Backend
-from ..task import Task
+from ..task import Task, TaskError
 from ..workspace.build import BuildResult
 from ..workspace.candidate import Candidate
 from .config import JudgeConfig
 from .judge import Judge
 from .verdict import Verdict
+
+
+def out_of_memory(error: str) -> bool:
+    return "out of memory" in error.lower()
 
 
 def default_workers(backend: str, devices: int) -> int:
@@ -55,12 +60,24 @@ class JudgePool:
         with self._lock:
             index = min(range(len(self.judges)), key=self._in_flight.__getitem__)
             self._in_flight[index] += 1
-        future = self._executor.submit(self.judges[index].evaluate, reference, candidate)
+        future = self._executor.submit(self._evaluate, self.judges[index], reference, candidate)
         future.add_done_callback(lambda _: self._done(index))
         return future
 
     def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
         return self.submit(reference, candidate).result()
+
+    def _evaluate(self, judge: Judge, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
+        try:
+            verdict = judge.evaluate(reference, candidate)
+            if self.workers == 1 or not out_of_memory(verdict.error or ""):
+                return verdict
+        except TaskError as exc:  # the reference itself could not run: short of memory beside the others?
+            if self.workers == 1 or not out_of_memory(str(exc)):
+                raise
+        verdict = judge.evaluate(reference, candidate, alone=True)
+        verdict.warnings.append("ran out of device memory beside other evaluations: judged again alone")
+        return verdict
 
     def compile(self, candidate: Candidate) -> BuildResult:
         return self.judges[0].compile(candidate)
@@ -94,13 +111,21 @@ _shared: dict[tuple, JudgePool] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_pool(backend: str, devices: list[int] | None = None) -> JudgePool:
+def shared_pool(backend: str, devices: list[int] | None = None, judge: str = "local") -> JudgePool:
     """One pool per process and setting, for callers that cannot hold one themselves (verl's agent loops and
-    reward functions are built per episode); closed at exit."""
-    key = (backend, tuple(devices or ()))
+    reward functions are built per episode); closed at exit. `judge`: "local" (this machine's GPUs `devices`) or
+    "ray" (`RayJudgePool`: one judge actor per free GPU of the Ray cluster this process belongs to)."""
+    if judge not in ("local", "ray"):
+        raise ValueError(f"judge must be 'local' or 'ray', not {judge!r}")
+    key = (backend, tuple(devices or ()), judge)
     with _shared_lock:
         if key not in _shared:
-            pool = JudgePool(backend, JudgeConfig(), devices=list(devices) if devices else None)
+            if judge == "ray":
+                from .ray_pool import RayJudgePool
+
+                pool = RayJudgePool(backend, JudgeConfig())
+            else:
+                pool = JudgePool(backend, JudgeConfig(), devices=list(devices) if devices else None)
             atexit.register(pool.close)
             _shared[key] = pool
         return _shared[key]

@@ -2,15 +2,18 @@
 
 Each worker is a fresh Python process in its own session (so a timeout kills it and everything it started).
 It talks JSON lines over a private duplicate of its stdout; the real fd 1 and fd 2 go to a log file, so
-whatever the candidate prints cannot forge a message. The judge answers on the worker's stdin.
+whatever the candidate prints cannot forge a message. The judge answers on the worker's stdin. File descriptors
+(shared output memory, `transfer.py`) travel apart, over a socket each worker gets at start (`FD_SOCKET`).
 """
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +34,49 @@ SIGNAL_HINTS = {
     signal.SIGSYS: "a forbidden system call: it tried to start a process once ModelNew was built",
 }
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds cuda_agent/
+FD_SOCKET = "CUDA_AGENT_FD_SOCKET"  # the worker's end of its descriptor socket (a number, in its environment)
+MAX_FDS = 200  # descriptors per message (the kernel allows 253)
+
+
+def send_fds(sock: socket.socket, fds: list[int]) -> None:
+    """`fds` over `sock`, in messages of up to MAX_FDS (nothing is sent for none)."""
+    for i in range(0, len(fds), MAX_FDS):
+        chunk = array.array("i", fds[i:i + MAX_FDS])
+        sock.sendmsg([b"f"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, chunk)])
+
+
+def receive_fds(sock: socket.socket, count: int, timeout: float | None = None) -> list[int]:
+    """Exactly `count` descriptors from `sock` (what arrives beyond them in a message is closed). Raises OSError
+    (TimeoutError after `timeout` seconds) when they do not come."""
+    fds: list[int] = []
+    sock.settimeout(timeout)
+    try:
+        while len(fds) < count:
+            data, ancillary, flags, _ = sock.recvmsg(16, socket.CMSG_SPACE(MAX_FDS * 4))
+            got = array.array("i")
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    got.frombytes(payload[:len(payload) - len(payload) % got.itemsize])
+            fds += got
+            if not data and not got:
+                raise ConnectionError("the descriptor socket was closed")
+            if flags & socket.MSG_CTRUNC:
+                raise OSError("descriptors were cut off")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    for fd in fds[count:]:
+        os.close(fd)
+    return fds[:count]
+
+
+def close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 class BoundedLog:
@@ -88,10 +134,13 @@ class WorkerProcess:
         full_env = {**os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full_env.get("PYTHONPATH")]))
         full_env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen(
-            [*(sandbox.prefix() if sandbox else []), sys.executable, "-m", module, str(request_path)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, cwd=run_dir, env=full_env, start_new_session=True)
+        self.fd_socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        full_env[FD_SOCKET] = str(theirs.fileno())
+        with theirs:
+            self.proc = subprocess.Popen(
+                [*(sandbox.prefix() if sandbox else []), sys.executable, "-m", module, str(request_path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=run_dir, env=full_env,
+                start_new_session=True, pass_fds=[theirs.fileno()])
         self.sandbox = sandbox
         self._log = BoundedLog(self.proc.stderr, self.log_path)
         self._buffer = b""
@@ -127,6 +176,16 @@ class WorkerProcess:
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass
+
+    def send_fds(self, fds: list[int]) -> None:
+        try:
+            send_fds(self.fd_socket, fds)
+        except OSError:  # it died: the next receive says how
+            pass
+
+    def receive_fds(self, count: int, deadline: float) -> list[int]:
+        """`count` descriptors the worker sent (OSError when they do not come before the deadline)."""
+        return receive_fds(self.fd_socket, count, max(0.0, deadline - time.monotonic()))
 
     def _death_reason(self) -> str:
         try:
@@ -167,6 +226,7 @@ class WorkerProcess:
         if self.sandbox:
             self.sandbox.close()
         self._log.close()
+        self.fd_socket.close()
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream:
                 stream.close()
@@ -179,6 +239,10 @@ class Channel:
         self._out = os.fdopen(os.dup(1), "w", buffering=1)
         os.dup2(2, 1)  # prints (the candidate's too) go to the log, which the judge attached to fd 2
         sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        fd = os.environ.pop(FD_SOCKET, None)
+        self.fd_socket = socket.socket(fileno=int(fd)) if fd else None
+        if self.fd_socket:
+            os.set_inheritable(self.fd_socket.fileno(), False)
 
     def send(self, event: str, **payload: Any) -> None:
         self._out.write(json.dumps({"event": event, **payload}, default=str) + "\n")
@@ -187,6 +251,15 @@ class Channel:
     def receive(self) -> dict[str, Any]:
         line = sys.stdin.readline()
         return json.loads(line) if line else {"command": "exit"}
+
+    def send_fds(self, fds: list[int]) -> None:
+        """Descriptors for the judge: send them before the message that counts them."""
+        assert self.fd_socket is not None, "started without a descriptor socket"
+        send_fds(self.fd_socket, fds)
+
+    def receive_fds(self, count: int) -> list[int]:
+        assert self.fd_socket is not None, "started without a descriptor socket"
+        return receive_fds(self.fd_socket, count)
 
 
 class WorkerFailure(Exception):

@@ -8,6 +8,9 @@ filesystem; the verdict comes back with the caller's paths.
 
     pool = RayJudgePool("cuda", JudgeConfig(), actors=8)        # ray.init() first, or address="auto"
     verdict = pool.submit("level1/19_ReLU.py", "my_workspace/").result()
+
+It stands in for a `JudgePool` wherever the agent takes one (`agent.Environment`, verl's agent loop with
+`judge="ray"`): `backend.name`, `config`, `sandboxed`, `compile` (on an actor) and `private_paths` as there.
 """
 
 from __future__ import annotations
@@ -16,13 +19,21 @@ import hashlib
 import tempfile
 import threading
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..task import Task, load_task
 from ..workspace.candidate import Candidate, load_candidate
+from ..workspace.build import BuildResult
 from .config import JudgeConfig
 from .verdict import Verdict
+
+
+@dataclass(frozen=True)
+class RemoteBackend:
+    """What callers of a pool read of its backend when the backend itself lives in the actors."""
+    name: str
 
 
 class JudgeActor:
@@ -43,6 +54,9 @@ class JudgeActor:
         verdict = self.judge.evaluate(Task(local, task.source), candidate)
         verdict.task["path"] = str(task.path)
         return verdict.to_dict()
+
+    def compile(self, candidate: Candidate) -> BuildResult:
+        return self.judge.compile(candidate)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.judge.backend.name, "sandboxed": self.judge.sandboxed}
@@ -73,19 +87,23 @@ class RayJudgePool:
                             max_concurrency=workers)(JudgeActor)
         self.actors = [remote.remote(backend, self.config) for _ in range(actors)]
         described = ray.get([a.describe.remote() for a in self.actors])  # an actor that cannot start fails here
-        self.backend_name = described[0]["backend"]
+        self.backend = RemoteBackend(described[0]["backend"])
         self.sandboxed = all(d["sandboxed"] for d in described)
         self._in_flight = [0] * actors
         self._lock = threading.Lock()
         self._ray = ray
 
+    def _least_busy(self) -> int:
+        with self._lock:
+            index = min(range(len(self.actors)), key=self._in_flight.__getitem__)
+            self._in_flight[index] += 1
+        return index
+
     def submit(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Future[Verdict]:
         """Judge on the actor with the fewest evaluations in flight; the future's result is the verdict."""
         task = reference if isinstance(reference, Task) else load_task(reference)
         cand = candidate if isinstance(candidate, Candidate) else load_candidate(candidate)
-        with self._lock:
-            index = min(range(len(self.actors)), key=self._in_flight.__getitem__)
-            self._in_flight[index] += 1
+        index = self._least_busy()
         result: Future[Verdict] = Future()
 
         def done(raw: Future) -> None:
@@ -102,6 +120,20 @@ class RayJudgePool:
 
     def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
         return self.submit(reference, candidate).result()
+
+    def compile(self, candidate: Candidate) -> BuildResult:
+        """Build as an evaluation would, on an actor (the agent's `compile` tool)."""
+        index = self._least_busy()
+        try:
+            return self._ray.get(self.actors[index].compile.remote(candidate))
+        finally:
+            with self._lock:
+                self._in_flight[index] -= 1
+
+    @property
+    def private_paths(self) -> list[Path]:
+        """The judge cache's path, hidden from the agent's shell where an actor shares this node."""
+        return [Path(self.config.cache_dir).expanduser().resolve()]
 
     def close(self) -> None:
         """Stop the actors (their warm reference workers with them)."""

@@ -13,17 +13,17 @@ Usage (by the judge): python -m cuda_agent.judge.reference_worker REQUEST.json
 from __future__ import annotations
 
 import copy
-import json
 import random
 import secrets
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..backend import get_backend
 from ..task import import_file
 from .compare import compare_trial
-from .process import Channel, WorkerFailure, one_line, run_worker
+from .process import Channel, WorkerFailure, close_fds, one_line, run_worker
 from .tensors import checksum, clone, leaves, make_inputs, refill, to_double
 from .timing import Hooks, time_callable
 from .work import count_work
@@ -54,9 +54,17 @@ class Reference:
         self.model64 = None
         self.compiled = None
         self.trial: dict = {}
-        probe = _step("get_inputs()", make_inputs, self.module, req["init_seed"], self.device)
-        with torch.no_grad():  # a reference that cannot run is reported before any candidate is judged
-            _, self.work = _step("Model.forward", count_work, lambda inputs: self.model(*inputs), probe)
+        self.work: dict | None = None  # counted at the first `begin`, when the judge lets it use the device
+
+    def count_work(self) -> dict:
+        """Run Model once (a reference that cannot run fails here, before any candidate is) and count its work."""
+        if self.work is None:
+            probe = _step("get_inputs()", make_inputs, self.module, self.req["init_seed"], self.device)
+            with torch.no_grad():
+                _, self.work = _step("Model.forward", count_work, lambda inputs: self.model(*inputs), probe)
+            del probe
+            self._release()
+        return self.work
 
     def begin(self, init_seed: int, public: Path) -> None:
         """A new evaluation: weights drawn afresh (into the same module, so torch.compile stays warm), published."""
@@ -100,14 +108,18 @@ class Reference:
             self.model64 = None
             return None
 
-    def compare(self, manifest_path: str, label: str) -> dict:
-        manifest = json.loads(Path(manifest_path).read_text())
-        result = compare_trial(manifest, self.trial["outputs"], self.trial["outputs64"], self.req["atol"],
+    def compare(self, manifest: Any, fds: list[int], label: str) -> dict:
+        """The candidate's outputs (its manifest, the descriptors of their shared memory) against this trial's."""
+        result = compare_trial(manifest, fds, self.trial["outputs"], self.trial["outputs64"], self.req["atol"],
                                self.req["rtol"], self.device, label, self.req["max_relative_error"])
         self.trial = {}
-        if self.device == "cuda":
-            torch.cuda.empty_cache()  # leave the memory to the candidate
+        self._release()
         return result
+
+    def _release(self) -> None:
+        """Cached device memory back to the device: the candidate and other evaluations' workers need it."""
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
 
     def _timed(self, fn_of_inputs, timing: dict) -> dict:
         hooks = FreshInputs(self.module, self.device, self.backend)
@@ -124,6 +136,7 @@ class Reference:
             compiled_stats = self._timed(lambda inputs: compiled(*inputs), timing)
         except Exception as exc:
             compile_error = one_line(exc)
+        self._release()
         return {"eager": eager, "compile": compiled_stats, "compile_error": compile_error}
 
     def _compiled(self):
@@ -141,11 +154,14 @@ class Reference:
             self.backend.synchronize()
         except Exception:
             pass
+        self._release()
         return {}
 
     def time_eager(self, timing: dict) -> dict:
         """A short eager timing beside the candidate's: is the machine as it was when the baselines were taken?"""
-        return self._timed(lambda inputs: self.model(*inputs), timing)
+        stats = self._timed(lambda inputs: self.model(*inputs), timing)
+        self._release()
+        return stats
 
 
 class FreshInputs(Hooks):
@@ -165,17 +181,25 @@ class FreshInputs(Hooks):
 def start(req: dict, chan: Channel) -> dict:
     ref = Reference(req)
     chan.send("ready", device=ref.backend.describe_device(), torch_version=torch.__version__,
-              precision=ref.precision, work=ref.work)
+              precision=ref.precision)
 
     def begin(cmd: dict) -> tuple[str, dict]:
+        work = ref.count_work()
         ref.begin(int(cmd["init_seed"]), Path(cmd["public_dir"]))
-        return "begun", {}
+        return "begun", {"work": work}
+
+    def compare(cmd: dict) -> tuple[str, dict]:
+        fds = chan.receive_fds(int(cmd["fds"]))
+        try:
+            return "compared", {"result": ref.compare(cmd["manifest"], fds, cmd["label"])}
+        finally:
+            close_fds(fds)
 
     return {
         "begin": begin,
         "trial": lambda cmd: ("trial_ready", ref.run_trial(int(cmd["seed"]), cmd.get("shapes"), cmd.get("scale"),
                                                            cmd.get("fp64", True))),
-        "compare": lambda cmd: ("compared", {"result": ref.compare(cmd["manifest"], cmd["label"])}),
+        "compare": compare,
         "time": lambda cmd: ("baselines", ref.time_baselines()),
         "time_eager": lambda cmd: ("eager_timed", {"stats": ref.time_eager(cmd["timing"])}),
         "prepare": lambda cmd: ("prepared", ref.prepare_baselines()),

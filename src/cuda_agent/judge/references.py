@@ -45,7 +45,7 @@ class ReferenceWorker:
         self._ready_lock = threading.Lock()
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
-        """The worker's `ready` message (device, torch version, precision, work). A failure here is the reference's
+        """The worker's `ready` message (device, torch version, precision). A failure here is the reference's
         own: TaskError, the user's error."""
         with self._ready_lock:
             if self._ready is None:
@@ -56,12 +56,16 @@ class ReferenceWorker:
                     raise
             return self._ready
 
-    def call(self, command: dict[str, Any], expected: str, timeout_s: float) -> dict[str, Any]:
+    def call(self, command: dict[str, Any], expected: str, timeout_s: float,
+             error: type[Exception] = ReferenceFailed) -> dict[str, Any]:
         self.process.send(command)
-        return self.receive(expected, timeout_s)
+        return self.receive(expected, timeout_s, error)
 
     def send(self, command: dict[str, Any]) -> None:
         self.process.send(command)
+
+    def send_fds(self, fds: list[int]) -> None:
+        self.process.send_fds(fds)
 
     def receive(self, expected: str, timeout_s: float, error: type[Exception] = ReferenceFailed) -> dict[str, Any]:
         try:
@@ -127,6 +131,15 @@ class ReferencePool:
             for w in dict.fromkeys(retired):
                 if not w.users:
                     w.close()
+
+    def drop_idle(self) -> None:
+        """Stop the warm workers no evaluation holds (they keep device memory)."""
+        with self.lock:
+            idle = [(k, w) for k, w in self.workers.items() if not w.users]
+            for k, _ in idle:
+                del self.workers[k]
+        for _, worker in idle:
+            worker.close()
 
     def close(self) -> None:
         with self.lock:

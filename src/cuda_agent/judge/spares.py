@@ -9,7 +9,6 @@ of a candidate is ever in a spare before its request, and no worker serves two e
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import threading
@@ -24,12 +23,10 @@ from .process import WorkerProcess
 class Slot:
     """One evaluation's folders and its candidate worker (started, waiting for its request)."""
     run_dir: Path
-    transfer: Path  # where outputs cross (in /dev/shm when it is writable)
     worker: WorkerProcess
 
     def close(self, keep: bool) -> None:
         self.worker.close()
-        shutil.rmtree(self.transfer, ignore_errors=True)
         if not keep:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -37,8 +34,8 @@ class Slot:
 class Spares:
     """Up to `count` slots started ahead; `take` gives a started one, or starts one now."""
 
-    def __init__(self, count: int, runs: Path, start: Callable[[Path, Path], WorkerProcess]):
-        """`start(run_dir, transfer)` starts a spare candidate worker for that folder."""
+    def __init__(self, count: int, runs: Path, start: Callable[[Path], WorkerProcess]):
+        """`start(run_dir)` starts a spare candidate worker for that folder."""
         self.count, self.runs, self._start = count, Path(runs), start
         self._ready: list[Slot] = []
         self._lock = threading.Lock()
@@ -48,9 +45,7 @@ class Spares:
         run_dir = Path(tempfile.mkdtemp(prefix="eval-", dir=self.runs))
         for sub in ("candidate", "build", "public", "task"):
             (run_dir / sub).mkdir()
-        transfer = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK)
-                                         else run_dir))
-        return Slot(run_dir, transfer, self._start(run_dir, transfer))
+        return Slot(run_dir, self._start(run_dir))
 
     def take(self) -> Slot:
         with self._lock:

@@ -20,16 +20,18 @@ from .rft import RFTFilter, export
 AGENT_NAME = "cuda_agent"
 
 
-def verl_rows(tasks: list[Path], backend: str, single_turn: bool = False) -> list[dict]:
+def verl_rows(tasks: list[Path], backend: str, single_turn: bool = False, judge: str = "local") -> list[dict]:
     """One row per task; `single_turn` (the warm-up, judged by `verl_reward.compute_score`) adds the request for
-    every file in one reply that the agent's single-turn mode sends."""
+    every file in one reply that the agent's single-turn mode sends; `judge` says where the reward judges
+    (`judge.pool.shared_pool`)."""
     rows = []
     for index, task in enumerate(tasks):
         source = Path(task).read_text()
         prompt = opening_messages(source, backend) + ([{"role": "user", "content": SINGLE_TURN}] if single_turn else [])
         rows.append({"data_source": "cuda_agent", "prompt": prompt,
                      "ability": "cuda_kernels", "reward_model": {"style": "judge", "ground_truth": ""},
-                     "extra_info": {"index": index, "task": Path(task).stem, "backend": backend, "reference": source},
+                     "extra_info": {"index": index, "task": Path(task).stem, "backend": backend, "judge": judge,
+                                    "reference": source},
                      "agent_name": AGENT_NAME})
     return rows
 

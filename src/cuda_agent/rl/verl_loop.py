@@ -11,7 +11,8 @@ the reward), and the response is cut to end on the model's last token.
 
 A dataset row carries the task's reference source in `extra_info["reference"]`. Options come
 from the agent-loop config file (`name: cuda_agent`, `_target_: cuda_agent.rl.verl_loop.CudaAgentLoop`, then
-`backend`, `gpus`, `max_turns`, `single_turn`, `episodes_dir`).
+`backend`, `gpus`, `judge` ("local", or "ray": the judge on Ray actors, `shared_pool`), `max_turns`,
+`single_turn`, `episodes_dir`).
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ _EPISODES = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="episode")
 
 @register("cuda_agent")
 class CudaAgentLoop(AgentLoopBase):
-    def __init__(self, *args, backend: str = "cuda", gpus: list[int] | None = None, max_turns: int = 20,
-                 single_turn: bool = False, episodes_dir: str = "episodes", pool: JudgePool | None = None,
-                 **kwargs):
+    def __init__(self, *args, backend: str = "cuda", gpus: list[int] | None = None, judge: str = "local",
+                 max_turns: int = 20, single_turn: bool = False, episodes_dir: str = "episodes",
+                 pool: JudgePool | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.pool = pool or shared_pool(backend, gpus)
+        self.pool = pool or shared_pool(backend, gpus, judge)
         self.loop_config = LoopConfig(max_turns=max_turns, single_turn=single_turn,
                                       max_context=self.rollout_config.prompt_length
                                       + self.rollout_config.response_length)

@@ -29,6 +29,7 @@ class Recipe:
     model: Path
     out: Path
     backend: str = "cuda"
+    judge: str = "local"  # or "ray": judge actors on the Ray cluster's GPUs outside the training pool
     nodes: int = 1
     gpus_per_node: int = 8
     steps: int = 150
@@ -43,6 +44,8 @@ class Recipe:
         if min(self.nodes, self.gpus_per_node, self.steps, self.batch, self.max_turns, self.max_prompt,
                self.max_response) < 1:
             raise ValueError("nodes, GPUs, steps, batch, turns and lengths must be >= 1")
+        if self.judge not in ("local", "ray"):
+            raise ValueError(f"judge must be 'local' or 'ray', not {self.judge!r}")
 
 
 def ppo_overrides(r: Recipe, train_file: Path, agent_loops: Path) -> list[str]:
@@ -117,15 +120,18 @@ def prepare(r: Recipe, tasks: list[Path] | None = None, runs: list[Path] | None 
         if not rows:
             raise ValueError("no trajectory passes the RFT filter: nothing to fine-tune on (see OUT/rft)")
         config = compose("sft_trainer_engine", sft_overrides(r, write_parquet(rows, r.out / "data" / "rft.parquet")))
-        command = f"torchrun --nnodes={r.nodes} --nproc_per_node={r.gpus_per_node} -m verl.trainer.sft_trainer"
+        command = (f"torchrun --nnodes={r.nodes} --nproc_per_node={r.gpus_per_node} --rdzv-backend=c10d "
+                   "--rdzv-endpoint=${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500} -m verl.trainer.sft_trainer")
+        where = (f"run it on each of the {r.nodes} nodes with MASTER_ADDR set to the first one's address"
+                 if r.nodes > 1 else "run it on the training node")
     else:
         if not tasks:
             raise ValueError(f"stage {r.stage} needs tasks")
-        train = write_parquet(verl_rows(tasks, r.backend, single_turn=r.stage == "warmup"),
+        train = write_parquet(verl_rows(tasks, r.backend, single_turn=r.stage == "warmup", judge=r.judge),
                               r.out / "data" / "train.parquet")
         loops = r.out / "agent_loops.yaml"
         loops.write_text(OmegaConf.to_yaml([{
-            "name": "cuda_agent", "_target_": "cuda_agent.rl.verl_loop.CudaAgentLoop", "backend": r.backend,
+            "name": "cuda_agent", "_target_": "cuda_agent.rl.verl_loop.CudaAgentLoop", "backend": r.backend, "judge": r.judge,
             "max_turns": r.max_turns, "episodes_dir": str(r.out / "episodes")}]))
         config = compose("ppo_trainer", ppo_overrides(r, train, loops))
         try:
@@ -133,11 +139,13 @@ def prepare(r: Recipe, tasks: list[Path] | None = None, runs: list[Path] | None 
         except (AssertionError, ValueError) as exc:
             raise ValueError(f"verl rejects the {r.stage} configuration: {exc}") from exc
         command = "python3 -m verl.trainer.main_ppo"
+        where = ("run it on the Ray cluster's head node once every node has joined (scripts/ray_cluster.sh); "
+                 "RAY_ADDRESS=auto joins that cluster" if r.nodes > 1 or r.judge == "ray" else "run it here")
     (r.out / f"{name}.yaml").write_text(OmegaConf.to_yaml(config))
     (r.out / "recipe.json").write_text(json.dumps({k: str(v) for k, v in vars(r).items()}, indent=2))
     script = r.out / "launch.sh"
-    script.write_text("#!/usr/bin/env bash\n# written by `cuda-agent train verl`; run it on the Ray cluster's head node\n"
-                      f"set -euo pipefail\nexec {command} --config-path {shlex.quote(str(r.out.resolve()))} "
-                      f"--config-name {name} \"$@\"\n")
+    join = "export RAY_ADDRESS=${RAY_ADDRESS:-auto}\n" if r.stage != "rft" and (r.nodes > 1 or r.judge == "ray") else ""
+    script.write_text(f"#!/usr/bin/env bash\n# written by `cuda-agent train verl`: {where}\nset -euo pipefail\n{join}"
+                      f"exec {command} --config-path {shlex.quote(str(r.out.resolve()))} --config-name {name} \"$@\"\n")
     script.chmod(0o755)
     return script

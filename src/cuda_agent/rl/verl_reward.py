@@ -25,7 +25,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any = None,
     extra = extra_info or {}
     if not extra.get("reference"):
         raise ValueError("extra_info has no 'reference' (the task's source): export rows with verl_data.verl_rows")
-    pool = shared_pool(extra.get("backend", "cuda"))
+    pool = shared_pool(extra.get("backend", "cuda"), judge=extra.get("judge", "local"))
     folder = Path(tempfile.mkdtemp(prefix="cuda-agent-reward-"))
     try:
         task = folder / "task.py"

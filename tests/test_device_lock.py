@@ -1,0 +1,55 @@
+"""The device lock: shared work side by side, exclusive work alone, and a waiting exclusive holder goes first."""
+
+import threading
+import time
+
+from cuda_agent.judge.device_lock import DeviceLock
+
+
+def test_shared_holders_overlap_but_never_with_an_exclusive_one():
+    lock, events, guard = DeviceLock(), [], threading.Lock()
+    active = {"shared": 0, "exclusive": 0, "max_shared": 0, "overlap": False}
+
+    def use(kind: str) -> None:
+        with getattr(lock, kind)():
+            with guard:
+                active[kind] += 1
+                active["max_shared"] = max(active["max_shared"], active["shared"])
+                active["overlap"] |= active["exclusive"] > 1 or (active["exclusive"] and active["shared"])
+            time.sleep(0.05)
+            with guard:
+                active[kind] -= 1
+
+    threads = [threading.Thread(target=use, args=(k,)) for k in ["shared"] * 4 + ["exclusive"] * 3 + ["shared"] * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not active["overlap"] and active["max_shared"] >= 2
+
+
+def test_a_waiting_exclusive_holder_is_not_starved_by_new_shared_work():
+    lock, order = DeviceLock(), []
+    first = threading.Event()
+
+    def shared(name: str, hold: float) -> None:
+        with lock.shared():
+            first.set()
+            time.sleep(hold)
+            order.append(name)
+
+    def exclusive() -> None:
+        with lock.exclusive():
+            order.append("exclusive")
+
+    a = threading.Thread(target=shared, args=("a", 0.3))
+    a.start()
+    first.wait(5)
+    e = threading.Thread(target=exclusive)
+    e.start()
+    time.sleep(0.1)  # the exclusive holder now waits for `a`
+    b = threading.Thread(target=shared, args=("b", 0.0))
+    b.start()
+    for t in (a, e, b):
+        t.join(10)
+    assert order == ["a", "exclusive", "b"]
