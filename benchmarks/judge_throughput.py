@@ -12,10 +12,12 @@ build, verify + time), a sample spread over the levels; (b) distinct copies of a
 from __future__ import annotations
 
 import argparse
+import random
 import shutil
 import statistics
 import tempfile
 import time
+from concurrent.futures import wait
 from pathlib import Path
 
 from _common import ROOT, write
@@ -24,6 +26,7 @@ from cuda_agent.judge import Judge, JudgeConfig
 from cuda_agent.judge.pool import JudgePool
 
 WORKSPACE = {"cuda": ("affine_relu_cuda", "kernels/affine_relu.cu"), "cpu": ("affine_relu_ok", "kernels/affine_relu.cpp")}
+WARM_TASKS = "level2/12_Gemm_Multiply_LeakyReLU.py,level2/40_Matmul_Scaling_ResidualAdd.py,level2/52_Conv2d_Activation_BatchNorm.py"
 TASK = ROOT / "tests" / "data" / "tasks" / "affine_relu.py"
 
 
@@ -36,6 +39,7 @@ def kernelbench_work(root: Path, count: int, folder: Path) -> list[tuple[Path, P
         cand = folder / f"{task.parent.name}_{task.name}"
         cand.write_text(task.read_text() + "\n\nModelNew = Model\n")
         work.append((task, cand))
+    random.Random(0).shuffle(work)  # the levels mixed: a run stopped by --time-limit still samples all three
     return work
 
 
@@ -52,17 +56,45 @@ def workspace_work(backend: str, count: int, folder: Path) -> list[tuple[Path, P
 
 
 def run_mode(mode: str, backend: str, work: list[tuple[Path, Path]], cache: Path, workers: int | None,
-             gpus: list[int]) -> tuple[float, list]:
+             gpus: list[int], time_limit: float | None) -> tuple[float, dict]:
+    """Judge `work` in `mode`: the seconds taken and the verdicts by work index. Past `time_limit` seconds nothing
+    new starts (the rate is then over what finished)."""
     config = JudgeConfig(cache_dir=cache, policy="kernelbench")
     start = time.perf_counter()
+    verdicts = {}
+
+    def done(index: int, verdict) -> None:
+        verdicts[index] = verdict
+        phases = " ".join(f"{k}={t:.1f}" for k, t in verdict.phases_s.items() if t >= 0.5)
+        print(f"[{mode} {time.perf_counter() - start:6.1f} s] {len(verdicts)}/{len(work)} {verdict.task['name']} "
+              f"{'ok' if verdict.correct else 'FAILED'} {verdict.seconds:.1f} s {phases}", flush=True)
+
     if mode == "serial":
         with Judge(backend, config) as judge:
-            verdicts = [judge.evaluate(task, cand) for task, cand in work]
+            for index, (task, cand) in enumerate(work):
+                if time_limit and time.perf_counter() - start > time_limit:
+                    break
+                done(index, judge.evaluate(task, cand))
     else:
         devices = gpus if mode == "pool2" else gpus[:1]
         with JudgePool(backend, config, devices=devices or None, workers=workers) as pool:
-            verdicts = [f.result() for f in [pool.submit(task, cand) for task, cand in work]]
+            futures = [pool.submit(task, cand) for task, cand in work]
+            for index, future in enumerate(futures):
+                future.add_done_callback(lambda f, i=index: f.cancelled() or f.exception() or done(i, f.result()))
+            if time_limit:
+                wait(futures, timeout=max(0.0, time_limit - (time.perf_counter() - start)))
+                for future in futures:
+                    future.cancel()  # those not started; those in flight finish
+            wait(futures)
+            for future in futures:
+                if not future.cancelled() and future.exception():
+                    print(f"[{mode}] an evaluation raised: {future.exception()}", flush=True)
     return time.perf_counter() - start, verdicts
+
+
+def device_seconds(verdicts: list) -> float:
+    """Seconds spent holding a device exclusively (verification and timing), summed over the verdicts."""
+    return sum(t for v in verdicts for k, t in v.phases_s.items() if k in ("verify", "timing"))
 
 
 def main() -> None:
@@ -74,6 +106,8 @@ def main() -> None:
     ap.add_argument("--modes", default="serial,pool", help="serial, pool (one device), pool2 (two GPUs)")
     ap.add_argument("--workers", type=int, help="pool workers (default: JudgePool's)")
     ap.add_argument("--gpus", default="0,1")
+    ap.add_argument("--time-limit", type=float, help="seconds per mode: start nothing after it, rate over what ended")
+    ap.add_argument("--warm-tasks", default=WARM_TASKS, help="level 2 tasks (comma-separated) judged cold then warm")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="judge-throughput-"))
@@ -84,35 +118,43 @@ def main() -> None:
     sets = {name: work for name, work in sets.items() if work}
     gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.backend == "cuda" else []
     rows, medians = [], {}
+    modes = args.modes.split(",")
     for name, work in sets.items():
-        for mode in args.modes.split(","):
-            seconds, verdicts = run_mode(mode, args.backend, work, tmp / f"cache-{name}-{mode}", args.workers, gpus)
-            medians[(name, mode)] = [(v.task["name"], v.times_us["candidate"]) for v in verdicts]
-            rows.append({"work": name, "mode": mode, "evaluations": len(work), "seconds": round(seconds, 1),
-                         "per_hour": round(3600 * len(work) / seconds), "passed": sum(v.correct for v in verdicts),
+        for mode in modes:
+            seconds, verdicts = run_mode(mode, args.backend, work, tmp / f"cache-{name}-{mode}", args.workers, gpus,
+                                         args.time_limit)
+            medians[(name, mode)] = {i: (v.task["name"], v.times_us["candidate"]) for i, v in verdicts.items()}
+            verdicts = list(verdicts.values())
+            rows.append({"work": name, "mode": mode, "evaluations": len(verdicts), "seconds": round(seconds, 1),
+                         "per_hour": round(3600 * len(verdicts) / seconds), "passed": sum(v.correct for v in verdicts),
+                         "device_s": round(device_seconds(verdicts), 1),
                          "notes": "; ".join(f"{v.task['name']}: {(v.error or '')[:300]}" for v in verdicts if not v.correct)})
             print(rows[-1], flush=True)
-        base = rows[-len(args.modes.split(","))]
-        for row in rows[-len(args.modes.split(",")):]:
-            row["speedup_vs_first"] = round(base["seconds"] / row["seconds"], 2)
-            pairs = [(task, a, b) for (task, a), (_, b) in zip(medians[(name, base["mode"])],
-                                                                medians[(name, row["mode"])]) if a and b and a >= 100]
+        base = rows[-len(modes)]
+        for row in rows[-len(modes):]:
+            row["speedup_vs_first"] = round(row["per_hour"] / base["per_hour"], 2)
+            first, this = medians[(name, base["mode"])], medians[(name, row["mode"])]
+            pairs = [(first[i][0], first[i][1], this[i][1]) for i in first.keys() & this.keys()
+                     if first[i][1] and this[i][1] and first[i][1] >= 100]
             gaps = sorted((abs(b / a - 1), task, a, b) for task, a, b in pairs)
             row["timing_gap_pct_median"] = round(100 * statistics.median(g[0] for g in gaps), 1) if gaps else None
             row["timing_gap_pct_max"] = round(100 * gaps[-1][0], 1) if gaps else None
             if gaps and row is not base:
                 row["notes"] += f" largest timing gap: {gaps[-1][1]} {gaps[-1][2]:.0f} vs {gaps[-1][3]:.0f} us"
-    # the warm-reference latency: one task judged twice by one judge (the second finds its worker warm)
-    if args.kernelbench:
-        task, cand = next((t, c) for t, c in sets["kernelbench"] if t.parent.name == "level2")
+    # the warm-reference latency: each of a few level 2 tasks judged twice by one judge (the second finds it warm)
+    for name in filter(None, args.warm_tasks.split(",") if args.kernelbench else []):
+        task = args.kernelbench / name
+        cand = tmp / "kb" / f"warm_{task.name}"
+        cand.write_text(task.read_text() + "\n\nModelNew = Model\n")
         with Judge(args.backend, JudgeConfig(cache_dir=tmp / "cache-warm", policy="kernelbench")) as judge:
             first, second = judge.evaluate(task, cand), judge.evaluate(task, cand)
         for label, v in (("cold", first), ("warm reference", second)):
-            rows.append({"work": f"{task.parent.name}/{task.name}", "mode": label, "evaluations": 1,
-                         "seconds": v.seconds, "passed": int(v.correct),
+            rows.append({"work": name, "mode": label, "evaluations": 1, "seconds": v.seconds,
+                         "passed": int(v.correct), "device_s": round(device_seconds([v]), 1),
                          "notes": " ".join(f"{k}={t:.1f}" for k, t in v.phases_s.items())})
+            print(rows[-1], flush=True)
     write(args.out, f"Judge throughput ({args.backend})", rows,
-          ["work", "mode", "evaluations", "seconds", "per_hour", "speedup_vs_first", "passed",
+          ["work", "mode", "evaluations", "seconds", "per_hour", "speedup_vs_first", "passed", "device_s",
            "timing_gap_pct_median", "timing_gap_pct_max", "notes"], {"backend": args.backend})
     shutil.rmtree(tmp, ignore_errors=True)
 

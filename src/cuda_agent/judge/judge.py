@@ -114,6 +114,8 @@ class Judge:
             task={"name": task.name, "path": str(task.path), "hash": task.hash}, policy=cfg.policy,
             candidate={"kind": cand.kind, "path": str(cand.origin), "hash": cand.hash})
         slot = self.spares.take()  # its candidate worker has started already (or starts now)
+        if self.backend.name != "cpu":  # the next evaluation's worker starts up while this one runs (on the cpu
+            self.spares.top_up()        # backend the cores are the device: not beside a timed run)
         try:
             self._evaluate(task, cand, seeds, slot, verdict, alone)
         finally:
