@@ -57,7 +57,8 @@ class Spares:
         return self._new()
 
     def top_up(self) -> None:
-        """Start spares until `count` wait (called when an evaluation ends: more are likely to follow)."""
+        """Start spares until `count` wait (called as an evaluation starts on a GPU, and when one ends: more are
+        likely to follow)."""
         with self._lock:
             while not self._closed and len(self._ready) < self.count:
                 self._ready.append(self._new())
