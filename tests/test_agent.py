@@ -364,3 +364,9 @@ def test_optimize_suite_runs_every_task_at_once_resumes_and_exports_what_eval_su
                                "--db", str(tmp_path / "db.sqlite")], capture_output=True, text=True, timeout=900)
     assert rejudged.returncode == 0, rejudged.stderr[-2000:]
     assert json.loads(rejudged.stdout)["overall"]["pass_rate"] == 0.5
+    # the run folder as a page: each task with its episode's turns and stop reason
+    from cuda_agent.report import write_report
+
+    page = write_report(out, tmp_path / "suite.html")[0].read_text()
+    assert "<th>turns</th>" in page.replace(' class=""', "") and "<th>stop</th>" in page.replace(' class=""', "")
+    assert ">finish<" in page and ">2_linear_gelu.py<" in page

@@ -198,6 +198,8 @@ def eval_suite_cmd(
 
         records = evaluate_suite(pool, tasks, solutions, store, on_result, _notify)
     rep = report(records)
+    # kept for `cuda-agent report DB` (the latest run of each suite, solutions and settings)
+    store.put("reports", f"{suite_dir.resolve()}|{solutions.resolve()}|{backend}|{config.verdict_key()}", rep)
     _print_report(rep, f"{suite_dir} vs {solutions} ({backend})", as_json)
 
 
@@ -376,6 +378,27 @@ def optimize_suite_cmd(
 
 model_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="A real model on this machine (SmolLM2-135M-Instruct from the package index).")
+@app.command("report")
+def report_cmd(
+    source: Path = typer.Argument(..., metavar="INPUT", help="eval-suite's database (.sqlite), a suite report JSON, "
+                                  "an optimize-suite or agent run folder, or a trainer's folder or metrics.jsonl"),
+    out_file: Path = typer.Option(..., "--out", help="the HTML file to write (CSV and JSON beside it)"),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="a second suite input: INPUT as A, this as B, "
+                                           "side by side with the changes"),
+) -> None:
+    """Turn suite results, an agent run or training metrics into one self-contained HTML page."""
+    from .report import ReportInputError, write_report
+
+    if out_file.suffix.lower() not in (".html", ".htm"):
+        _fail(f"--out {out_file}: give an .html file (the CSV and JSON are written beside it)")
+    try:
+        written = write_report(source, out_file, compare)
+    except (ReportInputError, OSError) as exc:
+        _fail(str(exc))
+    for path in written:
+        out.print(str(path), highlight=False, soft_wrap=True)
+
+
 app.add_typer(model_app, name="model")
 
 

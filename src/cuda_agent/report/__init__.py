@@ -1,0 +1,40 @@
+"""`cuda-agent report`: what the project writes (suite results, agent runs, training metrics) as one self-contained
+HTML page, with the same numbers beside it as CSV and JSON."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from .inputs import ReportInputError, load
+from .page import document
+from .views import agent_view, compare_view, suite_view, training_view
+
+__all__ = ["ReportInputError", "write_report"]
+
+
+def write_report(source: Path, out: Path, compare: Path | None = None) -> list[Path]:
+    """Write OUT (HTML), OUT with .csv (the main table) and .json (everything read); returns the three paths.
+    With `compare`, two suite inputs side by side (`source` is A, `compare` is B)."""
+    data = load(source)
+    if compare is not None:
+        other = load(compare)
+        if data["kind"] != "suite" or other["kind"] != "suite":
+            raise ReportInputError(f"--compare takes two suite inputs; got a {data['kind']} and a {other['kind']}")
+        title, meta, sections, rows = compare_view(data, other)
+        data = {"a": data, "b": other}
+    else:
+        view = {"suite": suite_view, "agent": agent_view, "training": training_view}[data["kind"]]
+        title, meta, sections, rows = view(data)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(document(title, meta, sections), encoding="utf-8")
+    table, everything = out.with_suffix(".csv"), out.with_suffix(".json")
+    with table.open("w", newline="") as f:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows({k: "" if r.get(k) is None else r[k] for k in columns} for r in rows)
+    everything.write_text(json.dumps(data, indent=1, default=str))
+    return [out, table, everything]

@@ -1,0 +1,115 @@
+"""What a report is made from: each thing the project writes, recognised and read into one plain dict.
+
+    suite     eval-suite's database (SQLite; its latest report), a report JSON (`eval-suite --json`,
+              optimize-suite's OUT/report.json) or an optimize-suite folder (OUT/report.json + OUT/runs)
+    agent     an agent run folder (trajectory.jsonl, summary.json) or its trajectory.jsonl
+    training  a trainer's folder or its metrics.jsonl (one JSON object per step)
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+
+class ReportInputError(ValueError):
+    """The input is missing, unreadable, or not something the project writes."""
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The input as {"kind": "suite"|"agent"|"training", "source": str, ...}."""
+    path = Path(path)
+    if not path.exists():
+        raise ReportInputError(f"{path}: no such file or folder")
+    if path.is_dir():
+        for name, reader in (("report.json", _suite_json), ("trajectory.jsonl", _agent), ("metrics.jsonl", _training)):
+            if (path / name).is_file():
+                return reader(path / name)
+        raise ReportInputError(f"{path}: no report.json (optimize-suite), trajectory.jsonl (agent run) or "
+                               "metrics.jsonl (training) in this folder")
+    if path.suffix in (".sqlite", ".db") or _is_sqlite(path):
+        return _suite_db(path)
+    if path.name == "trajectory.jsonl":
+        return _agent(path)
+    if path.suffix == ".jsonl":
+        return _training(path)
+    if path.suffix == ".json":
+        return _suite_json(path)
+    raise ReportInputError(f"{path}: not a suite database, report JSON, trajectory.jsonl or metrics.jsonl")
+
+
+def _is_sqlite(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(16) == b"SQLite format 3\x00"
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportInputError(f"{path}: not readable as JSON ({exc})") from None
+
+
+def _jsonl(path: Path) -> list[dict]:
+    lines = path.read_text(errors="replace").splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):  # only the last line may be cut (a crash mid-write)
+                raise ReportInputError(f"{path}:{number}: not a JSON line") from None
+    return rows
+
+
+def _suite(report: Any, source: Path) -> dict[str, Any]:
+    if not (isinstance(report, dict) and isinstance(report.get("tasks"), list) and "overall" in report):
+        raise ReportInputError(f"{source}: not a suite report (expected the keys levels, overall, tasks)")
+    return {"kind": "suite", "source": str(source), **report}
+
+
+def _suite_json(path: Path) -> dict[str, Any]:
+    suite = _suite(_json(path), path)
+    if path.name == "report.json" and (path.parent / "runs").is_dir():
+        suite["source"] = str(path.parent)  # an optimize-suite folder: its tasks carry their episodes
+    return suite
+
+
+def _suite_db(path: Path) -> dict[str, Any]:
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = db.execute("SELECT key, value FROM entries WHERE namespace='reports' ORDER BY updated DESC "
+                              "LIMIT 1").fetchall()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise ReportInputError(f"{path}: not an eval-suite database ({exc})") from None
+    if not rows:
+        raise ReportInputError(f"{path}: holds no suite report yet (eval-suite stores one when a run ends)")
+    suite = _suite(json.loads(rows[0][1]), path)
+    suite.setdefault("run", rows[0][0])
+    return suite
+
+
+def _agent(path: Path) -> dict[str, Any]:
+    records = _jsonl(path)
+    if not records or not any(r.get("type") in ("assistant", "tool") for r in records):
+        raise ReportInputError(f"{path}: not an agent trajectory (no assistant or tool records)")
+    summary_file = path.parent / "summary.json"
+    summary = _json(summary_file) if summary_file.is_file() else next(
+        (r["summary"] for r in records if r.get("type") == "result"), {})
+    return {"kind": "agent", "source": str(path.parent), "records": records, "summary": summary}
+
+
+def _training(path: Path) -> dict[str, Any]:
+    steps = _jsonl(path)
+    if not steps or not all(isinstance(s, dict) and "step" in s for s in steps):
+        raise ReportInputError(f"{path}: not a trainer's metrics (each line needs a 'step')")
+    config_file = path.parent / "config.json"
+    config = _json(config_file) if config_file.is_file() else {}
+    return {"kind": "training", "source": str(path), "steps": steps, "config": config}

@@ -1,0 +1,230 @@
+"""The three views (suite, agent run, training) and the side-by-side suite comparison. Each returns the page's
+title, a line about the input, its sections (name, HTML) and the rows written beside the page as CSV."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .page import Cell, esc, figure, number, pct, table, text
+
+View = tuple[str, str, list[tuple[str, str]], list[dict[str, Any]]]
+
+SUMMARY_KEYS = [("n", "n", None), ("pass_rate", "pass", "rate"), ("faster_than_eager", "faster than eager", "rate"),
+                ("faster_than_compile", "faster than torch.compile", "rate"),
+                ("geomean_speedup_vs_eager", "geomean vs eager", "x"),
+                ("geomean_speedup_vs_compile", "geomean vs torch.compile", "x"), ("mean_reward", "mean reward", None)]
+TRAINING_KEYS = ["reward_mean", "pass_rate", "policy_loss", "value_loss", "approx_kl", "entropy", "clip_fraction",
+                 "loss"]
+CLIP = 1200  # characters of a message or observation shown before "more"
+
+
+def _summary_cell(value: Any, kind: str | None) -> Cell:
+    if kind == "rate":
+        return Cell(pct(value), value if value is not None else -1)
+    return number(value, ".2f", "x") if kind == "x" else number(value, ".3g")
+
+
+def _levels(suite: dict) -> list[tuple[str, dict]]:
+    return [*suite.get("levels", {}).items(), ("overall", suite["overall"])]
+
+
+def _task_row(record: dict) -> dict[str, Any]:
+    v = record["verdict"]
+    times = v.get("times_us") or {}
+    episode = record.get("episode") or {}
+    return {"level": record["level"], "task": record["task"], "reward": v["reward"], "correct": v["correct"],
+            "eager_us": times.get("eager"), "compile_us": times.get("compile"), "candidate_us": times.get("candidate"),
+            "speedup_vs_eager": v.get("speedup_vs_eager"), "speedup_vs_compile": v.get("speedup_vs_compile"),
+            "max_abs_error": v.get("max_abs_error") if v.get("correct") or v.get("max_abs_error") else None,
+            "reason": v.get("error") or "", "turns": episode.get("turns"), "stop": episode.get("stop")}
+
+
+def _speedup_plot(suites: list[tuple[str, dict]]) -> str:
+    """Speedup of each correct task per level (log scale), vs eager and vs torch.compile, one colour per run."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("vs eager", "vs torch.compile"))
+    for index, (name, suite) in enumerate(suites):
+        rows = [_task_row(r) for r in suite["tasks"]]
+        for col, key in ((1, "speedup_vs_eager"), (2, "speedup_vs_compile")):
+            kept = [r for r in rows if r["correct"] and r[key]]
+            fig.add_trace(go.Box(x=[r["level"] for r in kept], y=[r[key] for r in kept], name=name,
+                                 text=[r["task"] for r in kept], boxpoints="all", jitter=0.4, pointpos=0,
+                                 legendgroup=name, showlegend=col == 1 and len(suites) > 1,
+                                 marker_color=("#2f5fb3", "#d1702b")[index % 2]), row=1, col=col)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#8a93a3")
+    fig.update_yaxes(type="log")
+    fig.update_yaxes(title_text="speedup (x, log scale)", row=1, col=1)
+    fig.update_layout(boxmode="group", height=420, margin=dict(t=40, b=40, l=60, r=20))
+    return figure(fig)
+
+
+def suite_view(suite: dict) -> View:
+    levels = table(["level"] + [label for _, label, _ in SUMMARY_KEYS],
+                   [[text(name)] + [_summary_cell(s.get(k), kind) for k, _, kind in SUMMARY_KEYS]
+                    for name, s in _levels(suite)], text_columns=(0,))
+    rows = [_task_row(r) for r in suite["tasks"]]
+    episodes = any(r["turns"] is not None for r in rows)
+    headers = ["level", "task", "reward", "correct", "eager (us)", "compile (us)", "candidate (us)", "x eager",
+               "x compile", "max abs error", *(["turns", "stop"] if episodes else []), "reason"]
+    cells = [[text(r["level"]), text(r["task"].split("/")[-1]), number(r["reward"], "d"),
+              Cell("yes" if r["correct"] else "no", int(r["correct"]), "good" if r["correct"] else "bad"),
+              number(r["eager_us"], ".1f"), number(r["compile_us"], ".1f"), number(r["candidate_us"], ".1f"),
+              number(r["speedup_vs_eager"], ".2f", "x"), number(r["speedup_vs_compile"], ".2f", "x"),
+              number(r["max_abs_error"], ".2e"),
+              *([number(r["turns"], "d"), text(r["stop"])] if episodes else []), text(r["reason"], "text reason")]
+             for r in rows]
+    failing = sum(1 for r in rows if not r["correct"])
+    sections = [("Per level (the paper's table)", levels + f'<p class="muted">{esc(suite.get("note", ""))}</p>'),
+                ("Speedup distribution per level (correct tasks)", _speedup_plot([("run", suite)])),
+                (f"Tasks ({len(rows)}, {failing} not correct; click a header to sort)",
+                 table(headers, cells, sortable=True, text_columns=(0, 1, len(headers) - 1)))]
+    return "Suite report", f"from <code>{esc(suite['source'])}</code>", sections, rows
+
+
+def compare_view(a: dict, b: dict) -> View:
+    """Run B beside run A: each summary number with its change, and per task the rewards and speedups of both."""
+    header = ["level"] + [f"{label}: A → B (change)" for _, label, _ in SUMMARY_KEYS[1:]]
+    summary_rows = []
+    for name, sa in _levels(a):
+        sb = dict(_levels(b)).get(name, {})
+        row = [text(name)]
+        for key, _, kind in SUMMARY_KEYS[1:]:
+            x, y = sa.get(key), sb.get(key)
+            delta = y - x if isinstance(x, (int, float)) and isinstance(y, (int, float)) else None
+            css = "muted" if not delta else ("good" if delta > 0 else "bad")
+            change = _summary_cell(delta, kind)
+            shown = (f"{_summary_cell(x, kind).shown} → {_summary_cell(y, kind).shown} "
+                     f'<span class="{css}">({"+" if delta and delta > 0 else ""}{change.shown})</span>')
+            row.append(Cell(shown, change.sort))
+        summary_rows.append(row)
+    by_task = {r["task"]: _task_row(r) for r in b["tasks"]}
+    rows = []
+    for record in a["tasks"]:
+        ra, rb = _task_row(record), by_task.get(record["task"])
+        rows.append({"level": ra["level"], "task": ra["task"], "reward_a": ra["reward"],
+                     "reward_b": rb["reward"] if rb else None, "speedup_vs_compile_a": ra["speedup_vs_compile"],
+                     "speedup_vs_compile_b": rb["speedup_vs_compile"] if rb else None,
+                     "reason_b": rb["reason"] if rb else "not in run B"})
+    cells = []
+    for r in rows:
+        change = r["reward_b"] - r["reward_a"] if r["reward_b"] is not None else None
+        cells.append([text(r["level"]), text(r["task"].split("/")[-1]), number(r["reward_a"], "d"),
+                      number(r["reward_b"], "d"),
+                      number(change, "+d", css="" if not change else ("good" if change > 0 else "bad")),
+                      number(r["speedup_vs_compile_a"], ".2f", "x"), number(r["speedup_vs_compile_b"], ".2f", "x"),
+                      text(r["reason_b"], "text reason")])
+    sections = [("Per level, A then B", table(header, summary_rows, text_columns=(0,))),
+                ("Speedup distribution per level (correct tasks)", _speedup_plot([("A", a), ("B", b)])),
+                ("Tasks", table(["level", "task", "reward A", "reward B", "change", "x compile A", "x compile B",
+                                 "reason (B)"], cells, sortable=True, text_columns=(0, 1, 7)))]
+    meta = f"A: <code>{esc(a['source'])}</code> &nbsp; B: <code>{esc(b['source'])}</code>"
+    return "Suite report: A vs B", meta, sections, rows
+
+
+def _clipped(value: Any) -> str:
+    body = value if isinstance(value, str) else json.dumps(value, indent=1)
+    if len(body) <= CLIP:
+        return f"<pre>{esc(body)}</pre>"
+    return (f"<pre>{esc(body[:CLIP])}</pre><details><summary>{len(body) - CLIP} more characters</summary>"
+            f"<pre>{esc(body[CLIP:])}</pre></details>")
+
+
+def _verdict_line(v: dict) -> str:
+    css = "good" if v.get("correct") else "bad"
+    parts = [f'<span class="{css}">{"correct" if v.get("correct") else "not correct"}</span>',
+             f"reward {v.get('reward')}"]
+    for key, label in (("speedup_vs_eager", "x eager"), ("speedup_vs_compile", "x compile")):
+        if v.get(key):
+            parts.append(f"{v[key]:.2f} {label}")
+    if v.get("error"):
+        parts.append(esc(v["error"][:300]))
+    return " &middot; ".join(parts)
+
+
+def agent_view(run: dict) -> View:
+    summary, records = run["summary"] or {}, run["records"]
+    rows, points = [], []
+    for r in records:
+        kind = r.get("type")
+        if kind not in ("system", "user", "assistant", "tool", "event"):
+            continue
+        message = r.get("message") or {}
+        if kind == "assistant":
+            calls = [f"{c['function']['name']}({c['function'].get('arguments', '')})"
+                     for c in message.get("tool_calls") or []]
+            body = (message.get("content") or "") + ("\n\ncalls: " + "\n".join(calls) if calls else "")
+            what = "model"
+        elif kind == "tool":
+            body, what = message.get("content") if message else r.get("observation", ""), r.get("tool", "tool")
+        else:
+            body, what = message.get("content") if message else r.get("error", r.get("event", "")), kind
+        verdict = r.get("verdict")
+        if verdict:
+            points.append((r.get("turn"), verdict))
+        rows.append({"turn": r.get("turn"), "t_s": r.get("t"), "who": what, "text": body or "",
+                     "verdict": _verdict_line(verdict) if verdict else "", "reward": (verdict or {}).get("reward"),
+                     "speedup_vs_compile": (verdict or {}).get("speedup_vs_compile")})
+    turns = table(["turn", "t (s)", "who", "message / observation", "verdict"],
+                  [[number(r["turn"], "d"), number(r["t_s"], ".1f"), text(r["who"]),
+                    Cell(_clipped(r["text"]), "", "text"), Cell(r["verdict"], "", "text")] for r in rows],
+                  text_columns=(2, 3, 4))
+    final = summary.get("final_verdict")
+    facts = [("reference", summary.get("reference")), ("model", summary.get("model")), ("stop", summary.get("stop")),
+             ("turns", summary.get("turns")), ("wall (s)", summary.get("wall_s")),
+             ("snapshots", summary.get("snapshots")), ("best snapshot", summary.get("best_snapshot"))]
+    overview = table(["", ""], [[text(k), text(v)] for k, v in facts], text_columns=(0, 1))
+    overview += f"<p>final verdict: {_verdict_line(final)}</p>" if final else "<p class='muted'>no verdict</p>"
+    sections = [("Episode", overview)]
+    if points:
+        sections.append(("Reward and speedup over turns", _progress_plot(points)))
+    sections.append((f"Turn by turn ({len(rows)} messages; long ones clipped)", turns))
+    name = Path(str(summary.get("reference") or run["source"])).name
+    return f"Agent run: {name}", f"from <code>{esc(run['source'])}</code>", sections, rows
+
+
+def _progress_plot(points: list[tuple[Any, dict]]) -> str:
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    turns = [t for t, _ in points]
+    fig.add_trace(go.Scatter(x=turns, y=[v.get("reward") for _, v in points], mode="lines+markers",
+                             name="reward", line_shape="hv"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=turns, y=[v.get("speedup_vs_compile") for _, v in points], mode="markers",
+                             name="speedup vs torch.compile", marker_symbol="diamond", marker_size=10),
+                  secondary_y=True)
+    fig.update_xaxes(title_text="turn")
+    fig.update_yaxes(title_text="milestone reward", secondary_y=False)
+    fig.update_yaxes(title_text="speedup (x)", secondary_y=True)
+    fig.update_layout(height=340, margin=dict(t=20, b=40, l=60, r=60))
+    return figure(fig)
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def training_view(run: dict) -> View:
+    steps = run["steps"]
+    scalars = [k for k in dict.fromkeys(k for s in steps for k in s) if k != "step"
+               and any(_scalar(s.get(k)) for s in steps)]
+    shown = [k for k in TRAINING_KEYS if k in scalars] or scalars[:6]
+    cols = 2
+    fig = make_subplots(rows=math.ceil(len(shown) / cols), cols=cols, subplot_titles=shown)
+    for i, key in enumerate(shown):
+        kept = [s for s in steps if _scalar(s.get(key)) and math.isfinite(s[key])]
+        fig.add_trace(go.Scatter(x=[s["step"] for s in kept], y=[s[key] for s in kept], mode="lines+markers",
+                                 name=key, showlegend=False), row=i // cols + 1, col=i % cols + 1)
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(height=260 * math.ceil(len(shown) / cols), margin=dict(t=40, b=40, l=60, r=20))
+    rows = [{"step": s["step"], **{k: s.get(k) for k in scalars}} for s in steps]
+    steps_table = table(["step", *scalars], [[number(r["step"], "d")] + [number(r[k], ".4g") for k in scalars]
+                                             for r in rows], sortable=True)
+    config = run.get("config") or {}
+    meta = f"from <code>{esc(run['source'])}</code>" + (f" &middot; model <code>{esc(config['model'])}</code>"
+                                                         if config.get("model") else "")
+    sections = [("Over steps", figure(fig)), (f"Every step ({len(rows)})", f'<div style="overflow-x:auto">'
+                                              f"{steps_table}</div>")]
+    return "Training report", meta, sections, rows

@@ -1,0 +1,220 @@
+"""`cuda-agent report`: pages made from what eval-suite, the agent and the trainer really write, opened in a real
+headless Chromium (installed by scripts/setup.sh): they draw without console errors and their tables hold the
+input's numbers."""
+
+import csv
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import CANDIDATES, TASKS, fast_config
+from cuda_agent.agent import Environment, LoopConfig, ScriptedClient, run_episode
+from cuda_agent.cli import app
+from cuda_agent.judge import Judge
+from cuda_agent.rl.trainer import MetricsLog
+
+runner = CliRunner()
+
+
+class Tables(HTMLParser):
+    """Every table of a page as rows of cell texts (what a reader sees)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self._cell = [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append(self._cell.strip())
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+
+def tables(page: str) -> list[list[list[str]]]:
+    parser = Tables()
+    parser.feed(page)
+    return parser.tables
+
+
+def open_in_chromium(page: Path, screenshot: Path) -> str:
+    """The page's DOM after its scripts ran; fails on any console message (errors, warnings, uncaught exceptions)
+    and takes a screenshot."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert exe, "Chromium is not installed: scripts/setup.sh installs it (apt-get install chromium)"
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+             "--virtual-time-budget=10000", "--window-size=1280,1600"]
+    run = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-2000:]
+    console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+    assert not console, "\n".join(console)
+    shot = subprocess.run([*flags, f"--screenshot={screenshot}", page.as_uri()], capture_output=True, text=True,
+                          timeout=180)
+    assert shot.returncode == 0 and screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot.stderr[-2000:]
+    assert screenshot.stat().st_size > 20_000  # drawn, not blank
+    return run.stdout
+
+
+def charts_drawn(dom: str) -> int:
+    """Plots plotly.js drew into the page (each draws one SVG of class main-svg per plot area)."""
+    assert 'id="script-errors"></div>' in dom or 'id="script-errors" style=""></div>' in dom, "script errors shown"
+    return len(re.findall(r'<svg class="main-svg"', dom))
+
+
+@pytest.fixture(scope="module")
+def suite_runs(cache_dir, tmp_path_factory):
+    """Two eval-suite runs of one small suite into one database: A with every solution, B with one missing."""
+    root = tmp_path_factory.mktemp("report-suite")
+    suite, a, b = root / "suite", root / "solutions-a", root / "solutions-b"
+    (suite / "level1").mkdir(parents=True)
+    (suite / "level2").mkdir()
+    shutil.copy(TASKS / "affine_relu.py", suite / "level1" / "1_AffineReLU.py")
+    shutil.copy(TASKS / "linear_gelu.py", suite / "level1" / "2_LinearGELU.py")  # no solution in either run
+    shutil.copy(TASKS / "affine_relu.py", suite / "level2" / "1_Affine.py")
+    shutil.copytree(CANDIDATES / "affine_relu_ok", a / "level1" / "1_AffineReLU")
+    (a / "level2").mkdir(parents=True)
+    shutil.copy(CANDIDATES / "affine_relu_single.py", a / "level2" / "1_Affine.py")
+    shutil.copytree(CANDIDATES / "affine_relu_ok", b / "level1" / "1_AffineReLU")
+    reports = {}
+    for name, solutions in (("a", a), ("b", b)):
+        result = runner.invoke(app, ["eval-suite", str(suite), "--solutions", str(solutions), "--backend", "cpu",
+                                     "--json", "--trials", "2", "--cache-dir", str(cache_dir), "--db",
+                                     str(root / "results.sqlite")])
+        assert result.exit_code == 0, result.output
+        reports[name] = json.loads(result.stdout)
+        (root / f"{name}.json").write_text(result.stdout)
+    return root, reports
+
+
+def test_a_suite_page_from_the_database_holds_every_number_and_draws_in_chromium(suite_runs, tmp_path):
+    root, reports = suite_runs
+    page = tmp_path / "suite.html"
+    result = runner.invoke(app, ["report", str(root / "results.sqlite"), "--out", str(page)])
+    assert result.exit_code == 0, result.output
+    report = reports["b"]  # the database's latest run
+    html = page.read_text()
+    assert "<script src=" not in html and "https://" not in html.split("<script>")[0]  # nothing fetched
+    levels, tasks = tables(html)[0], tables(html)[1]
+    overall = next(row for row in levels if row[0] == "overall")
+    assert overall[1] == str(report["overall"]["n"]) and overall[2] == f"{100 * report['overall']['pass_rate']:.1f}%"
+    rows = {row[1]: row for row in tasks[1:]}
+    assert len(rows) == 3
+    for record in report["tasks"]:
+        row, verdict = rows[record["task"].split("/")[-1]], record["verdict"]
+        assert row[2] == str(verdict["reward"]) and row[3] == ("yes" if verdict["correct"] else "no")
+        if verdict["correct"]:
+            assert row[6] == f"{verdict['times_us']['candidate']:.1f}"
+            assert row[8] == f"{verdict['speedup_vs_compile']:.2f}x"
+        else:
+            assert row[-1] == verdict["error"]
+    with page.with_suffix(".csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [r["task"] for r in table] == [t["task"] for t in report["tasks"]]
+    assert json.loads(page.with_suffix(".json").read_text())["overall"] == report["overall"]
+    dom = open_in_chromium(page, tmp_path / "suite.png")
+    assert charts_drawn(dom) >= 1
+    assert "no solution found for level1/2_LinearGELU.py" in dom
+
+
+def test_two_runs_side_by_side_show_the_changes(suite_runs, tmp_path):
+    root, reports = suite_runs
+    page = tmp_path / "compare.html"
+    result = runner.invoke(app, ["report", str(root / "a.json"), "--compare", str(root / "b.json"), "--out",
+                                 str(page)])
+    assert result.exit_code == 0, result.output
+    summary, tasks = tables(page.read_text())[0], tables(page.read_text())[1]
+    a, b = reports["a"]["overall"], reports["b"]["overall"]
+    overall = next(row for row in summary if row[0] == "overall")
+    assert overall[1] == (f"{100 * a['pass_rate']:.1f}% → {100 * b['pass_rate']:.1f}% "
+                          f"({100 * (b['pass_rate'] - a['pass_rate']):.1f}%)")
+    affine = next(row for row in tasks if row[1] == "1_Affine.py")  # solved in A, missing in B
+    reward_a = next(t["verdict"]["reward"] for t in reports["a"]["tasks"] if t["task"] == "level2/1_Affine.py")
+    assert affine[2:5] == [str(reward_a), "-1", f"{-1 - reward_a:+d}"] and "no solution" in affine[-1]
+    assert charts_drawn(open_in_chromium(page, tmp_path / "compare.png")) >= 1
+
+
+def test_an_agent_run_page_shows_each_turn_and_each_verdict(cache_dir, tmp_path):
+    ok = CANDIDATES / "affine_relu_ok"
+    files = {str(p.relative_to(ok)): p.read_text() for p in ok.rglob("*") if p.is_file()}
+
+    def call(i, name, **arguments):
+        return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+    script = [{"role": "assistant", "content": "Reading.", "tool_calls": [call(1, "read_file", path="model.py")]},
+              {"role": "assistant", "content": "Writing the kernel.", "tool_calls": [
+                  call(i, "write_file", path=path, content=text) for i, (path, text) in enumerate(files.items(), 2)]},
+              {"role": "assistant", "content": "", "tool_calls": [call(9, "verify")]},
+              {"role": "assistant", "content": "Done.", "tool_calls": [call(10, "finish", summary="ok")]}]
+    run_dir = tmp_path / "run"
+    with Judge("cpu", fast_config(cache_dir)) as judge:
+        summary = run_episode(Environment(judge, run_dir, use_sandbox=False), ScriptedClient(script),
+                              TASKS / "affine_relu.py", run_dir, LoopConfig(max_turns=6))
+    assert summary["final_verdict"]["correct"], summary
+    page = tmp_path / "agent.html"
+    assert runner.invoke(app, ["report", str(run_dir), "--out", str(page)]).exit_code == 0
+    html = page.read_text()
+    overview, turns = tables(html)[0], tables(html)[1]
+    assert ["stop", "finish"] in overview and ["turns", "4"] in overview
+    who = [row[2] for row in turns[1:]]
+    assert who[:2] == ["system", "user"] and who.count("model") == 4 and "verify" in who
+    verify = turns[1:][who.index("verify")]
+    assert verify[4].startswith("correct") and f"reward {summary['final_verdict']['reward']}" in verify[4]
+    steps = list(csv.DictReader(page.with_suffix(".csv").open()))
+    assert [r["who"] for r in steps] == who
+    assert charts_drawn(open_in_chromium(page, tmp_path / "agent.png")) >= 1
+
+
+def test_a_training_page_plots_every_metric_over_steps(tmp_path):
+    (tmp_path / "train").mkdir()
+    log = MetricsLog(tmp_path / "train", tensorboard=False)
+    for step in range(1, 6):
+        log.write(step, {"reward_mean": -1 + 0.5 * step, "pass_rate": step / 5, "policy_loss": 0.1 / step,
+                         "value_loss": 1.0 / step, "approx_kl": 0.01 * step, "entropy": 2.0 - 0.1 * step,
+                         "clip_fraction": 0.2, "explained_variance": float("nan") if step < 3 else 0.5,
+                         "picks": {"A": step}})
+    page = tmp_path / "train.html"
+    assert runner.invoke(app, ["report", str(tmp_path / "train"), "--out", str(page)]).exit_code == 0
+    steps = tables(page.read_text())[0]
+    header = steps[0]
+    assert header[:8] == ["step", "reward_mean", "pass_rate", "policy_loss", "value_loss", "approx_kl", "entropy",
+                          "clip_fraction"] and "picks" not in header
+    assert [row[header.index("reward_mean")] for row in steps[1:]] == ["-0.5", "0", "0.5", "1", "1.5"]
+    # not a number (MetricsLog writes null): shown as "-" and left out of the plot
+    assert [row[header.index("explained_variance")] for row in steps[1:]] == ["-", "-", "0.5", "0.5", "0.5"]
+    dom = open_in_chromium(page, tmp_path / "train.png")
+    assert charts_drawn(dom) >= 1 and dom.count('class="trace scatter') == 7  # one line per metric
+    assert set(re.findall(r'class="annotation-text"[^>]*data-unformatted="(\w+)"', dom)) == set(header[1:8])
+
+
+def test_bad_inputs_are_one_clear_line(tmp_path):
+    (tmp_path / "other.json").write_text(json.dumps({"hello": 1}))
+    (tmp_path / "empty").mkdir()
+    cases = [(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "x.html")], "no such file or folder"),
+             (["report", str(tmp_path / "other.json"), "--out", str(tmp_path / "x.html")], "not a suite report"),
+             (["report", str(tmp_path / "empty"), "--out", str(tmp_path / "x.html")], "no report.json"),
+             (["report", str(tmp_path / "other.json"), "--out", str(tmp_path / "x.png")], "give an .html file")]
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and message in result.output, result.output
+    (tmp_path / "t").mkdir()
+    MetricsLog(tmp_path / "t", tensorboard=False).write(1, {"reward_mean": 1.0})
+    result = runner.invoke(app, ["report", str(tmp_path / "t"), "--compare", str(tmp_path / "t"), "--out",
+                                 str(tmp_path / "x.html")])
+    assert result.exit_code == 2 and "--compare takes two suite inputs" in result.output
+    assert not (tmp_path / "x.html").exists()
