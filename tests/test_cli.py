@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -41,7 +42,7 @@ def test_bad_input_is_one_clear_error_line(cache_dir, tmp_path):
     assert result.exit_code == 2 and "no such file or folder" in result.output
     result = runner.invoke(app, ["eval", str(TASKS / "affine_relu.py"), "--solution", str(tmp_path),
                                  "--backend", "tpu", "--cache-dir", str(cache_dir)])
-    assert result.exit_code == 2 and "unknown backend" in result.output
+    assert result.exit_code == 2 and "Invalid value for '--backend'" in result.output
 
 
 def test_eval_suite_reports_levels_and_resumes(cache_dir, tmp_path):
@@ -85,6 +86,48 @@ def test_eval_suite_reports_levels_and_resumes(cache_dir, tmp_path):
     no_levels = [a for a in args if a not in ("--levels", "1,2")]
     default = runner.invoke(app, [*no_levels, "--trials", "3"])
     assert default.exit_code == 0 and json.loads(default.stdout)["overall"]["n"] == 3, default.output
+    # the table names the tasks that failed and why; --fail-on-reject exits 1 for them
+    table = runner.invoke(app, [a for a in args if a != "--json"] + ["--fail-on-reject"])
+    assert table.exit_code == 1, table.output
+    assert "not correct: 1 of 3 tasks" in table.stdout
+    assert "level1/2_LinearGELU.py" in table.stdout and "no solution found" in table.stdout
+
+
+def test_numbers_are_checked_when_the_command_line_is_read(tmp_path):
+    task, ok = str(TASKS / "affine_relu.py"), str(CANDIDATES / "affine_relu_ok")
+    cases = [(["eval", task, "--solution", ok, "--atol", "-1"], "--atol"),
+             (["eval", task, "--solution", ok, "--timeout", "0"], "--timeout"),
+             (["eval", task, "--solution", ok, "--trials", "0"], "--trials"),
+             (["eval-suite", str(tmp_path), "--solutions", str(tmp_path), "--workers", "0"], "--workers"),
+             (["data", "build", "--target", "5", "--out", str(tmp_path / "d"), "--workers", "0"], "--workers"),
+             (["data", "build", "--target", "0", "--out", str(tmp_path / "d")], "--target"),
+             (["optimize", task, "--model", "m", "--max-turns", "0"], "--max-turns"),
+             (["model", "serve", "--port", "70000"], "--port")]
+    for args, option in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output, (args, result.output)
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: the cuda default is usable")
+def test_data_build_on_a_machine_without_a_gpu_says_to_use_the_cpu_backend(tmp_path):
+    result = runner.invoke(app, ["data", "build", "--target", "1", "--out", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "use --backend cpu" in result.output, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_exit_codes_and_json_errors(cache_dir, tmp_path):
+    wrong = ["eval", str(TASKS / "linear_gelu.py"), "--solution", str(CANDIDATES / "affine_relu_ok"), "--backend",
+             "cpu", "--cache-dir", str(cache_dir), "--json"]
+    rejected = runner.invoke(app, wrong)
+    assert rejected.exit_code == 0 and json.loads(rejected.stdout)["correct"] is False  # a verdict: 0
+    assert runner.invoke(app, [*wrong, "--fail-on-reject"]).exit_code == 1
+    missing = runner.invoke(app, ["eval", str(tmp_path / "nope.py"), "--solution", str(CANDIDATES / "affine_relu_ok"),
+                                  "--backend", "cpu", "--json"])
+    assert missing.exit_code == 2
+    error = json.loads(missing.stdout)
+    assert error["exit_code"] == 2 and "no such file" in error["error"]
 
 
 def test_a_dataset_row_is_a_reference(cache_dir, tmp_path):
@@ -129,3 +172,49 @@ def test_without_a_sandbox_auto_warns_and_required_refuses(cache_dir, tmp_path):
     assert verdict["sandbox"].startswith("none") and verdict["correct"], verdict["error"]
     required = subprocess.run([*base, "--sandbox", "required"], capture_output=True, text=True, env=env, timeout=600)
     assert required.returncode == 2 and "the sandbox is required but unavailable" in required.stderr, required.stderr
+
+
+def test_the_command_line_follows_the_usual_conventions():
+    from cuda_agent import __version__
+
+    version = runner.invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.stdout.strip() == f"cuda-agent {__version__}"
+    for command in (["eval"], ["eval-suite"], ["optimize"], ["data", "build"], ["report"], ["train", "demo"]):
+        short, long = runner.invoke(app, [*command, "-h"]), runner.invoke(app, [*command, "--help"])
+        assert short.exit_code == long.exit_code == 0 and short.stdout == long.stdout, command
+        assert "<bool>" not in short.stdout and "--no-no-" not in short.stdout, command
+        assert "{" not in next(line for line in short.stdout.splitlines() if "Usage:" in line), command
+    usage = runner.invoke(app, ["eval", "-h"], env={"COLUMNS": "200"}).stdout
+    assert "eval [OPTIONS] REFERENCE" in usage and "<cuda|cpu>" in usage and "<strict|kernelbench>" in usage
+    assert "--compile" in runner.invoke(app, ["data", "build", "-h"]).stdout
+
+
+def test_a_single_file_compile_error_shows_the_compilers_errors_on_the_candidates_lines(cache_dir, tmp_path):
+    source = (CANDIDATES / "affine_relu_single.py").read_text()
+    bad = tmp_path / "bad_single.py"
+    bad.write_text(source.replace("const int64_t n = x.numel();", "const int64_t n = x.numel()"))
+    line = next(i for i, text in enumerate(bad.read_text().splitlines(), 1) if "x.numel()" in text)
+    result = runner.invoke(app, ["eval", str(TASKS / "affine_relu.py"), "--solution", str(bad), "--backend", "cpu",
+                                 "--cache-dir", str(cache_dir)])
+    assert result.exit_code == 0, result.output
+    compiler = [ln.split("compiler", 1)[1].strip() for ln in result.stdout.splitlines()
+                if ln.strip().startswith("compiler")]
+    # gcc reports the missing ';' on the next line (the #pragma), in the candidate's own file and line numbers
+    assert compiler[0].startswith(f"bad_single.py line {line + 1} (cpp_sources line ") and "error" in compiler[0]
+    log = compiler[-1].split("whole log: ")[1].rstrip("]")
+    assert "x.numel()" in Path(log).read_text() or "error" in Path(log).read_text()
+    assert "failure    loading the candidate failed" in result.stdout and "  error " not in result.stdout
+    assert "numerics" not in result.stdout and "0.00e+00" not in result.stdout  # nothing was compared
+    assert all(not ln.endswith(" ") for ln in result.stdout.splitlines())  # no padding when piped
+    assert "built (" in result.stderr  # phases as they end, when piped
+
+
+def test_a_candidate_without_modelnew_is_told_so_before_anything_is_built(cache_dir, tmp_path):
+    workspace = tmp_path / "ws"
+    shutil.copytree(CANDIDATES / "affine_relu_ok", workspace)
+    model_new = workspace / "model_new.py"
+    model_new.write_text(model_new.read_text().replace("class ModelNew", "class ModelNu"))
+    result = runner.invoke(app, ["eval", str(TASKS / "affine_relu.py"), "--solution", str(workspace), "--backend",
+                                 "cpu", "--cache-dir", str(cache_dir), "--json"])
+    verdict = json.loads(result.stdout)
+    assert verdict["error"].startswith("model_new.py defines no ModelNew") and verdict["build"] == {}

@@ -130,6 +130,13 @@ def test_a_suite_page_from_the_database_holds_every_number_and_draws_in_chromium
     dom = open_in_chromium(page, tmp_path / "suite.png")
     assert charts_drawn(dom) >= 1
     assert "no solution found for level1/2_LinearGELU.py" in dom
+    # a click on "reward" sorts the tasks by it, a second click the other way
+    clicked = tmp_path / "clicked.html"
+    click = '<script>document.querySelectorAll("table.sortable th")[2].click();</script>'
+    for clicks, order in ((1, sorted), (2, lambda xs: sorted(xs, reverse=True))):
+        clicked.write_text(html.replace("</body>", click * clicks + "</body>"))
+        rewards = [int(row[2]) for row in tables(open_in_chromium(clicked, tmp_path / "clicked.png"))[1][1:]]
+        assert rewards == order(rewards) and len(set(rewards)) > 1
 
 
 def test_two_runs_side_by_side_show_the_changes(suite_runs, tmp_path):

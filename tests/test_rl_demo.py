@@ -47,7 +47,7 @@ def test_the_demo_learns_from_judged_picks_and_resumes(tiny_smollm2, cache_dir, 
 
 def test_the_demo_refuses_bad_input(tmp_path):
     result = CliRunner().invoke(app, ["train", "demo", "--backend", "rocm", "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "unknown backend" in result.output
+    assert result.exit_code == 2 and "Invalid value for '--backend'" in result.output
     result = CliRunner().invoke(app, ["train", "demo", "--backend", "cpu", "--model", str(tmp_path),
                                       "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "no config.json" in result.output

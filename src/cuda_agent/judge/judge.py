@@ -19,7 +19,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -44,14 +44,16 @@ from .verdict import Verdict
 class Phases:
     """Wall time of each evaluation phase, recorded in the verdict (where an evaluation spends its time)."""
 
-    def __init__(self, verdict: Verdict):
-        self.verdict = verdict
+    def __init__(self, verdict: Verdict, notify: Callable[[str, float], None] | None = None):
+        self.verdict, self.notify = verdict, notify
         self.last = time.perf_counter()
 
     def mark(self, name: str) -> None:
         now = time.perf_counter()
         self.verdict.phases_s[name] = round(now - self.last, 3)
         self.last = now
+        if self.notify:
+            self.notify(name, self.verdict.phases_s[name])
 
 
 class Judge:
@@ -85,6 +87,7 @@ class Judge:
                                         self.config.warm_memory_gb * 2**30)
         self.device_lock = DeviceLock()  # verification and timing: one evaluation at a time on the device
         self.spares = Spares(self.config.spare_candidates, self.cache_dir / "runs", self._start_candidate)
+        self.on_phase: Callable[[str, float], None] | None = None  # (phase, seconds) as each phase ends
 
     def close(self) -> None:
         """Stop the warm reference workers and the spare candidate workers."""
@@ -113,6 +116,10 @@ class Judge:
             sandbox="namespaces (candidate not started)" if self.sandboxed else sandbox.NONE_DESCRIPTION,
             task={"name": task.name, "path": str(task.path), "hash": task.hash}, policy=cfg.policy,
             candidate={"kind": cand.kind, "path": str(cand.origin), "hash": cand.hash})
+        verdict.error = cand.missing_model_new()
+        if verdict.error:  # said before building, so the verdict does not read as a failed build
+            verdict.seconds = round(time.perf_counter() - start, 3)
+            return verdict
         slot = self.spares.take()  # its candidate worker has started already (or starts now)
         if self.backend.name != "cpu":  # the next evaluation's worker starts up while this one runs (on the cpu
             self.spares.top_up()        # backend the cores are the device: not beside a timed run)
@@ -158,7 +165,7 @@ class Judge:
         cfg = self.config
         run_dir, public = slot.run_dir, slot.run_dir / "public"
         worker: WorkerProcess | None = None
-        phases = Phases(verdict)
+        phases = Phases(verdict, self.on_phase)
         strict = cfg.policy == "strict"
         try:
             verdict.policy_violations = scan_sources(cand.text(), cfg.rules) if strict else []
@@ -189,7 +196,7 @@ class Judge:
             if verdict.policy_violations or worker is None:
                 verdict.error = f"policy violation: {verdict.policy_violations[0]}"
                 return
-            loaded = self._candidate_step(worker, "loaded", verdict)
+            loaded = self._candidate_step(worker, "loaded", verdict, cand)
             phases.mark("candidate_load")
             if loaded is None:
                 return
@@ -201,7 +208,7 @@ class Judge:
                     begun = ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31),
                                       "public_dir": str(public)}, "begun", cfg.reference_timeout_s, TaskError)
                 worker.send({"command": "init", "public_dir": str(public)})
-                initialised = self._candidate_step(worker, "initialised", verdict)
+                initialised = self._candidate_step(worker, "initialised", verdict, cand)
                 phases.mark("candidate_init")
                 if initialised is None:
                     return
@@ -238,10 +245,11 @@ class Judge:
             verdict.correct = False
             verdict.error = f"evaluation aborted: {exc}"
 
-    def _candidate_step(self, worker: WorkerProcess, expected: str, verdict: Verdict) -> dict[str, Any] | None:
+    def _candidate_step(self, worker: WorkerProcess, expected: str, verdict: Verdict,
+                        cand: Candidate) -> dict[str, Any] | None:
         """The candidate's next message (its load_inline builds served on the way); None when it failed or broke the
         policy there (the verdict says which)."""
-        msg = self._serve_builds(worker, self.config.run_timeout_s, verdict)
+        msg = self._serve_builds(worker, self.config.run_timeout_s, verdict, cand)
         verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
         if verdict.policy_violations:
             verdict.error = f"policy violation: {verdict.policy_violations[0]}"
@@ -264,7 +272,8 @@ class Judge:
             verdict.policy_violations += [f"native code: {p}" for p in library_problems(build.module_path)]
         return build
 
-    def _serve_builds(self, worker: WorkerProcess, budget_s: float, verdict: Verdict) -> dict[str, Any]:
+    def _serve_builds(self, worker: WorkerProcess, budget_s: float, verdict: Verdict,
+                      cand: Candidate) -> dict[str, Any]:
         """The worker's next message within `budget_s` (plus the time its builds take), building the `load_inline`
         calls it asks for on the way (workspace/inline.py)."""
         deadline = time.monotonic() + budget_s
@@ -274,7 +283,8 @@ class Judge:
                 return msg
             began = time.monotonic()
             try:
-                built = self.inline.build(msg.get("request"))
+                origin = cand.origin.name if cand.kind == "single_file" else "model_new.py"
+                built = self.inline.build(msg.get("request"), (origin, cand.text().get("model_new.py", "")))
             except (InlineError, RuntimeError) as exc:
                 verdict.build.setdefault("inline", []).append({"error": str(exc)})
                 worker.send({"error": str(exc)})

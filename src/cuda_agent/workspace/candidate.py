@@ -9,6 +9,7 @@ The files are read into memory once, so later edits to the candidate's folder ca
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,26 @@ class Candidate:
 
     def text(self) -> dict[str, str]:
         return {rel: data.decode(errors="replace") for rel, data in self.files.items()}
+
+    def missing_model_new(self) -> str | None:
+        """Why the judge could not import ModelNew from model_new.py, seen without running it (None: defined, or
+        not decidable statically, e.g. a syntax error, which the import reports with its line)."""
+        if "model_new.py" not in self.files:
+            return "no model_new.py in the workspace (it must define ModelNew)"
+        try:
+            tree = ast.parse(self.files["model_new.py"])
+        except (SyntaxError, ValueError):
+            return None
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == "ModelNew":
+                return None
+            if isinstance(node, ast.Name) and node.id == "ModelNew" and isinstance(node.ctx, ast.Store):
+                return None
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                    (alias.asname or alias.name) == "ModelNew" or alias.name == "*" for alias in node.names):
+                return None
+        where = self.origin.name if self.kind == "single_file" else "model_new.py"
+        return f"{where} defines no ModelNew (the judge imports ModelNew from it); nothing was built"
 
     def write_to(self, root: Path) -> None:
         for rel, data in self.files.items():

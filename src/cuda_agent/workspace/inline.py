@@ -198,8 +198,9 @@ class InlineBuilder:
     def key(self, req: dict[str, Any]) -> str:
         return hashlib.sha256((self.identity + "\0" + json.dumps(req, sort_keys=True)).encode()).hexdigest()
 
-    def build(self, raw: Any) -> Built:
-        """Raises InlineError (bad request) or RuntimeError (the compiler's error, with its log)."""
+    def build(self, raw: Any, origin: tuple[str, str] = ("", "")) -> Built:
+        """Raises InlineError (bad request) or RuntimeError (the compiler's error, with its log). `origin`: the
+        candidate's file (name, text), to place the compiler's errors on its lines."""
         start = time.perf_counter()
         req = normalise(raw)
         if self.arch and req["cuda_sources"]:
@@ -220,7 +221,11 @@ class InlineBuilder:
                 proc = self._run(work)
                 built = work / "out" / f"{module}.so"
                 if proc.returncode != 0 or not built.is_file():
-                    raise RuntimeError(_diagnostics(proc.stdout) + f"\n[exit code {proc.returncode}]")
+                    failed = self.root / "failed" / f"{module}.log"
+                    failed.parent.mkdir(exist_ok=True)
+                    failed.write_text(proc.stdout)
+                    raise RuntimeError(_diagnostics(proc.stdout, _generated(work / "out", req), origin)
+                                       + f"\n[exit code {proc.returncode}; the compiler's whole log: {failed}]")
                 digest = hashlib.sha256(built.read_bytes()).hexdigest()
                 shutil.rmtree(published, ignore_errors=True)
                 published.mkdir()
@@ -250,10 +255,55 @@ class InlineBuilder:
             return subprocess.CompletedProcess(cmd, 124, f"error: the build timed out after {self.timeout:.0f}s")
 
 
-def _diagnostics(log: str, lines: int = 12) -> str:
-    """The compiler's first error lines (file:line: error ...), else the log's end."""
-    found = [ln.strip() for ln in log.splitlines() if re.search(r"\berror\b", ln, re.IGNORECASE)
-             and not ln.lstrip().startswith(("FAILED:", "ninja:", "RuntimeError", "subprocess"))]
+# a compiler's diagnostic: gcc/clang "file:line:col: error: ...", nvcc "file(line): error: ..."
+DIAGNOSTIC = re.compile(r"^(?P<path>[^\s:()]+)(?::(?P<line>\d+)(?::\d+)?:|\((?P<nvline>\d+)\):) "
+                        r"(?P<message>(?:fatal )?error\b.*)$", re.IGNORECASE)
+
+
+def _generated(out: Path, req: dict[str, Any]) -> dict[str, tuple[str, list[str], str]]:
+    """The files load_inline generated (main.cpp, cuda.cu): the request's field, its sources, the file's text."""
+    found = {}
+    for name, field in (("main.cpp", "cpp_sources"), ("cuda.cu", "cuda_sources")):
+        if (out / name).is_file() and req.get(field):
+            found[name] = (field, list(req[field]), (out / name).read_text(errors="replace"))
+    return found
+
+
+def _where(name: str, line: int, generated: dict, origin: tuple[str, str]) -> str:
+    """`line` of a generated file as the candidate wrote it: FILE line n (cpp_sources[i] line k) when the source is
+    in the candidate's file verbatim, else cpp_sources[i] line k, or the part load_inline generated."""
+    field, sources, text = generated[name]
+    start = 0
+    for i, source in enumerate(sources):
+        at = text.find(source, start)
+        if at < 0:
+            break
+        first = text.count("\n", 0, at) + 1
+        if first <= line < first + source.count("\n") + 1:
+            label = f"{field if len(sources) == 1 else f'{field}[{i}]'} line {line - first + 1}"
+            found = origin[1].find(source) if source.strip() else -1
+            if found < 0:
+                return label
+            return f"{origin[0]} line {origin[1].count(chr(10), 0, found) + 1 + line - first} ({label})"
+        start = at + len(source)
+    return f"{name} line {line} (written by load_inline around your sources)"
+
+
+def _diagnostics(log: str, generated: dict | None = None, origin: tuple[str, str] = ("", ""),
+                 lines: int = 12) -> str:
+    """The compiler's first error lines, each placed in the candidate's own sources (cpp_sources line 12: error:
+    ...), else lines that mention an error (never the compiler's command lines), else the log's end."""
+    generated = generated or {}
+    found = []
+    for raw in log.splitlines():
+        m = DIAGNOSTIC.match(raw.strip())
+        if m:
+            name, line = Path(m["path"]).name, int(m["line"] or m["nvline"])
+            where = _where(name, line, generated, origin) if name in generated else f"{name}:{line}"
+            found.append(f"{where}: {m['message']}")
+    if not found:
+        found = [ln.strip() for ln in log.splitlines() if re.search(r"\berror\b", ln, re.IGNORECASE)
+                 and len(ln) < 500 and not ln.lstrip().startswith(("FAILED:", "ninja:", "RuntimeError", "subprocess"))]
     return "\n".join(found[:lines]) if found else "\n".join(log.strip().splitlines()[-lines:])
 
 
