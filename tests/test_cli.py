@@ -218,3 +218,14 @@ def test_a_candidate_without_modelnew_is_told_so_before_anything_is_built(cache_
                                  "cpu", "--cache-dir", str(cache_dir), "--json"])
     verdict = json.loads(result.stdout)
     assert verdict["error"].startswith("model_new.py defines no ModelNew") and verdict["build"] == {}
+
+
+def test_data_build_ends_with_the_paths_it_wrote(tmp_path):
+    out = tmp_path / "data"
+    result = runner.invoke(app, ["data", "build", "--target", "1", "--backend", "cpu", "--no-transformers",
+                                 "--no-compile", "--workers", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    written = result.stdout.split("written:")[1].split()
+    assert written == [str(out / name) for name in ("dataset.parquet", "dataset.jsonl", "stats.json", "stats.md",
+                                                    "attempts.jsonl")]
+    assert all(Path(path).is_file() for path in written)

@@ -653,6 +653,9 @@ def data_build_cmd(
     out.print((out_dir / "stats.md").read_text())
     if stats["kept"] < target:
         err.print(f"[yellow]{stats['kept']} of {target} tasks after {stats['attempts']} attempts[/]")
+    out.print("written:", highlight=False)
+    for name in ("dataset.parquet", "dataset.jsonl", "stats.json", "stats.md", "attempts.jsonl"):
+        out.print(f"  {out_dir / name}", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":
