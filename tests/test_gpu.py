@@ -155,6 +155,17 @@ def test_nvcc_error_names_file_and_line(gpu_judge, make_workspace):
     assert not verdict.compiled and "kernels/affine_relu.cu(" in verdict.error, verdict.error
 
 
+def test_an_nvcc_error_in_a_single_file_is_placed_on_its_own_line(gpu_judge, tmp_path):
+    bad = tmp_path / "bad_cuda_single.py"
+    bad.write_text((CANDIDATES / "affine_relu_cuda_single.py").read_text().replace("fmaxf(", "no_such_fmax(")
+                   .replace("affine_relu_cuda_inline", "affine_relu_bad"))
+    line = next(i for i, text in enumerate(bad.read_text().splitlines(), 1) if "no_such_fmax(" in text)
+    verdict = gpu_judge.evaluate(AFFINE, bad)
+    errors = verdict.build["inline"][0]["error"].splitlines()
+    assert errors[0].startswith(f"bad_cuda_single.py line {line} (cuda_sources line ") and "error" in errors[0], errors
+    assert "whole log:" in errors[-1] and not verdict.compiled
+
+
 def test_outputs_cross_as_shared_gpu_memory_in_and_out_of_the_sandbox(cache_dir):
     from cuda_agent.judge import Judge
 
