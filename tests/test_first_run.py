@@ -43,7 +43,7 @@ def test_the_readme_example_works_with_the_default_cache_under_a_hidden_home(hid
                "--backend", "cpu"]  # the README's worked example, word for word
     run = subprocess.run(command, cwd=ROOT, env=user_env(hidden_home), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
-    assert re.search(r"reward [123]\b", run.stdout) and re.search(r"correct\s+True", run.stdout), run.stdout
+    assert re.search(r"reward [123]\b", run.stdout) and re.search(r"correct\s+yes", run.stdout), run.stdout
     assert (hidden_home / ".cache" / "cuda-agent" / "judge.sqlite").is_file()  # the default location was used
 
 
