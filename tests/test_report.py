@@ -181,7 +181,10 @@ def test_an_agent_run_page_shows_each_turn_and_each_verdict(cache_dir, tmp_path)
     who = [row[2] for row in turns[1:]]
     assert who[:2] == ["system", "user"] and who.count("model") == 4 and "verify" in who
     verify = turns[1:][who.index("verify")]
-    assert verify[4].startswith("correct") and f"reward {summary['final_verdict']['reward']}" in verify[4]
+    records = [json.loads(line) for line in (run_dir / "trajectory.jsonl").read_text().splitlines()]
+    verified = next(r["verdict"] for r in records if r.get("tool") == "verify")  # (the final one is judged again)
+    assert verify[4].startswith("correct") and f"reward {verified['reward']}" in verify[4]
+    assert f"{verified['speedup_vs_compile']:.2f} x compile" in verify[4]
     steps = list(csv.DictReader(page.with_suffix(".csv").open()))
     assert [r["who"] for r in steps] == who
     assert charts_drawn(open_in_chromium(page, tmp_path / "agent.png")) >= 1
