@@ -99,3 +99,23 @@ def test_train_verl_dry_run_writes_the_run_and_says_how_to_launch_it(tiny_smollm
                                       str(TASKS / "affine_relu.py"), "--out", str(tmp_path), "--gpus-per-node", "2",
                                       "--batch", "8"])
     assert result.exit_code == 2 and "need vLLM or SGLang" in result.output.replace("\n", " "), result.output
+
+
+def test_every_row_of_a_dataset_becomes_a_training_task_in_row_order(tiny_smollm2, tmp_path):
+    import pyarrow.parquet as pq
+
+    from cuda_agent.data.build import write_parquet
+
+    source = (TASKS / "affine_relu.py").read_text()
+    rows = [{"code": f"{source}\n# row {i}\n", "ops": "[]", "data_source": "torch#2", "num_ops": 2} for i in range(12)]
+    write_parquet(rows, tmp_path / "ops.parquet")
+    result = CliRunner().invoke(app, ["train", "verl", "--stage", "warmup", "--model", str(tiny_smollm2), "--data",
+                                      str(tmp_path / "ops.parquet"), "--out", str(tmp_path / "run"),
+                                      "--gpus-per-node", "2", "--batch", "8", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    names = [row["extra_info"]["task"] for row in pq.read_table(tmp_path / "run" / "data" / "train.parquet").to_pylist()]
+    assert names == [f"ops_row{i}" for i in range(12)]  # all 12, row 10 after row 9
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    result = CliRunner().invoke(app, ["train", "verl", "--stage", "warmup", "--model", str(tiny_smollm2), "--data",
+                                      str(tmp_path / "bad.parquet"), "--out", str(tmp_path / "bad"), "--dry-run"])
+    assert result.exit_code == 2 and "cannot read a `code` column" in result.output, result.output

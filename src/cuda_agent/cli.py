@@ -728,21 +728,12 @@ def train_demo_cmd(
 
 def _stage_tasks(data: Path, folder: Path) -> list[Path]:
     """Task files from a reference .py, a folder of them (KernelBench layout included) or a dataset export."""
-    from .task import dataset_row
+    from .task import dataset_rows
 
     if data.is_dir():
         tasks = sorted(p for p in data.rglob("*.py") if not p.name.startswith("_"))
     elif data.suffix in DATASET_SUFFIXES:
-        rows = 0
-        try:
-            while True:
-                dataset_row(data, rows, folder)
-                rows += 1
-        except TaskError as exc:
-            if rows == 0:
-                raise
-            del exc
-        tasks = sorted(folder.glob(f"{data.stem}_row*.py"))
+        tasks = dataset_rows(data, folder)
     elif data.suffix == ".py" and data.is_file():
         tasks = [data]
     else:

@@ -58,9 +58,8 @@ def load_task(path: str | Path) -> Task:
 DATASET_SUFFIXES = (".parquet", ".jsonl")
 
 
-def dataset_row(path: str | Path, row: int | None, folder: Path) -> Path:
-    """Write row `row` of a `cuda-agent data build` export (parquet or JSONL, column `code`) as a reference file
-    `<dataset>_row<N>.py` in `folder`, and return its path."""
+def dataset_codes(path: str | Path) -> list[str]:
+    """The reference sources of a `cuda-agent data build` export (parquet or JSONL, column `code`), in row order."""
     path = Path(path)
     if not path.is_file():
         raise TaskError(f"dataset {path}: no such file")
@@ -68,18 +67,31 @@ def dataset_row(path: str | Path, row: int | None, folder: Path) -> Path:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            codes = pq.read_table(path, columns=["code"]).column("code").to_pylist()
-        else:
-            import json
+            return pq.read_table(path, columns=["code"]).column("code").to_pylist()
+        import json
 
-            codes = [json.loads(line)["code"] for line in path.read_text().splitlines() if line.strip()]
+        return [json.loads(line)["code"] for line in path.read_text().splitlines() if line.strip()]
     except Exception as exc:  # a damaged or foreign file: one line the user can act on
         raise TaskError(f"dataset {path}: cannot read a `code` column: {type(exc).__name__}: {exc}") from exc
+
+
+def dataset_row(path: str | Path, row: int | None, folder: Path) -> Path:
+    """Write row `row` of a dataset export as a reference file `<dataset>_row<N>.py` in `folder`; its path."""
+    codes = dataset_codes(path)
     if row is None or not 0 <= row < len(codes):
         raise TaskError(f"dataset {path} has {len(codes)} rows: pick one with --row 0..{len(codes) - 1}")
+    return _write_row(Path(path), row, codes[row], folder)
+
+
+def dataset_rows(path: str | Path, folder: Path) -> list[Path]:
+    """Every row of a dataset export as reference files in `folder` (as `dataset_row` names them), in row order."""
+    return [_write_row(Path(path), row, code, folder) for row, code in enumerate(dataset_codes(path))]
+
+
+def _write_row(path: Path, row: int, code: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     dest = folder / f"{path.stem}_row{row}.py"
-    dest.write_text(codes[row])
+    dest.write_text(code)
     return dest
 
 
