@@ -123,3 +123,13 @@ def test_an_interrupted_suite_finishes_and_stores_what_is_in_flight_and_starts_n
         stored = [Verdict.from_dict(json.loads(v)) for (v,) in db.execute("SELECT value FROM entries")]
     assert said and said[0].startswith("interrupted: finishing the") and 2 <= len(stored) <= 3  # the 4th never ran
     assert all(v.correct for v in stored), [v.error for v in stored]  # finished, not aborted
+
+
+def test_default_workers_grow_with_the_gpus_up_to_the_cores(monkeypatch):
+    from cuda_agent.judge import pool
+
+    monkeypatch.setattr(pool.os, "cpu_count", lambda: 32)
+    assert [pool.default_workers("cuda", n) for n in (1, 2, 4)] == [16, 32, 32]  # 16 per GPU, the cores at most
+    monkeypatch.setattr(pool.os, "cpu_count", lambda: 2)
+    assert pool.default_workers("cuda", 2) == 4  # still two per GPU on a small host
+    assert pool.default_workers("cpu", 1) == 1  # the cores are the device

@@ -33,9 +33,10 @@ def out_of_memory(error: str) -> bool:
 
 
 def default_workers(backend: str, devices: int) -> int:
-    """Enough evaluations in flight to keep every core building and every GPU busy. On the cpu backend the cores
-    are the device: builds beside a timed run would slow it, so one at a time unless asked."""
-    return 1 if backend == "cpu" else max(2 * devices, min(16, os.cpu_count() or 1))
+    """Enough evaluations in flight to keep every core building and every GPU busy: up to 16 per GPU (most of an
+    evaluation is CPU work or waits for the device), no more than the cores. On the cpu backend the cores are the
+    device: builds beside a timed run would slow it, so one at a time unless asked."""
+    return 1 if backend == "cpu" else max(2 * devices, min(16 * devices, os.cpu_count() or 1))
 
 
 class JudgePool:
