@@ -311,11 +311,11 @@ def _print_report(rep: dict, title: str, as_json: bool) -> None:
     failing = [t for t in rep["tasks"] if not t["verdict"]["correct"]]
     if failing:
         shown = 10
-        lines = Table(title=f"not correct: {len(failing)} of {len(rep['tasks'])} tasks", title_justify="left",
-                      show_header=False, box=None, padding=(0, 2))
-        for t in failing[:shown]:
-            lines.add_row(t["task"], (t["verdict"]["error"] or "not correct").splitlines()[0][:200])
-        out.print(lines)
+        out.print(f"not correct: {len(failing)} of {len(rep['tasks'])} tasks", highlight=False)
+        width = max(len(t["task"]) for t in failing[:shown])
+        for t in failing[:shown]:  # whole names and reasons, never wrapped or padded (piped or not)
+            reason = (t["verdict"]["error"] or "not correct").splitlines()[0][:200]
+            out.print(f"  {t['task']:<{width}}  {reason}", highlight=False, soft_wrap=True, markup=False)
         if len(failing) > shown:
             out.print(f"... and {len(failing) - shown} more (--json, or `cuda-agent report` on the database, for all)",
                       highlight=False)

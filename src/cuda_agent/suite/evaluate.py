@@ -57,9 +57,13 @@ def discover(suite_dir: Path, levels: Iterable[int] | None = None) -> list[Suite
     return tasks
 
 
+def solution_places(solutions_dir: Path, task: SuiteTask) -> tuple[Path, Path]:
+    """Where a task's solution may be: a single file of the same name, or a workspace folder named for its stem."""
+    return Path(solutions_dir) / task.level / task.path.name, Path(solutions_dir) / task.level / task.path.stem
+
+
 def find_solution(solutions_dir: Path, task: SuiteTask) -> Path | None:
-    single = Path(solutions_dir) / task.level / task.path.name
-    workspace = Path(solutions_dir) / task.level / task.path.stem
+    single, workspace = solution_places(solutions_dir, task)
     if single.is_file():
         return single
     if workspace.is_dir():
@@ -89,7 +93,8 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
         except (TaskError, CandidateError) as exc:
             ref, cand, early = None, None, str(exc)
         else:
-            early = None if cand else f"no solution found for {task.name}"
+            single, workspace = solution_places(solutions_dir, task)
+            early = None if cand else f"no solution found for {task.name} (neither {single} nor a folder {workspace})"
         key = f"{settings}|{ref.hash if ref else task.name}|{cand.hash if cand else 'none'}"
         stored = store.get("suite", key)
         if stored is not None or early:
