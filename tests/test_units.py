@@ -131,9 +131,11 @@ def test_spans_from_trace_counts_every_stream_inside_each_iteration():
         {"cat": "kernel", "name": "side", "ts": 115.0, "dur": 20.0, "args": {"stream": 13}},
         {"cat": "gpu_memcpy", "name": "copy", "ts": 205.0, "dur": 3.0},
         {"cat": "kernel", "name": "late", "ts": 260.0, "dur": 4.0},  # launched after the call returned
+        {"cat": "kernel", "name": "between", "ts": 170.0, "dur": 4.0},  # between the two calls
+        {"cat": "gpu_memset", "name": "edge", "ts": 250.0, "dur": 1.0},  # as the second call's window closes
     ]
     spans, kernels, outside = spans_from_trace(events, 2)
-    assert spans == [25.0, 3.0] and kernels == ["main", "side"] and outside == ["fill", "late"]
+    assert spans == [25.0, 46.0] and kernels == ["main", "side"] and outside == ["between", "fill", "late"]
     with pytest.raises(RuntimeError):
         spans_from_trace(events, 3)
 
