@@ -5,7 +5,8 @@ the profiler, exporting and parsing its trace, finding each call's device span) 
 give to another evaluation. Per task (a KernelBench reference's `Model`, eager, as the judge times baselines):
 the profiled run's stages in seconds, the trace's size, and the per-call device time the profiler reports beside
 CUDA events around the same calls without a profiler (its host overhead widens launch gaps, which the profiled
-span counts). `--synthetic` times only the span search on made-up traces (any machine, no GPU).
+span counts), the busy time inside each call (GPU activity with overlaps merged: no gaps), and the span when the
+profiler records CUDA activity only, if its call markers survive that. `--synthetic` times only the span search on made-up traces (any machine, no GPU).
 
     python benchmarks/timing_overhead.py --kernelbench DIR --out timing_overhead.json      # on a GPU
     python benchmarks/timing_overhead.py --synthetic
@@ -53,6 +54,43 @@ def synthetic_rows() -> list[dict]:
     return rows
 
 
+def trace(fn, iters: int, prepare, cuda_only: bool) -> list[dict]:
+    """The chrome-trace events of `iters` marked calls, profiling CPU and CUDA activity (as the judge does) or
+    CUDA activity only (no per-op host overhead; the question is whether the call markers survive)."""
+    import json
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CUDA] if cuda_only else [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as prof:
+        for i in range(iters):
+            prepare(i)
+            with record_function(f"{MARKER}{i}"):
+                fn()
+                torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        return json.loads(Path(f.name).read_text()).get("traceEvents", [])
+
+
+def busy_us(events: list[dict]) -> list[float]:
+    """Per marked call, the time some GPU activity was running (overlaps merged; launch gaps not counted)."""
+    windows = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
+                     if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(MARKER))
+    busy = []
+    for w0, w1 in windows:
+        spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
+                       if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and w0 <= float(e["ts"]) <= w1)
+        total, end = 0.0, -math.inf
+        for a, b in spans:
+            total += max(0.0, b - max(a, end))
+            end = max(end, b)
+        busy.append(total)
+    return busy
+
+
 def task_row(path: Path, target_time_s: float) -> dict:
     """One task's Model timed as the judge times a baseline (calls chosen for `target_time_s`, L2 flushed before
     each), once under the profiler and once with CUDA events only."""
@@ -95,13 +133,18 @@ def task_row(path: Path, target_time_s: float) -> dict:
         torch.cuda.synchronize()
         events_us.append(begin.elapsed_time(end) * 1000)
     profiled, plain = statistics.median(raw["device_us"]), statistics.median(events_us)
+    busy = statistics.median(busy_us(trace(fn, iters, prepare, cuda_only=False)))
+    cuda_only = trace(fn, iters, prepare, cuda_only=True)
+    markers = sum(e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(MARKER) for e in cuda_only)
+    only = statistics.median(spans_from_trace(cuda_only, iters)[0]) if markers == iters else None
     del model, inputs
     torch.cuda.empty_cache()
     return {"task": f"{path.parent.name}/{path.stem}", "iters": iters, "events": raw["events"],
             "kernels_per_call": len(raw["kernel_names"]), "run_s": round(total, 3),
             **{f"{k}_s": v for k, v in raw["seconds"].items()},
             "profiled_us": round(profiled, 1), "cuda_events_us": round(plain, 1),
-            "profiled_vs_events": round(profiled / plain, 3) if plain else None}
+            "profiled_vs_events": round(profiled / plain, 3) if plain else None, "busy_us": round(busy, 1),
+            "cuda_only_markers": markers, "cuda_only_span_us": None if only is None else round(only, 1)}
 
 
 def main() -> None:
@@ -114,6 +157,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = synthetic_rows()
     if not args.synthetic:
+        trace(lambda: None, 1, lambda i: None, cuda_only=False)  # CUPTI starts once per process (~4 s), not per task
         if args.kernelbench is None:
             ap.error("--kernelbench DIR is needed (or --synthetic)")
         for name in filter(None, args.tasks.split(",")):
@@ -121,7 +165,8 @@ def main() -> None:
             print(rows[-1], flush=True)
     write(args.out, "Timing overhead", rows,
           ["task", "iters", "events", "kernels_per_call", "run_s", "profiled_calls_s", "export_s", "parse_s",
-           "spans_s", "profiled_us", "cuda_events_us", "profiled_vs_events"], {"target_time_s": args.target_time})
+           "spans_s", "profiled_us", "cuda_events_us", "profiled_vs_events", "busy_us", "cuda_only_markers",
+           "cuda_only_span_us"], {"target_time_s": args.target_time})
 
 
 if __name__ == "__main__":
