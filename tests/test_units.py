@@ -261,3 +261,45 @@ def test_a_cached_baseline_is_stale_only_when_both_checks_disagree_the_same_way(
     assert stale(t(32042), t(1502), t(1498), 0.10)  # the case: cached in a busy moment
     assert not stale(t(52), t(71), t(51.6), 0.10)  # launch-bound noise around a sound baseline (H200)
     assert not stale(t(100), t(60), t(160), 0.10)  # the machine moved both ways: noise, not a stale baseline
+
+
+def test_settle_waits_for_a_thread_still_runnable_and_sees_it_work(monkeypatch):
+    # On a busy machine a thread left working when forward returned may not run during the first watch: it is
+    # runnable then (here: says so once, and only starts working when asked), and must be seen working, not missed.
+    import threading
+    import time
+
+    from cuda_agent.judge import candidate_worker
+    from cuda_agent.judge.process import WorkerFailure
+
+    guard = candidate_worker.Guard()
+    go, stop = threading.Event(), threading.Event()
+
+    def late_work():
+        go.wait()
+        while not stop.is_set():
+            time.process_time()
+
+    worker = threading.Thread(target=late_work)
+    worker.start()
+    real = candidate_worker.runnable
+    calls = []
+
+    def runnable(tids):
+        calls.append(list(tids))
+        if len(calls) == 1:  # the first watch saw nothing done: the thread is only now scheduled
+            go.set()
+            return list(tids)
+        return real(tids)
+
+    monkeypatch.setattr(candidate_worker, "runnable", runnable)
+    try:
+        with pytest.raises(WorkerFailure, match="after forward returned"):
+            guard.settle("timed call 7", 50.0)
+    finally:
+        stop.set()
+        go.set()
+        worker.join()
+    assert calls and calls[0], "the worker thread was not among the candidate's threads"
+    quiet = candidate_worker.Guard()
+    quiet.settle("timed call 8", 50.0)  # no thread of the candidate: returns after one watch

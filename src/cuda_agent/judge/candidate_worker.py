@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -40,7 +40,8 @@ from .tensors import checksum, leaves, make_inputs, refill
 from .timing import Hooks, time_callable
 from .transfer import export_outputs
 
-SETTLE_S = 0.002  # how long the worker watches the other threads after each call
+SETTLE_S = 0.002  # how long the worker watches the other threads after each call ...
+SETTLE_MAX_S = 0.25  # ... and at most, while one of them is still runnable (not yet scheduled on a busy machine)
 IDLE_US = 100.0  # CPU time other threads may take in that window (waking pools going back to sleep) ...
 IDLE_FRACTION = 0.25  # ... plus this share of the call's own duration
 
@@ -116,6 +117,19 @@ def thread_cpu_us(tids: set[str] | None = None) -> dict[str, float]:
     return found
 
 
+def runnable(tids: Iterable[str]) -> list[str]:
+    """Those of this process's threads `tids` that are running or waiting for a CPU (state R)."""
+    found = []
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:  # it has ended
+            continue
+        if stat[stat.rindex(")") + 2:].startswith("R"):
+            found.append(tid)
+    return found
+
+
 @dataclass
 class Mark:
     """The CPU clocks at one moment: the process's, the harness threads' sum read just before and just after it,
@@ -184,12 +198,22 @@ class Guard:
                     self.seen[tid] = "?"
 
     def settle(self, label: str, call_us: float) -> None:
-        """After a call returned: its threads must be done (fails the candidate at once if they are not)."""
+        """After a call returned: its threads must be done (fails the candidate at once if they are not). Watched for
+        SETTLE_S, and longer while one of them is runnable: on a busy machine a thread left working may not have
+        been scheduled yet, and it must be seen working rather than pass unseen."""
         start = self.mark()
-        time.sleep(SETTLE_S)
-        busy, threads = self.busy_us(start)
-        if busy > self.limit_us(call_us):
-            raise self._fail(label, busy, f"after forward returned ({call_us:.0f} us)", threads)
+        deadline = time.monotonic() + SETTLE_MAX_S
+        while True:
+            time.sleep(SETTLE_S)
+            busy, threads = self.busy_us(start)
+            if busy > self.limit_us(call_us):
+                raise self._fail(label, busy, f"after forward returned ({call_us:.0f} us)", threads)
+            waiting = runnable(threads)
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise self._fail(label, busy, f"after forward returned ({call_us:.0f} us), still runnable "
+                                              f"{SETTLE_MAX_S * 1e3:.0f} ms later", {t: threads[t] for t in waiting})
 
     def check_quiet(self, since: Mark, label: str, call_us: float) -> None:
         """Nothing of the candidate's ran while the judge prepared a call (since the mark)."""
