@@ -135,7 +135,8 @@ def task_row(path: Path, target_time_s: float) -> dict:
     profiled, plain = statistics.median(raw["device_us"]), statistics.median(events_us)
     busy = statistics.median(busy_us(trace(fn, iters, prepare, cuda_only=False)))
     cuda_only = trace(fn, iters, prepare, cuda_only=True)
-    markers = sum(e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(MARKER) for e in cuda_only)
+    marked = [e.get("cat") for e in cuda_only if str(e.get("name", "")).startswith(MARKER)]
+    markers, gpu_markers = marked.count("user_annotation"), marked.count("gpu_user_annotation")
     only = statistics.median(spans_from_trace(cuda_only, iters)[0]) if markers == iters else None
     del model, inputs
     torch.cuda.empty_cache()
@@ -144,7 +145,7 @@ def task_row(path: Path, target_time_s: float) -> dict:
             **{f"{k}_s": v for k, v in raw["seconds"].items()},
             "profiled_us": round(profiled, 1), "cuda_events_us": round(plain, 1),
             "profiled_vs_events": round(profiled / plain, 3) if plain else None, "busy_us": round(busy, 1),
-            "cuda_only_markers": markers, "cuda_only_span_us": None if only is None else round(only, 1)}
+            "cuda_only_markers": markers, "cuda_only_gpu_markers": gpu_markers, "cuda_only_span_us": None if only is None else round(only, 1)}
 
 
 def main() -> None:
@@ -166,7 +167,7 @@ def main() -> None:
     write(args.out, "Timing overhead", rows,
           ["task", "iters", "events", "kernels_per_call", "run_s", "profiled_calls_s", "export_s", "parse_s",
            "spans_s", "profiled_us", "cuda_events_us", "profiled_vs_events", "busy_us", "cuda_only_markers",
-           "cuda_only_span_us"], {"target_time_s": args.target_time})
+           "cuda_only_gpu_markers", "cuda_only_span_us"], {"target_time_s": args.target_time})
 
 
 if __name__ == "__main__":
