@@ -6,9 +6,10 @@ give to another evaluation. Per task (a KernelBench reference's `Model`, eager, 
 the profiled run's stages in seconds, the trace's size, and the per-call device time the profiler reports beside
 CUDA events around the same calls without a profiler (its host overhead widens launch gaps, which the profiled
 span counts), the busy time inside each call (GPU activity with overlaps merged: no gaps), and the span when the
-profiler records CUDA activity only, if its call markers survive that. `--synthetic` times only the span search on made-up traces (any machine, no GPU).
+profiler records CUDA activity only, if its call markers survive that. `--synthetic` times only the span search
+on made-up traces (any machine, no GPU).
 
-    python benchmarks/timing_overhead.py --kernelbench DIR --out timing_overhead.json      # on a GPU
+    python benchmarks/timing_overhead.py --kernelbench DIR --out timing_overhead.json   # on a GPU
     python benchmarks/timing_overhead.py --synthetic
 """
 
@@ -145,7 +146,8 @@ def task_row(path: Path, target_time_s: float) -> dict:
             **{f"{k}_s": v for k, v in raw["seconds"].items()},
             "profiled_us": round(profiled, 1), "cuda_events_us": round(plain, 1),
             "profiled_vs_events": round(profiled / plain, 3) if plain else None, "busy_us": round(busy, 1),
-            "cuda_only_markers": markers, "cuda_only_gpu_markers": gpu_markers, "cuda_only_span_us": None if only is None else round(only, 1)}
+            "cuda_only_markers": markers, "cuda_only_gpu_markers": gpu_markers,
+            "cuda_only_span_us": None if only is None else round(only, 1)}
 
 
 def main() -> None:

@@ -113,7 +113,8 @@ def test_every_row_of_a_dataset_becomes_a_training_task_in_row_order(tiny_smollm
                                       str(tmp_path / "ops.parquet"), "--out", str(tmp_path / "run"),
                                       "--gpus-per-node", "2", "--batch", "8", "--dry-run"])
     assert result.exit_code == 0, result.output
-    names = [row["extra_info"]["task"] for row in pq.read_table(tmp_path / "run" / "data" / "train.parquet").to_pylist()]
+    rows = pq.read_table(tmp_path / "run" / "data" / "train.parquet").to_pylist()
+    names = [row["extra_info"]["task"] for row in rows]
     assert names == [f"ops_row{i}" for i in range(12)]  # all 12, row 10 after row 9
     (tmp_path / "bad.parquet").write_text("not parquet")
     result = CliRunner().invoke(app, ["train", "verl", "--stage", "warmup", "--model", str(tiny_smollm2), "--data",
