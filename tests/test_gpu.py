@@ -149,6 +149,34 @@ def test_a_process_started_in_forward_fails_on_the_gpu(gpu_judge, tmp_path):
     assert verdict.reward == -1 and "SIGSYS" in verdict.error, verdict.error
 
 
+FORGED_MARKER = """
+
+from torch.autograd.profiler import record_function
+
+
+class ModelNew(Model):
+    calls = 0
+
+    def forward(self, x):
+        out = super().forward(x)
+        torch.cuda.synchronize()
+        with record_function(f"cuda_agent_iter_{ModelNew.calls}"):  # the harness's name, around nothing
+            ModelNew.calls += 1
+        return out
+"""
+
+
+def test_a_range_named_like_the_harness_call_markers_fails(cache_dir, tmp_path):
+    # The range would replace its call's window: the call's kernels (torch's, allowed by this policy) would fall
+    # outside every window, where torch's kernels are the harness's own (flush, inputs), and cost nothing.
+    from cuda_agent.judge import Judge
+
+    forged = tmp_path / "forged_marker.py"
+    forged.write_text(AFFINE.read_text() + FORGED_MARKER)
+    verdict = Judge("cuda", fast_config(cache_dir, policy="kernelbench")).evaluate(AFFINE, forged)
+    assert verdict.reward == -1 and "call markers" in verdict.error, (verdict.error, verdict.times_us)
+
+
 def test_nvcc_error_names_file_and_line(gpu_judge, make_workspace):
     ws = make_workspace("affine_relu_cuda", {KERNEL: [("v.x = fmaxf", "v.x = no_such_function")]})
     verdict = gpu_judge.evaluate(AFFINE, ws)
@@ -365,5 +393,6 @@ def test_the_pool_uses_every_gpu_one_device_phase_at_a_time_and_keeps_references
         verdicts = [f.result() for f in [pool.submit(task, cand) for task, cand in work]]
         started = [len(judge.references.workers) for judge in pool.judges]
     assert [v.correct for v in verdicts] == [True, False, True] * 2, [v.error for v in verdicts]
-    assert all(lock.most == 1 for lock in locks) and sum(lock.entries for lock in locks) == len(work)
+    # never two timed runs on one device; only the verified ones are timed (verification holds the device shared)
+    assert all(lock.most == 1 for lock in locks) and sum(lock.entries for lock in locks) == 4
     assert all(lock.entries for lock in locks) and started == [1] * len(devices)  # every GPU; one warm reference

@@ -3,8 +3,14 @@ harness's own threads, however busy, are not."""
 
 import threading
 import time
+from types import SimpleNamespace
 
-from cuda_agent.judge.candidate_worker import Guard
+import pytest
+import torch
+
+from cuda_agent.backend import get_backend
+from cuda_agent.judge.candidate_worker import Guard, TimedCalls
+from cuda_agent.judge.process import WorkerFailure
 
 
 def burn(seconds: float) -> None:
@@ -49,3 +55,40 @@ def test_the_guard_charges_candidate_threads_alive_or_ended_and_never_the_harnes
     finally:
         stop.set()
         harness.join()
+
+
+class SlowJudge:
+    """The judge's side of the timing handshake, taking 50 ms per reply (an export, a busy machine)."""
+
+    def __init__(self):
+        self.seeds = iter(range(100))
+
+    def send(self, event, **payload):
+        pass
+
+    def receive(self):
+        time.sleep(0.05)
+        return {"seed": next(self.seeds)}
+
+
+def test_a_thread_that_waits_out_the_watch_after_a_call_and_works_before_the_next_is_seen():
+    """The watch after a call ends after 2 ms when no candidate thread is runnable; a thread that sleeps past it
+    and computes while the judge exchanges messages with the worker (before the next call is prepared) must be
+    seen: the watch goes on from the end of one call's watch to the start of the next call."""
+    guard = Guard()
+    cand = SimpleNamespace(chan=SlowJudge(), req={"timing": {"warmup": 1}}, guard=guard, device="cpu",
+                           backend=get_backend("cpu"), task=SimpleNamespace(get_inputs=lambda: [torch.ones(4)]))
+    hooks = TimedCalls(cand, None)
+    for call in (0, 1):  # a warm-up call, then the first timed one: no work outside them
+        hooks.before(call)
+        hooks.ready(call)
+        hooks.after(call, 50.0)
+    hooks.before(2)
+    hooks.ready(2)
+    late = threading.Thread(target=lambda: (time.sleep(0.006), burn(0.005)), name="late")
+    late.start()  # call 2 starts it; it sleeps (not runnable) through the 2 ms watch after the call
+    hooks.after(2, 50.0)
+    hooks.before(3)  # the 50 ms handshake: the thread works in it
+    late.join()
+    with pytest.raises(WorkerFailure, match="timed call 3: threads of the candidate computed for"):
+        hooks.ready(3)

@@ -50,8 +50,9 @@ def test_the_pool_judges_at_once_one_device_phase_at_a_time_as_a_lone_judge_woul
     with JudgePool("cpu", fast_config(cache_dir), workers=3) as pool:
         lock = pool.judges[0].device_lock = CountingLock()
         together = [f.result() for f in [pool.submit(task, cand) for task, cand in work]]
-    # never two at once on the device; the last never reaches it (ModelNew(features) fails before, off the lock)
-    assert lock.most == 1 and lock.entries == 3
+    # never two timed runs at once; the wrong candidate fails its verification (under the shared hold) and the last
+    # never reaches the device (ModelNew(features) fails before, off the lock)
+    assert lock.most == 1 and lock.entries == 2
     for a, b in zip(alone, together):
         assert (a.compiled, a.correct, a.policy_violations, a.task, a.candidate, a.policy) == \
                (b.compiled, b.correct, b.policy_violations, b.task, b.candidate, b.policy)
@@ -71,7 +72,41 @@ def test_an_evaluation_that_ran_out_of_device_memory_beside_others_is_judged_aga
     assert not failed.correct and "out of memory" in failed.error
     assert "ran out of device memory beside other evaluations: judged again alone" in failed.warnings
     assert fine.correct and not any("judged again" in w for w in fine.warnings), fine.error
-    assert lock.most == 1 and lock.entries == 3  # two evaluations, then the retry holding it from start to end
+    # the good one's timing, then the retry holding it from start to end (the first try failed in verification)
+    assert lock.most == 1 and lock.entries == 2
+
+
+class SharedCountingLock(DeviceLock):
+    """A device lock that counts its shared holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared_entries = 0
+
+    @contextmanager
+    def shared(self):
+        with super().shared():
+            self.shared_entries += 1
+            yield
+
+
+def test_torch_compile_hands_the_device_back_while_it_compiles(cache_dir, monkeypatch):
+    """Where the device is not the CPU, the baseline's compilation (CPU seconds) runs beside timed runs: the
+    reference worker holds the device shared for torch.compile's first run but hands it back while dynamo and
+    inductor compile, and takes it again to run. On the cpu backend (compiling would disturb its timing) it holds
+    the device throughout."""
+    shared = {}
+    for beside in (False, True):
+        cfg = fast_config(cache_dir, target_time_s=0.09 if beside else 0.08)  # its own baselines: compiled afresh
+        with Judge("cpu", cfg) as judge:
+            monkeypatch.setattr(judge.backend, "compiles_beside_timing", beside)
+            lock = judge.device_lock = SharedCountingLock()
+            verdict = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+        assert verdict.correct, verdict.error
+        shared[beside] = (lock.shared_entries, verdict.phases_s.get("baseline_compile_unlocked", 0.0))
+    assert shared[False] == (3, 0.0)  # begin, the compiled run, verification
+    entries, unlocked = shared[True]  # and again after each frame compiled
+    assert entries >= 4 and 0 < unlocked <= verdict.phases_s["baseline_compile"], (shared, verdict.phases_s)
 
 
 def test_idle_reference_workers_are_kept_within_count_and_memory(monkeypatch, tmp_path):

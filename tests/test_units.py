@@ -7,7 +7,7 @@ import torch
 
 from cuda_agent.judge.compare import compare_tensor, compare_trial
 from cuda_agent.judge.config import PolicyConfig
-from cuda_agent.gpu_timing import spans_from_trace
+from cuda_agent.gpu_timing import spans
 from cuda_agent.judge.policy import scan_sources
 from cuda_agent.judge.reward import milestone_reward
 from cuda_agent.judge.tensors import checksum
@@ -122,22 +122,65 @@ def test_checksum_sees_a_single_changed_element():
     assert checksum([x.clone(), 3]) == before and checksum([y, 3]) != before
 
 
-def test_spans_from_trace_counts_every_stream_inside_each_iteration():
-    events = [
-        {"cat": "user_annotation", "name": "cuda_agent_iter_0", "ts": 100.0, "dur": 50.0},
-        {"cat": "user_annotation", "name": "cuda_agent_iter_1", "ts": 200.0, "dur": 50.0},
-        {"cat": "kernel", "name": "fill", "ts": 90.0, "dur": 5.0},  # the L2 flush, outside every window
-        {"cat": "kernel", "name": "main", "ts": 110.0, "dur": 10.0, "args": {"stream": 7}},
-        {"cat": "kernel", "name": "side", "ts": 115.0, "dur": 20.0, "args": {"stream": 13}},
-        {"cat": "gpu_memcpy", "name": "copy", "ts": 205.0, "dur": 3.0},
-        {"cat": "kernel", "name": "late", "ts": 260.0, "dur": 4.0},  # launched after the call returned
-        {"cat": "kernel", "name": "between", "ts": 170.0, "dur": 4.0},  # between the two calls
-        {"cat": "gpu_memset", "name": "edge", "ts": 250.0, "dur": 1.0},  # as the second call's window closes
+def test_spans_count_every_stream_inside_each_iteration():
+    found = [
+        ("user_annotation", "cuda_agent_iter_0", 100.0, 150.0),
+        ("user_annotation", "cuda_agent_iter_1", 200.0, 250.0),
+        ("kernel", "fill", 90.0, 95.0),  # the L2 flush, outside every window
+        ("kernel", "main", 110.0, 120.0),  # (stream 7)
+        ("kernel", "side", 115.0, 135.0),  # (stream 13)
+        ("gpu_memcpy", "copy", 205.0, 208.0),
+        ("kernel", "late", 260.0, 264.0),  # launched after the call returned
+        ("kernel", "between", 170.0, 174.0),  # between the two calls
+        ("gpu_memset", "edge", 250.0, 251.0),  # as the second call's window closes
+        ("gpu_user_annotation", "cuda_agent_iter_0", 110.0, 135.0),  # the profiler's GPU-side copy of a marker
     ]
-    spans, kernels, outside = spans_from_trace(events, 2)
-    assert spans == [25.0, 46.0] and kernels == ["main", "side"] and outside == ["between", "fill", "late"]
+    device_us, kernels, outside = spans(found, 2)
+    assert device_us == [25.0, 46.0] and kernels == ["main", "side"] and outside == ["between", "fill", "late"]
     with pytest.raises(RuntimeError):
-        spans_from_trace(events, 3)
+        spans(found, 3)
+
+
+def test_a_candidate_cannot_shrink_a_calls_window_with_a_range_of_the_harness_name():
+    """A forward that opens `record_function("cuda_agent_iter_<k>")` around nothing, after its work is done, would
+    replace call k's window: its kernels would fall outside every window and the call would cost nothing."""
+    honest = [("user_annotation", "cuda_agent_iter_0", 100.0, 200.0), ("kernel", "work", 110.0, 180.0)]
+    assert spans(honest, 1)[0] == [70.0]
+    for forged in (("user_annotation", "cuda_agent_iter_0", 190.0, 191.0),
+                   ("user_annotation", "cuda_agent_iter_x", 190.0, 191.0)):
+        with pytest.raises(RuntimeError, match="2 call markers for 1 timed calls"):
+            spans(honest + [forged], 1)
+
+
+def test_the_timing_profiler_records_the_call_markers_and_no_torch_op():
+    """The profiler as `measure_with_profiler` starts it (host side, this torch): the markers come back from its
+    own results, torch's ops are not recorded (their per-op cost would widen launch gaps), and a range the
+    candidate opens with the harness's name is among the events, so `spans` counts it."""
+    from torch._C._profiler import ProfilerActivity, ProfilerConfig, ProfilerState, RecordScope, _ExperimentalConfig
+    from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+    from torch.autograd.profiler import record_function
+
+    from cuda_agent.gpu_timing import activities_of
+
+    config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
+    _prepare_profiler(config, {ProfilerActivity.CPU})
+    _enable_profiler(config, {ProfilerActivity.CPU}, {RecordScope.USER_SCOPE})
+    try:
+        for i in range(3):
+            with record_function(f"cuda_agent_iter_{i}"):
+                torch.ones(100).mul_(2).sum()
+                if i == 2:
+                    with record_function("cuda_agent_iter_1"):  # forged inside call 2
+                        pass
+    finally:
+        events = _disable_profiler().events()
+    assert not [e.name() for e in events if e.name().startswith("aten::")]
+    found = activities_of(events)
+    assert [name for _, name, _, _ in found] == ["cuda_agent_iter_0", "cuda_agent_iter_1", "cuda_agent_iter_2",
+                                                 "cuda_agent_iter_1"]
+    assert all(start <= end for _, _, start, end in found)
+    with pytest.raises(RuntimeError, match="4 call markers for 3 timed calls"):
+        spans(found, 3)
 
 
 def test_shape_constants_are_the_sizes_only_get_inputs_uses():

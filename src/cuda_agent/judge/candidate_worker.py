@@ -215,11 +215,12 @@ class Guard:
                 raise self._fail(label, busy, f"after forward returned ({call_us:.0f} us), still runnable "
                                               f"{SETTLE_MAX_S * 1e3:.0f} ms later", {t: threads[t] for t in waiting})
 
-    def check_quiet(self, since: Mark, label: str, call_us: float) -> None:
-        """Nothing of the candidate's ran while the judge prepared a call (since the mark)."""
+    def check_quiet(self, since: Mark, label: str, call_us: float,
+                    when: str = "while the judge prepared the call") -> None:
+        """Nothing of the candidate's ran since the mark (while the judge checked the last call, prepared the next)."""
         busy, threads = self.busy_us(since)
         if busy > self.limit_us(call_us):
-            raise self._fail(label, busy, "while the judge prepared the call", threads)
+            raise self._fail(label, busy, when, threads)
 
 
 def installed_folders() -> list[str]:
@@ -234,16 +235,11 @@ def installed_folders() -> list[str]:
 
 def start_harness_threads(backend) -> None:
     """Whatever threads torch's pool, the CUDA context and the profilers start, they start now (the Guard)."""
-    from torch.profiler import ProfilerActivity, profile
-
     torch.ones(1 << 22).mul_(2)  # enough chunks for torch's whole CPU thread pool
     x = torch.ones(1 << 16, device=backend.device)
     with ThreadAudit(()):
         x.mul_(2)
-    if backend.device == "cuda":
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
-            x.mul_(2)
-            backend.synchronize()
+    backend.warm_up()  # the device's context and its profiler (CUPTI's threads)
     x.sum().item()
 
 
@@ -403,7 +399,8 @@ class TimedCalls(Hooks):
         fresh = make_inputs(self.cand.task, int(seed), self.cand.device)
         self.inputs = fresh if self.inputs is None else refill(self.inputs, fresh)
         self.cand.backend.synchronize()
-        self.mark = self.cand.guard.mark()
+        if self.mark is None or call == self.warmup:  # else watched since the last call's watch ended (`after`)
+            self.mark = self.cand.guard.mark()  # (the timed calls' profiler has just started: its own threads)
 
     def ready(self, call: int) -> None:
         self.cand.guard.check_quiet(self.mark, f"timed call {call}", self.call_us)
@@ -411,9 +408,12 @@ class TimedCalls(Hooks):
     def after(self, call: int, host_us: float) -> None:
         self.done, self.call_us = call, host_us
         self.cand.guard.settle(f"timed call {call}", host_us)
+        self.mark = self.cand.guard.mark()  # the handshake, an export and the next inputs are watched too
 
     def finish(self) -> None:
-        self._handshake(None)
+        self._handshake(None)  # the last call's outputs may be exported here
+        self.cand.guard.check_quiet(self.mark, f"timed call {self.done}", self.call_us,
+                                    "after it returned, while the judge checked it")
 
 
 def start(req: dict, chan: Channel) -> dict:

@@ -1,7 +1,7 @@
-"""Who may use a device when: verification and timing alone (`exclusive`), other device work side by side
-(`shared`: torch.compile's first run of a reference, which runs the model on the device). A waiting exclusive
-holder goes first, so shared work cannot starve timing, and no timed run ever overlaps a compile's kernels. The
-thread holding it exclusively may enter it again either way (an evaluation judged alone from start to end)."""
+"""Who may use a device when: timing alone (`exclusive`), other device work side by side (`shared`: verification,
+the reference's first runs of `Model` and of torch.compile). A waiting exclusive holder goes first, so shared work
+cannot starve timing, and no timed run ever overlaps another process's kernels. The thread holding it exclusively
+may enter it again either way (an evaluation judged alone from start to end)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import os
 import secrets
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -85,7 +85,7 @@ class Judge:
         self.timekeeper = Timekeeper(self.config, self.store)
         self.references = ReferencePool(self.config.warm_references, self.cache_dir / "runs",
                                         self.config.warm_memory_gb * 2**30)
-        self.device_lock = DeviceLock()  # verification and timing: one evaluation at a time on the device
+        self.device_lock = DeviceLock()  # timing: one evaluation at a time on the device
         self.spares = Spares(self.config.spare_candidates, self.cache_dir / "runs", self._start_candidate)
         self.on_phase: Callable[[str, float], None] | None = None  # (phase, seconds) as each phase ends
 
@@ -216,15 +216,22 @@ class Judge:
                 verdict.warnings += initialised.get("warnings", [])
                 baseline_key = self._baseline_key(task, verdict)
                 if self.store.get("baselines", baseline_key) is None:  # compile torch.compile's baseline meanwhile
-                    with self.device_lock.shared():  # its first run uses the device: never beside a timed run
-                        ref.call({"command": "prepare"}, "prepared", cfg.reference_timeout_s)
+                    unlocked = self._compile_baseline(ref)
                     phases.mark("baseline_compile")
-                with self.device_lock.exclusive():  # verification and timing: nothing else runs on the device
-                    phases.mark("device_queued")
+                    if unlocked:
+                        verdict.phases_s["baseline_compile_unlocked"] = round(unlocked, 3)
+                # Verification runs beside other evaluations' shared device work (their compiles' runs, their
+                # verifications), never beside a timed run; timing has the device to itself.
+                with self.device_lock.shared():
+                    phases.mark("verify_queued")
                     deadline = time.monotonic() + cfg.run_timeout_s
                     if not self._verify(task, ref, worker, seeds, deadline, verdict):
                         return
                     phases.mark("verify")
+                waiting = time.monotonic()
+                with self.device_lock.exclusive():
+                    phases.mark("device_queued")
+                    deadline += time.monotonic() - waiting  # the candidate's time does not run while it waits
                     try:
                         outcome = self.timekeeper.run(
                             baseline_key,
@@ -244,6 +251,34 @@ class Judge:
         except ReferenceFailed as exc:  # the reference ran before, so the candidate may be the cause (e.g. OOM)
             verdict.correct = False
             verdict.error = f"evaluation aborted: {exc}"
+
+    def _compile_baseline(self, ref: ReferenceWorker) -> float:
+        """torch.compile's first run, before the device is this evaluation's: its kernels and inductor's benchmarks
+        use the device, so they hold it shared (never beside a timed run); while dynamo and inductor compile (CPU
+        seconds, up to minutes for a large model) the reference worker hands it back and timed runs go on. Returns
+        the seconds it was handed back (0 where compiling would disturb timing: on the cpu backend)."""
+        cfg = self.config
+        gate = self.backend.compiles_beside_timing
+        held = ExitStack()
+        held.enter_context(self.device_lock.shared())
+        try:
+            ref.send({"command": "prepare", "gate": gate})
+            deadline = time.monotonic() + cfg.reference_timeout_s
+            while True:
+                msg = ref.next_message(deadline)
+                if msg["event"] == "prepared":
+                    return float(msg.get("unlocked_s", 0.0))
+                if gate and msg["event"] == "device_free":
+                    held.close()
+                elif gate and msg["event"] == "device_wanted":
+                    began = time.monotonic()
+                    held.enter_context(self.device_lock.shared())
+                    deadline += time.monotonic() - began  # waiting for timed runs is not the reference's time
+                    ref.send({"device": True})
+                else:
+                    raise ReferenceFailed(f"reference {ref.task.path}: {msg.get('error', msg)}")
+        finally:
+            held.close()
 
     def _candidate_step(self, worker: WorkerProcess, expected: str, verdict: Verdict,
                         cand: Candidate) -> dict[str, Any] | None:

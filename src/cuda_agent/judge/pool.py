@@ -2,9 +2,9 @@
 
 One `Judge` per device (GPU index, or the CPU), all sharing the cache (objects, precompiled headers, published
 libraries, baselines). Evaluations run on threads: builds, candidate loads and everything else on the CPU overlap
-on all cores, while verification and timing hold their device's lock, so no two timed runs share a device. Each
-evaluation goes to the device with the fewest in flight. Verdicts are those a lone `Judge` gives: an evaluation
-that ran out of device memory while others shared the device is judged again with the device to itself.
+on all cores, while timing holds its device's lock (verification holds it shared), so no two timed runs share a
+device. Each evaluation goes to the device with the fewest in flight. Verdicts are those a lone `Judge` gives: an
+evaluation that ran out of device memory while others shared the device is judged again with the device to itself.
 
     with JudgePool("cuda", JudgeConfig(), devices=[0, 1]) as pool:
         futures = [pool.submit(task, candidate) for task, candidate in work]

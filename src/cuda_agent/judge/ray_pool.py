@@ -2,7 +2,7 @@
 rollouts from every node (optional extra `ray`; the local `JudgePool` stays the default).
 
 One actor per GPU (`num_gpus=1`: Ray gives each actor a GPU of its own, and its workers see only that GPU); each
-actor is a `Judge` taking `workers` evaluations at once on threads, with verification and timing one at a time
+actor is a `Judge` taking `workers` evaluations at once on threads, with timing one at a time
 on its GPU, as in `JudgePool`. Tasks and candidates travel by content, so an actor on another node needs no shared
 filesystem; the verdict comes back with the caller's paths.
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 import copy
 import random
 import secrets
+import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -42,6 +44,7 @@ class Reference:
         self.backend = get_backend(req["backend"])
         self.device = self.backend.device
         self.precision = self.backend.precision_flags(req["allow_tf32"])
+        self.backend.warm_up()  # the profiler's first start, not in the first timed run (under the device lock)
         self.module = _step("importing the reference", import_file, req["task_path"], "reference_task")
         for name in ("Model", "get_inputs", "get_init_inputs"):
             if not hasattr(self.module, name):
@@ -145,23 +148,99 @@ class Reference:
             self.compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
         return self.compiled
 
-    def prepare_baselines(self) -> dict:
+    def prepare_baselines(self, gate: "DeviceGate | None") -> dict:
         """torch.compile's compilation, done before the device is this evaluation's (it takes CPU seconds, not device
-        time); one call runs. A failure is left for `time_baselines` to report."""
+        time); one call runs. With a `gate`, the judge's shared hold on the device is handed back while dynamo and
+        inductor compile. A failure is left for `time_baselines` to report."""
         try:
-            with torch.no_grad():
+            with torch.no_grad(), (gate.compiling() if gate else nullcontext()):
                 self._compiled()(*make_inputs(self.module, secrets.randbelow(2**31), self.device))
-            self.backend.synchronize()
+                self.backend.synchronize()
         except Exception:
             pass
         self._release()
-        return {}
+        return {"unlocked_s": gate.unlocked_s if gate else 0.0}
 
     def time_eager(self, timing: dict) -> dict:
         """A short eager timing beside the candidate's: is the machine as it was when the baselines were taken?"""
         stats = self._timed(lambda inputs: self.model(*inputs), timing)
         self._release()
         return stats
+
+
+class DeviceGate:
+    """The judge's shared hold on the device during torch.compile's first run, seen from this worker. It holds the
+    device when the run starts; around dynamo's compilation of a frame (tracing, AOT autograd, inductor, Triton:
+    CPU work on fake tensors) it hands the device back (`device_free`) and asks for it again (`device_wanted`,
+    answered once no timed run holds the device); inductor's own benchmarks inside a compilation (pad_mm's) ask
+    for it too. Everything else of the run (its kernels, eager code between graphs, the autotuning of its first
+    launches) runs while the device is held. A torch without these functions keeps the device held throughout."""
+
+    def __init__(self, chan: Channel):
+        self.chan = chan
+        self.held = True
+        self.unlocked_s = 0.0
+        self._since = 0.0
+
+    @contextmanager
+    def compiling(self) -> Iterator[None]:
+        try:
+            from torch._dynamo import convert_frame
+            from torch._inductor.runtime.benchmarking import benchmarker
+            compile_frame, benchmark = convert_frame._compile, benchmarker.benchmark_gpu
+        except (ImportError, AttributeError):
+            yield
+            return
+        own = "benchmark_gpu" in vars(benchmarker)
+
+        def _compile(*args, **kwargs):
+            with self._free():
+                return compile_frame(*args, **kwargs)
+
+        def benchmark_gpu(*args, **kwargs):
+            with self._need():
+                return benchmark(*args, **kwargs)
+
+        convert_frame._compile, benchmarker.benchmark_gpu = _compile, benchmark_gpu
+        try:
+            yield
+        finally:
+            convert_frame._compile = compile_frame
+            if own:
+                benchmarker.benchmark_gpu = benchmark
+            else:
+                del benchmarker.benchmark_gpu
+
+    @contextmanager
+    def _free(self) -> Iterator[None]:
+        if not self.held:
+            yield
+            return
+        self.chan.send("device_free")
+        self.held, self._since = False, time.perf_counter()
+        try:
+            yield
+        finally:
+            self._take()
+
+    @contextmanager
+    def _need(self) -> Iterator[None]:
+        if self.held:
+            yield
+            return
+        self._take()
+        try:
+            yield
+        finally:
+            self.chan.send("device_free")
+            self.held, self._since = False, time.perf_counter()
+
+    def _take(self) -> None:
+        self.unlocked_s += time.perf_counter() - self._since
+        self.chan.send("device_wanted")
+        if not self.chan.receive().get("device"):
+            raise WorkerFailure("task_error", "the judge did not hand the device back")
+        self.held = True
 
 
 class FreshInputs(Hooks):
@@ -202,7 +281,7 @@ def start(req: dict, chan: Channel) -> dict:
         "compare": compare,
         "time": lambda cmd: ("baselines", ref.time_baselines()),
         "time_eager": lambda cmd: ("eager_timed", {"stats": ref.time_eager(cmd["timing"])}),
-        "prepare": lambda cmd: ("prepared", ref.prepare_baselines()),
+        "prepare": lambda cmd: ("prepared", ref.prepare_baselines(DeviceGate(chan) if cmd.get("gate") else None)),
         "memory": lambda cmd: ("memory", {"bytes": ref.backend.memory_held()}),
     }
 

@@ -68,13 +68,16 @@ class ReferenceWorker:
         self.process.send_fds(fds)
 
     def receive(self, expected: str, timeout_s: float, error: type[Exception] = ReferenceFailed) -> dict[str, Any]:
-        try:
-            msg = self.process.receive(time.monotonic() + timeout_s)
-        except WorkerDied as exc:
-            raise error(f"reference {self.task.path}: the reference worker {exc}") from exc
+        msg = self.next_message(time.monotonic() + timeout_s, error)
         if msg["event"] != expected:
             raise error(f"reference {self.task.path}: {msg.get('error', msg)}")
         return msg
+
+    def next_message(self, deadline: float, error: type[Exception] = ReferenceFailed) -> dict[str, Any]:
+        try:
+            return self.process.receive(deadline)
+        except WorkerDied as exc:
+            raise error(f"reference {self.task.path}: the reference worker {exc}") from exc
 
     @contextmanager
     def lease(self) -> Iterator["ReferenceWorker"]:
