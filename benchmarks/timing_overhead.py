@@ -79,9 +79,10 @@ def full_trace_run(fn, iters: int, prepare) -> tuple[float, float, int]:
     return time.perf_counter() - start, statistics.median(device_us), len(events)
 
 
-def task_row(path: Path, target_time_s: float) -> dict:
+def task_row(path: Path, target_time_s: float, rounds: int) -> dict:
     """One task's Model timed as the judge times a baseline (calls chosen for `target_time_s`, L2 flushed before
-    each), once under the profiler and once with CUDA events only."""
+    each): by the judge's timed run, by CUDA events with no profiler and under the former full trace, in turn for
+    `rounds` rounds (medians over the rounds)."""
     import torch
 
     from cuda_agent.backend import get_backend
@@ -108,10 +109,35 @@ def task_row(path: Path, target_time_s: float) -> dict:
         torch.cuda.synchronize()
         per_call = time.perf_counter() - start
     iters = int(min(100, max(10, math.ceil(target_time_s / max(per_call, 1e-6)))))
-    start = time.perf_counter()
-    raw = cuda.measure(fn, iters, prepare, lambda i, us: None)
-    total = time.perf_counter() - start
-    events_us = []
+    judged, plain, full = [], [], []  # per round: (seconds, median us[, events])
+    for _ in range(rounds):  # the three ways in turn, so that a drift of the machine touches each alike
+        start = time.perf_counter()
+        raw = cuda.measure(fn, iters, prepare, lambda i, us: None)
+        judged.append((time.perf_counter() - start, statistics.median(raw["device_us"]), raw))
+        plain.append(cuda_events_us(fn, iters, prepare))
+        full.append(full_trace_run(fn, iters, prepare))
+    del model, inputs
+    torch.cuda.empty_cache()
+    raw = judged[-1][2]
+    profiled = statistics.median(r[1] for r in judged)
+    events_us = statistics.median(plain)
+    full_us = statistics.median(r[1] for r in full)
+    return {"task": f"{path.parent.name}/{path.stem}", "iters": iters, "rounds": rounds, "events": raw["events"],
+            "kernels_per_call": len(raw["kernel_names"]), "run_s": round(statistics.median(r[0] for r in judged), 3),
+            **{f"{k}_s": v for k, v in raw["seconds"].items()}, "profiled_us": round(profiled, 1),
+            "full_trace_events": full[-1][2], "full_trace_run_s": round(statistics.median(r[0] for r in full), 3),
+            "full_trace_us": round(full_us, 1), "cuda_events_us": round(events_us, 1),
+            "profiled_vs_events": round(profiled / events_us, 3) if events_us else None,
+            "full_trace_vs_events": round(full_us / events_us, 3) if events_us else None,
+            "rounds_us": {"judge": [round(r[1], 1) for r in judged], "cuda_events": [round(u, 1) for u in plain],
+                          "full_trace": [round(r[1], 1) for r in full]}}
+
+
+def cuda_events_us(fn, iters: int, prepare) -> float:
+    """Median of CUDA events around each call, no profiler."""
+    import torch
+
+    times = []
     for _ in range(iters):
         prepare(0)
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -119,17 +145,8 @@ def task_row(path: Path, target_time_s: float) -> dict:
         fn()
         end.record()
         torch.cuda.synchronize()
-        events_us.append(begin.elapsed_time(end) * 1000)
-    profiled, plain = statistics.median(raw["device_us"]), statistics.median(events_us)
-    full_s, full_us, full_events = full_trace_run(fn, iters, prepare)
-    del model, inputs
-    torch.cuda.empty_cache()
-    return {"task": f"{path.parent.name}/{path.stem}", "iters": iters, "events": raw["events"],
-            "kernels_per_call": len(raw["kernel_names"]), "run_s": round(total, 3),
-            **{f"{k}_s": v for k, v in raw["seconds"].items()}, "profiled_us": round(profiled, 1),
-            "full_trace_events": full_events, "full_trace_run_s": round(full_s, 3), "full_trace_us": round(full_us, 1),
-            "cuda_events_us": round(plain, 1), "profiled_vs_events": round(profiled / plain, 3) if plain else None,
-            "full_trace_vs_events": round(full_us / plain, 3) if plain else None}
+        times.append(begin.elapsed_time(end) * 1000)
+    return statistics.median(times)
 
 
 def main() -> None:
@@ -137,6 +154,7 @@ def main() -> None:
     ap.add_argument("--kernelbench", type=Path, help="KernelBench problems folder (level1/ ...)")
     ap.add_argument("--tasks", default=TASKS, help="comma-separated task files under --kernelbench")
     ap.add_argument("--target-time", type=float, default=0.3, help="seconds of timed calls (JudgeConfig's default)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the three timings, in turn")
     ap.add_argument("--synthetic", action="store_true", help="only the span search on made-up traces (no GPU)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -151,10 +169,10 @@ def main() -> None:
         rows.append({"task": "the profiler's first start in this process",
                      "run_s": round(time.perf_counter() - start, 3)})
         for name in filter(None, args.tasks.split(",")):
-            rows.append(task_row(args.kernelbench / name, args.target_time))
+            rows.append(task_row(args.kernelbench / name, args.target_time, args.rounds))
             print(rows[-1], flush=True)
     write(args.out, "Timing overhead", rows,
-          ["task", "iters", "events", "kernels_per_call", "run_s", "profiled_calls_s", "read_s", "spans_s",
+          ["task", "iters", "rounds", "events", "kernels_per_call", "run_s", "profiled_calls_s", "read_s", "spans_s",
            "profiled_us", "full_trace_events", "full_trace_run_s", "full_trace_us", "cuda_events_us",
            "profiled_vs_events", "full_trace_vs_events"], {"target_time_s": args.target_time})
 

@@ -293,6 +293,34 @@ def test_libraries_built_for_older_gpus_get_machine_code_for_the_judge_s_gpu():
     assert machine_code_flags(["-arch=sm_100"], "90a") == []  # only newer GPUs: nothing to compile for this one
 
 
+def test_baselines_timed_just_now_stand_for_the_eager_check_before_the_candidate(tmp_path):
+    """A cold task's eager baseline is timed moments before the candidate, in the same hold of the device: it is the
+    check before the candidate (one timed run less); a cached baseline gets an eager check before and after."""
+    from cuda_agent.judge.config import JudgeConfig
+    from cuda_agent.judge.store import Store
+    from cuda_agent.judge.timekeeper import Timekeeper
+
+    def stats(us):
+        return {"median_us": us, "p20_us": us, "p80_us": us}
+
+    commands = []
+
+    def ref(command, event):
+        commands.append(command["command"])
+        if command["command"] == "time":
+            return {"eager": stats(100.0), "compile": stats(80.0), "compile_error": None}
+        return {"stats": stats(101.0)}
+
+    keeper = Timekeeper(JudgeConfig(cache_dir=tmp_path), Store(tmp_path / "judge.sqlite"))
+    keeper._time_candidate = lambda *args: stats(50.0)
+    cold = keeper.run("key", ref, None, 0.0, None)
+    assert commands == ["time", "time_eager"] and cold.record["eager_checks_us"] == [[100.0, 101.0]], commands
+    assert cold.record["status"] == "ok" and cold.record["source"] == "measured now"
+    commands.clear()
+    warm = keeper.run("key", ref, None, 0.0, None)
+    assert commands == ["time_eager", "time_eager"] and warm.record["source"] == "cache", commands
+
+
 def test_a_cached_baseline_is_stale_only_when_both_checks_disagree_the_same_way():
     from cuda_agent.judge.timekeeper import agree, stale
 

@@ -7,7 +7,7 @@ checked on a sample of the timed calls.
 - After a timed call the judge may ask for its outputs (which calls is decided here, after they ran, so the
   candidate cannot behave only on checked calls); the reference recomputes them from the same seed and compares.
 - Eager and torch.compile timings are cached per (task, device, torch version, settings), but each evaluation
-  times eager briefly just before and just after the candidate. When both disagree with the cached eager the same
+  times eager briefly just before (unless the baselines were timed just now) and just after the candidate. When both disagree with the cached eager the same
   way, the baselines were taken in other conditions: both are timed again (and the cache mended). When the eager
   timings of this evaluation would give the candidate different rewards, or its own timings spread too widely,
   the candidate is timed again, and after `timing_attempts` the result is "too noisy" rather than a speed claim.
@@ -86,7 +86,9 @@ class Timekeeper:
         candidate: dict[str, Any] = {}
         for attempt in range(1, cfg.timing_attempts + 1):
             record["attempts"] = attempt
-            before = self._eager_check(ref)
+            # Baselines timed just now, in this hold of the device: their eager timing is the one before the
+            # candidate (a timed run less for every cold task).
+            before = baselines["eager"] if attempt == 1 and cached is None else self._eager_check(ref)
             candidate = self._time_candidate(worker, deadline, check_call, record)
             after = self._eager_check(ref)
             record["eager_checks_us"].append([before["median_us"], after["median_us"]])
