@@ -7,6 +7,8 @@ build, verify + time), a sample spread over the levels; (b) distinct copies of a
 
     python benchmarks/judge_throughput.py --backend cuda --kernelbench DIR --tasks 12 --workspaces 12 \
         --modes serial,pool --out throughput.json     # add pool2 (--gpus 0,1) on a 2-GPU machine
+    # all 250 references, half per call, cold then again with the baselines cached (as a second suite run):
+    python benchmarks/judge_throughput.py --kernelbench DIR --tasks 250 --part 1/2 --workspaces 0 --modes pool,pool-again
 """
 
 from __future__ import annotations
@@ -73,14 +75,15 @@ def run_mode(mode: str, backend: str, work: list[tuple[Path, Path]], cache: Path
         print(f"[{mode} {time.perf_counter() - start:6.1f} s] {len(verdicts)}/{len(work)} {verdict.task['name']} "
               f"{'ok' if verdict.correct else 'FAILED'} {verdict.seconds:.1f} s {phases}", flush=True)
 
-    if mode == "serial":
+    kind = mode.removesuffix("-again")
+    if kind == "serial":
         with Judge(backend, config) as judge:
             for index, (task, cand) in enumerate(work):
                 if time_limit and time.perf_counter() - start > time_limit:
                     break
                 done(index, judge.evaluate(task, cand))
     else:
-        devices = gpus if mode == "pool2" else gpus[:1]
+        devices = gpus if kind == "pool2" else gpus[:1]
         with JudgePool(backend, config, devices=devices or None, workers=workers) as pool:
             futures = [pool.submit(task, cand) for task, cand in work]
             for index, future in enumerate(futures):
@@ -109,7 +112,8 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=12)
     ap.add_argument("--part", default="1/1", help="K/N: every N-th of the KernelBench work from the K-th")
     ap.add_argument("--workspaces", type=int, default=12)
-    ap.add_argument("--modes", default="serial,pool", help="serial, pool (one device), pool2 (two GPUs)")
+    ap.add_argument("--modes", default="serial,pool", help="serial, pool (one device), pool2 (two GPUs); MODE-again: "
+                    "MODE once more on the cache MODE left (baselines and builds cached, as for a second suite)")
     ap.add_argument("--workers", type=int, help="pool workers (default: JudgePool's)")
     ap.add_argument("--gpus", default="0,1")
     ap.add_argument("--time-limit", type=float, help="seconds per mode: start nothing after it, rate over what ended")
@@ -127,7 +131,8 @@ def main() -> None:
     modes = args.modes.split(",")
     for name, work in sets.items():
         for mode in modes:
-            seconds, verdicts = run_mode(mode, args.backend, work, tmp / f"cache-{name}-{mode}", args.workers, gpus,
+            cache = tmp / f"cache-{name}-{mode.removesuffix('-again')}"  # -again: the cache its mode left
+            seconds, verdicts = run_mode(mode, args.backend, work, cache, args.workers, gpus,
                                          args.time_limit)
             medians[(name, mode)] = {i: (v.task["name"], v.times_us["candidate"]) for i, v in verdicts.items()}
             verdicts = list(verdicts.values())
