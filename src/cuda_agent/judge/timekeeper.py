@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 import secrets
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -59,6 +61,16 @@ def stale(base: dict[str, Any], before: dict[str, Any], after: dict[str, Any], t
     return (before["median_us"] > base["median_us"]) == (after["median_us"] > base["median_us"])
 
 
+@contextmanager
+def seconds_in(record: dict[str, Any], part: str):
+    """Add the block's seconds to `part` of the record's seconds (where a timed evaluation's seconds go)."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        record["seconds"][part] += time.perf_counter() - began
+
+
 def agree(a: dict[str, Any], b: dict[str, Any], tolerance: float) -> bool:
     """Two timings of the same thing agree within `tolerance` plus half their relative spreads."""
     if a["median_us"] <= 0 or b["median_us"] <= 0:
@@ -80,17 +92,20 @@ class Timekeeper:
         cfg = self.config
         cached = self.store.get("baselines", baseline_key)
         record: dict[str, Any] = {"source": "cache" if cached else "measured now", "eager_checks_us": [],
-                                  "attempts": 0, "checked_calls": [], "status": "ok"}
-        baselines = cached or self._measure(baseline_key, ref)
+                                  "attempts": 0, "checked_calls": [], "status": "ok",
+                                  "seconds": dict.fromkeys(("baselines", "candidate", "call_checks", "eager_checks"),
+                                                           0.0)}
+        baselines = cached or self._measure(baseline_key, ref, record)
         fresh = cached is None
         candidate: dict[str, Any] = {}
         for attempt in range(1, cfg.timing_attempts + 1):
             record["attempts"] = attempt
             # Baselines timed just now, in this hold of the device: their eager timing is the one before the
             # candidate (a timed run less for every cold task).
-            before = baselines["eager"] if attempt == 1 and cached is None else self._eager_check(ref)
-            candidate = self._time_candidate(worker, deadline, check_call, record)
-            after = self._eager_check(ref)
+            before = baselines["eager"] if attempt == 1 and cached is None else self._eager_check(ref, record)
+            with seconds_in(record, "candidate"):
+                candidate = self._time_candidate(worker, deadline, check_call, record)
+            after = self._eager_check(ref, record)
             record["eager_checks_us"].append([before["median_us"], after["median_us"]])
             base = baselines["eager"]
             if not fresh and stale(base, before, after, cfg.baseline_tolerance):
@@ -98,7 +113,7 @@ class Timekeeper:
                 record["remeasured_because"] = (f"eager took {before['median_us']:.1f} and {after['median_us']:.1f} us "
                                                 f"around the candidate, {base['median_us']:.1f} us in the cached "
                                                 "baseline timing")
-                baselines, fresh = self._measure(baseline_key, ref), True
+                baselines, fresh = self._measure(baseline_key, ref, record), True
             problems = []
             rewards = self._rewards(candidate, baselines, [before, after])
             if len(rewards) > 1:
@@ -113,10 +128,13 @@ class Timekeeper:
                 break
         else:
             record["status"] = "too_noisy"
+        record["seconds"]["candidate"] -= record["seconds"]["call_checks"]  # its checked calls counted apart
+        record["seconds"] = {k: round(t, 3) for k, t in record["seconds"].items()}
         return TimingOutcome(baselines, candidate, record)
 
-    def _eager_check(self, ref: RefCall) -> dict[str, Any]:
-        return ref({"command": "time_eager", "timing": self.check_timing()}, "eager_timed")["stats"]
+    def _eager_check(self, ref: RefCall, record: dict[str, Any]) -> dict[str, Any]:
+        with seconds_in(record, "eager_checks"):
+            return ref({"command": "time_eager", "timing": self.check_timing()}, "eager_timed")["stats"]
 
     def _rewards(self, candidate: dict[str, Any], baselines: dict[str, Any], checks: list[dict]) -> set[int]:
         """The rewards the candidate would get with each eager timing of this evaluation: one value when the
@@ -126,8 +144,9 @@ class Timekeeper:
         return {milestone_reward(True, t, e["median_us"], t_compile, self.config.speedup_threshold)
                 for e in [baselines["eager"], *checks]}
 
-    def _measure(self, key: str, ref: RefCall) -> dict[str, Any]:
-        msg = ref({"command": "time"}, "baselines")
+    def _measure(self, key: str, ref: RefCall, record: dict[str, Any]) -> dict[str, Any]:
+        with seconds_in(record, "baselines"):
+            msg = ref({"command": "time"}, "baselines")
         baselines = {"eager": msg["eager"], "compile": msg["compile"], "compile_error": msg["compile_error"]}
         self.store.put("baselines", key, baselines)
         return baselines
@@ -156,8 +175,10 @@ class Timekeeper:
                     raise TimingFailed(exported.get("error", "timing failed: the outputs of a timed call were not "
                                                              "handed over"))
                 record["checked_calls"].append(previous)
-                if not check_call(seeds[previous], f"timed call {previous} (fresh values in the timed buffers)",
-                                  exported):
+                with seconds_in(record, "call_checks"):
+                    ok = check_call(seeds[previous], f"timed call {previous} (fresh values in the timed buffers)",
+                                    exported)
+                if not ok:
                     raise TimingFailed("")  # the verdict already says why
             call = msg.get("call")
             if call is None:
