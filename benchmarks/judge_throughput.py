@@ -63,13 +63,24 @@ def workspace_work(backend: str, count: int, folder: Path) -> list[tuple[Path, P
     return work
 
 
+def cpu_times() -> tuple[float, float]:
+    """The machine's busy and total CPU time so far (/proc/stat; zeros where there is none)."""
+    try:
+        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def run_mode(mode: str, backend: str, work: dict[int, tuple[Path, Path]], cache: Path, workers: int | None,
-             gpus: list[int], time_limit: float | None) -> tuple[float, dict]:
-    """Judge `work` (by index) in `mode`: the seconds taken and the verdicts by work index. Past `time_limit`
-    seconds nothing new starts (the rate is then over what finished)."""
+             gpus: list[int], time_limit: float | None) -> tuple[float, dict, dict]:
+    """Judge `work` (by index) in `mode`: the seconds taken, the verdicts by work index and how the time went
+    (the CPUs' busy share, each device lock's states). Past `time_limit` seconds nothing new starts (the rate is
+    then over what finished)."""
     config = JudgeConfig(cache_dir=cache, policy="kernelbench")
-    start = time.perf_counter()
-    verdicts = {}
+    start, cpu_start = time.perf_counter(), cpu_times()
+    verdicts, usage = {}, {}
 
     def done(index: int, verdict) -> None:
         verdicts[index] = verdict
@@ -84,6 +95,7 @@ def run_mode(mode: str, backend: str, work: dict[int, tuple[Path, Path]], cache:
                 if time_limit and time.perf_counter() - start > time_limit:
                     break
                 done(index, judge.evaluate(task, cand))
+            usage["locks"] = [judge.device_lock.seconds()]
     else:
         devices = gpus if kind == "pool2" else gpus[:1]
         with JudgePool(backend, config, devices=devices or None, workers=workers) as pool:
@@ -98,7 +110,10 @@ def run_mode(mode: str, backend: str, work: dict[int, tuple[Path, Path]], cache:
             for future in futures:
                 if not future.cancelled() and future.exception():
                     print(f"[{mode}] an evaluation raised: {future.exception()}", flush=True)
-    return time.perf_counter() - start, verdicts
+            usage["locks"] = [judge.device_lock.seconds() for judge in pool.judges]
+    (busy, total), (busy0, total0) = cpu_times(), cpu_start
+    usage["cpu_busy_pct"] = round(100 * (busy - busy0) / (total - total0)) if total > total0 else None
+    return time.perf_counter() - start, verdicts, usage
 
 
 def device_seconds(verdicts: list, phases: tuple[str, ...] = ("timing",)) -> float:
@@ -149,8 +164,8 @@ def main() -> None:
                 todo = {i: work[i] for i in finished.get(mode.removesuffix("-again"), todo)}
             # -again: the cache its mode left; --one-cache: the one all the modes before left
             cache = tmp / (f"cache-{name}" if args.one_cache else f"cache-{name}-{mode.removesuffix('-again')}")
-            seconds, verdicts = run_mode(mode, args.backend, todo, cache, args.workers, gpus,
-                                         args.time_limit)
+            seconds, verdicts, usage = run_mode(mode, args.backend, todo, cache, args.workers, gpus,
+                                                args.time_limit)
             finished[mode] = sorted(verdicts)
             if args.one_cache:  # the next modes judge what this one finished (their baselines are cached)
                 todo = {i: work[i] for i in finished[mode]}
@@ -160,7 +175,9 @@ def main() -> None:
                          "per_hour": round(3600 * len(verdicts) / seconds), "passed": sum(v.correct for v in verdicts),
                          "device_s": round(device_seconds(verdicts), 1),
                          "verify_s": round(device_seconds(verdicts, ("verify",)), 1),
-                         "timing_parts_s": timing_parts(verdicts),
+                         "timing_parts_s": timing_parts(verdicts), "cpu_busy_pct": usage["cpu_busy_pct"],
+                         "device_lock_s": " | ".join(" ".join(f"{k}={t:.0f}" for k, t in lock.items())
+                                                     for lock in usage["locks"]),
                          "notes": "; ".join(f"{v.task['name']}: {(v.error or '')[:300]}" for v in verdicts if not v.correct)})
             print(rows[-1], flush=True)
         base = rows[-len(modes)]
@@ -188,7 +205,7 @@ def main() -> None:
             print(rows[-1], flush=True)
     write(args.out, f"Judge throughput ({args.backend})", rows,
           ["work", "mode", "evaluations", "seconds", "per_hour", "speedup_vs_first", "passed", "device_s", "verify_s",
-           "timing_parts_s", "timing_gap_pct_median", "timing_gap_pct_max", "notes"], {"backend": args.backend})
+           "timing_parts_s", "cpu_busy_pct", "device_lock_s", "timing_gap_pct_median", "timing_gap_pct_max", "notes"], {"backend": args.backend})
     shutil.rmtree(tmp, ignore_errors=True)
 
 

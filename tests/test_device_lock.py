@@ -53,3 +53,26 @@ def test_a_waiting_exclusive_holder_is_not_starved_by_new_shared_work():
     for t in (a, e, b):
         t.join(10)
     assert order == ["a", "exclusive", "b"]
+
+
+def test_the_lock_says_how_the_device_time_went():
+    """A shared holder running while an exclusive one waits is draining time: the device runs only the stragglers."""
+    lock = DeviceLock()
+    holding = threading.Event()
+
+    def shared() -> None:
+        with lock.shared():
+            holding.set()
+            time.sleep(0.3)
+
+    straggler = threading.Thread(target=shared)
+    straggler.start()
+    holding.wait(5)
+    time.sleep(0.1)  # shared alone for 0.1 s, then an exclusive holder waits 0.2 s for it
+    with lock.exclusive():
+        time.sleep(0.2)
+    straggler.join(5)
+    time.sleep(0.1)
+    s = lock.seconds()
+    assert 0.07 <= s["shared"] <= 0.2 and 0.15 <= s["draining"] <= 0.3 and 0.18 <= s["exclusive"] <= 0.35, s
+    assert s["free"] >= 0.09 and abs(sum(s.values()) - 0.7) < 0.15, s

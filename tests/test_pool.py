@@ -4,6 +4,7 @@ lone judge gives them."""
 import json
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -74,6 +75,40 @@ def test_an_evaluation_that_ran_out_of_device_memory_beside_others_is_judged_aga
     assert fine.correct and not any("judged again" in w for w in fine.warnings), fine.error
     # the good one's timing, then the retry holding it from start to end (the first try failed in verification)
     assert lock.most == 1 and lock.entries == 2
+
+
+def test_an_evaluation_judged_again_alone_waits_for_those_in_flight_and_none_starts_beside_it(cache_dir):
+    """Alone means the device's memory is its own too: the evaluations in flight on the device finish first (their
+    processes hold memory between their device phases), and one submitted meanwhile waits until it is done."""
+    started, lock = [], threading.Lock()
+    in_flight = [0]
+
+    class Stub:
+        def evaluate(self, task, cand, alone=False):
+            with lock:
+                in_flight[0] += 1
+                started.append((cand, alone, in_flight[0]))
+            time.sleep(0.05 if cand == "oom" and not alone else 0.4)
+            with lock:
+                in_flight[0] -= 1
+                started.append((cand, "ended"))
+            error = "CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`" if cand == "oom" else None
+            return Verdict(reward=-1, compiled=True, correct=error is None, error=error)
+
+        def close(self):
+            pass
+
+    with JudgePool("cpu", fast_config(cache_dir), workers=4) as pool:
+        pool.judges[0].close()
+        pool.judges[0] = Stub()
+        futures = [pool.submit(AFFINE, c) for c in ("oom", "a", "b")]
+        time.sleep(0.2)  # the first try failed at 0.05 s; its retry waits for a and b
+        futures.append(pool.submit(AFFINE, "late"))
+        verdicts = [f.result() for f in futures]
+    alone_at = started.index(("oom", True, 1))  # nothing else in flight when it began
+    assert {("a", "ended"), ("b", "ended")} <= set(started[:alone_at]), started
+    assert started[alone_at + 1:] == [("oom", "ended"), ("late", False, 1), ("late", "ended")], started
+    assert "judged again alone" in verdicts[0].warnings[-1] and [v.correct for v in verdicts] == [False, True, True, True]
 
 
 class SharedCountingLock(DeviceLock):

@@ -205,8 +205,10 @@ class Judge:
             with ref.lease(), self._alone(alone):
                 phases.mark("reference_queued")
                 with self.device_lock.shared():  # its first one runs Model on the device
+                    phases.mark("begin_queued")
                     begun = ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31),
                                       "public_dir": str(public)}, "begun", cfg.reference_timeout_s, TaskError)
+                    phases.mark("reference_begin")
                 worker.send({"command": "init", "public_dir": str(public)})
                 initialised = self._candidate_step(worker, "initialised", verdict, cand)
                 phases.mark("candidate_init")

@@ -4,7 +4,8 @@ One `Judge` per device (GPU index, or the CPU), all sharing the cache (objects, 
 libraries, baselines). Evaluations run on threads: builds, candidate loads and everything else on the CPU overlap
 on all cores, while timing holds its device's lock (verification holds it shared), so no two timed runs share a
 device. Each evaluation goes to the device with the fewest in flight. Verdicts are those a lone `Judge` gives: an
-evaluation that ran out of device memory while others shared the device is judged again with the device to itself.
+evaluation that ran out of device memory while others shared the device is judged again with the device to itself
+(the evaluations in flight on it finish first, and none starts there until it is done).
 
     with JudgePool("cuda", JudgeConfig(), devices=[0, 1]) as pool:
         futures = [pool.submit(task, candidate) for task, candidate in work]
@@ -24,12 +25,16 @@ from ..task import Task, TaskError
 from ..workspace.build import BuildResult
 from ..workspace.candidate import Candidate
 from .config import JudgeConfig
+from .device_lock import DeviceLock
 from .judge import Judge
 from .verdict import Verdict
 
+# how running out of device memory reads: torch's allocator and the driver; cuBLAS and cuDNN creating a handle
+OUT_OF_MEMORY = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
+
 
 def out_of_memory(error: str) -> bool:
-    return "out of memory" in error.lower()
+    return any(sign in error.lower() for sign in OUT_OF_MEMORY)
 
 
 def default_workers(backend: str, devices: int) -> int:
@@ -53,6 +58,8 @@ class JudgePool:
         for judge in self.judges:  # enough candidate workers started ahead for the evaluations in flight on it
             judge.spares.count = max(judge.spares.count, -(-self.workers // len(self.judges)))
         self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="judge")
+        # per device: evaluations hold it shared, one judged again alone exclusively (the memory of the others gone)
+        self._turns = [DeviceLock() for _ in self.judges]
         self._in_flight = [0] * len(self.judges)
         self._lock = threading.Lock()
 
@@ -61,22 +68,25 @@ class JudgePool:
         with self._lock:
             index = min(range(len(self.judges)), key=self._in_flight.__getitem__)
             self._in_flight[index] += 1
-        future = self._executor.submit(self._evaluate, self.judges[index], reference, candidate)
+        future = self._executor.submit(self._evaluate, index, reference, candidate)
         future.add_done_callback(lambda _: self._done(index))
         return future
 
     def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
         return self.submit(reference, candidate).result()
 
-    def _evaluate(self, judge: Judge, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
+    def _evaluate(self, index: int, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
+        judge, turns = self.judges[index], self._turns[index]
         try:
-            verdict = judge.evaluate(reference, candidate)
+            with turns.shared():
+                verdict = judge.evaluate(reference, candidate)
             if self.workers == 1 or not out_of_memory(verdict.error or ""):
                 return verdict
         except TaskError as exc:  # the reference itself could not run: short of memory beside the others?
             if self.workers == 1 or not out_of_memory(str(exc)):
                 raise
-        verdict = judge.evaluate(reference, candidate, alone=True)
+        with turns.exclusive():
+            verdict = judge.evaluate(reference, candidate, alone=True)
         verdict.warnings.append("ran out of device memory beside other evaluations: judged again alone")
         return verdict
 
