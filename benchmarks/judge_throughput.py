@@ -85,8 +85,10 @@ def run_mode(mode: str, backend: str, work: dict[int, tuple[Path, Path]], cache:
     def done(index: int, verdict) -> None:
         verdicts[index] = verdict
         phases = " ".join(f"{k}={t:.1f}" for k, t in verdict.phases_s.items() if t >= 0.5)
+        again = " (judged again alone)" if any("judged again alone" in w for w in verdict.warnings) else ""
         print(f"[{mode} {time.perf_counter() - start:6.1f} s] {len(verdicts)}/{len(work)} {verdict.task['name']} "
-              f"{'ok' if verdict.correct else 'FAILED'} {verdict.seconds:.1f} s {phases}", flush=True)
+              f"{'ok' if verdict.correct else 'FAILED: ' + (verdict.error or '')[:200]}{again} "
+              f"{verdict.seconds:.1f} s {phases}", flush=True)
 
     kind = mode.removesuffix("-again")
     if kind == "serial":

@@ -59,6 +59,8 @@ def test_the_pool_judges_at_once_one_device_phase_at_a_time_as_a_lone_judge_woul
                (b.compiled, b.correct, b.policy_violations, b.task, b.candidate, b.policy)
         assert (a.error or "").split(":")[0] == (b.error or "").split(":")[0]  # inputs are fresh per evaluation
     assert [v.correct for v in together] == [True, False, True, False]
+    # the tasks' memory was learnt from the lone judge's evaluations: the pool's are admitted by it
+    assert all("memory_queued" in v.phases_s for v in together)
 
 
 def test_an_evaluation_that_ran_out_of_device_memory_beside_others_is_judged_again_alone(cache_dir, tmp_path):

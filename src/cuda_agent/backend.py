@@ -127,6 +127,16 @@ class Backend:
         """Bytes this process holds of the memory the device computes from (host RAM for the CPU)."""
         return os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[1])
 
+    def memory_peak(self) -> int:
+        """The most bytes of that memory this process has held."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def memory_total(self) -> int:
+        """Bytes of that memory the device has."""
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
     def make_cache_flusher(self) -> Callable[[], None]:
         raise NotImplementedError
 
@@ -294,6 +304,16 @@ class CudaBackend(Backend):
         import torch
 
         return torch.cuda.memory_reserved()
+
+    def memory_peak(self) -> int:
+        import torch
+
+        return torch.cuda.max_memory_reserved()
+
+    def memory_total(self) -> int:
+        import torch
+
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
 
     def make_cache_flusher(self) -> Callable[[], None]:
         import torch

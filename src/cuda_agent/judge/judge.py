@@ -31,6 +31,7 @@ from ..workspace.candidate import Candidate, load_candidate
 from ..workspace.inline import InlineBuilder, InlineError
 from .config import POLICIES, JudgeConfig
 from .device_lock import DeviceLock
+from .memory_budget import MemoryBudget
 from .policy import scan_sources
 from .process import WorkerDied, WorkerProcess, close_fds
 from .references import ReferenceFailed, ReferencePool, ReferenceWorker
@@ -86,6 +87,7 @@ class Judge:
         self.references = ReferencePool(self.config.warm_references, self.cache_dir / "runs",
                                         self.config.warm_memory_gb * 2**30)
         self.device_lock = DeviceLock()  # timing: one evaluation at a time on the device
+        self.memory = MemoryBudget()  # its memory: what the evaluations in flight are expected to hold
         self.spares = Spares(self.config.spare_candidates, self.cache_dir / "runs", self._start_candidate)
         self.on_phase: Callable[[str, float], None] | None = None  # (phase, seconds) as each phase ends
 
@@ -148,8 +150,19 @@ class Judge:
         request = {"backend": self.backend.name, "allow_tf32": cfg.allow_tf32, "atol": cfg.atol, "rtol": cfg.rtol,
                    "max_relative_error": cfg.max_relative_error, "compile_mode": cfg.compile_mode,
                    "timing": self._timing()}
-        with self.references.reserve(task, request, self._worker_env()) as ref:  # a cold one starts meanwhile
-            self._run(task, cand, seeds, slot, verdict, ref, alone)
+        key = "|".join([task.hash, self.backend.name, torch.__version__])
+        known = self.store.get("memory", key) or {}
+        if known:
+            self.memory.learn(known["total"])
+        waiting = time.perf_counter()
+        with self.memory.hold(2 * known.get("peak", 0)):  # the reference's most, and the candidate's as much
+            if known:
+                verdict.phases_s["memory_queued"] = round(time.perf_counter() - waiting, 3)
+            with self.references.reserve(task, request, self._worker_env()) as ref:  # a cold one starts meanwhile
+                self._run(task, cand, seeds, slot, verdict, ref, alone)
+        if ref.peak > known.get("peak", 0):
+            self.store.put("memory", key, {"peak": ref.peak, "total": ref.device_total})
+            self.memory.learn(ref.device_total)
 
     @contextmanager
     def _alone(self, alone: bool) -> Iterator[None]:

@@ -282,7 +282,8 @@ def start(req: dict, chan: Channel) -> dict:
         "time": lambda cmd: ("baselines", ref.time_baselines()),
         "time_eager": lambda cmd: ("eager_timed", {"stats": ref.time_eager(cmd["timing"])}),
         "prepare": lambda cmd: ("prepared", ref.prepare_baselines(DeviceGate(chan) if cmd.get("gate") else None)),
-        "memory": lambda cmd: ("memory", {"bytes": ref.backend.memory_held()}),
+        "memory": lambda cmd: ("memory", {"bytes": ref.backend.memory_held(), "peak": ref.backend.memory_peak(),
+                                          "total": ref.backend.memory_total()}),
     }
 
 

@@ -41,6 +41,7 @@ class ReferenceWorker:
         self.users = 0  # evaluations that reserved it
         self.failed = False
         self.memory = 0  # bytes of device memory (host RAM on cpu) it held after its last evaluation
+        self.peak = self.device_total = 0  # the most it ever held; the device's memory
         self._ready: dict[str, Any] | None = None
         self._ready_lock = threading.Lock()
 
@@ -85,7 +86,8 @@ class ReferenceWorker:
         with self.lock:
             try:
                 yield self
-                self.memory = self.call({"command": "memory"}, "memory", 60)["bytes"]
+                reply = self.call({"command": "memory"}, "memory", 60)
+                self.memory, self.peak, self.device_total = reply["bytes"], reply["peak"], reply["total"]
             except (ReferenceFailed, TaskError):
                 self.failed = True
                 raise

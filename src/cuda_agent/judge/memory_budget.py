@@ -1,0 +1,50 @@
+"""Device memory promised to the evaluations in flight, so that many at once do not run the device out of memory.
+
+A task's need is learnt from its earlier evaluations (what its reference worker held at most, twice: the candidate
+holds as much); a task never judged here promises nothing (its first evaluation runs as if alone in memory; one
+that runs out beside others is judged again alone, `pool.py`). Evaluations are admitted in order of arrival, so a
+large task is not passed over forever; one larger than the device is admitted when nothing else holds any.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from contextlib import contextmanager
+from typing import Iterator
+
+SHARE = 0.8  # of the device's memory: the rest for the processes' contexts, spare workers and idle warm ones
+
+
+class MemoryBudget:
+    def __init__(self) -> None:
+        self.capacity = float("inf")  # bytes; known once a reference worker has said how much the device has
+        self._used = 0.0
+        self._queue: deque[object] = deque()
+        self._cond = threading.Condition()
+
+    def learn(self, device_total: int) -> None:
+        with self._cond:
+            self.capacity = SHARE * device_total
+            self._cond.notify_all()
+
+    @contextmanager
+    def hold(self, need: float) -> Iterator[None]:
+        """Wait until `need` bytes fit beside what the evaluations in flight were promised, and keep them."""
+        if need <= 0:
+            yield
+            return
+        ticket = object()
+        with self._cond:
+            self._queue.append(ticket)
+            self._cond.wait_for(lambda: self._queue[0] is ticket and
+                                (self._used == 0 or self._used + need <= self.capacity))
+            self._queue.popleft()
+            self._used += need
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._used -= need
+                self._cond.notify_all()
