@@ -8,11 +8,14 @@ import time
 from contextlib import contextmanager
 
 import pytest
+import torch
 
 from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent.judge import Judge, Verdict, references
 from cuda_agent.judge.device_lock import DeviceLock
 from cuda_agent.judge.pool import JudgePool
+from cuda_agent.judge.store import Store
+from cuda_agent.task import load_task
 
 AFFINE = TASKS / "affine_relu.py"
 
@@ -61,6 +64,8 @@ def test_the_pool_judges_at_once_one_device_phase_at_a_time_as_a_lone_judge_woul
     assert [v.correct for v in together] == [True, False, True, False]
     # the tasks' memory was learnt from the lone judge's evaluations: the pool's are admitted by it
     assert all("memory_queued" in v.phases_s for v in together)
+    learnt = Store(cache_dir / "judge.sqlite").get("memory", "|".join([load_task(AFFINE).hash, "cpu", torch.__version__]))
+    assert 0 < learnt["peak"] < learnt["total"] and 0 < learnt["candidate"] < learnt["total"], learnt
 
 
 def test_an_evaluation_that_ran_out_of_device_memory_beside_others_is_judged_again_alone(cache_dir, tmp_path):

@@ -437,7 +437,7 @@ def start(req: dict, chan: Channel) -> dict:
         "init": checked(initialise),
         "trial": checked(lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]),
                                                                    cmd.get("shapes"), cmd.get("scale")))),
-        "time": checked(lambda cmd: ("timed", {"stats": cand.time()})),
+        "time": checked(lambda cmd: ("timed", {"stats": cand.time(), "memory_peak": cand.backend.memory_peak()})),
     }
 
 

@@ -155,14 +155,18 @@ class Judge:
         if known:
             self.memory.learn(known["total"])
         waiting = time.perf_counter()
-        with self.memory.hold(2 * known.get("peak", 0)):  # the reference's most, and the candidate's as much
+        need = known.get("peak", 0) + known.get("candidate", known.get("peak", 0))  # candidates seen, or as much
+        with self.memory.hold(need):
             if known:
                 verdict.phases_s["memory_queued"] = round(time.perf_counter() - waiting, 3)
             with self.references.reserve(task, request, self._worker_env()) as ref:  # a cold one starts meanwhile
                 self._run(task, cand, seeds, slot, verdict, ref, alone)
-        if ref.peak > known.get("peak", 0):
-            self.store.put("memory", key, {"peak": ref.peak, "total": ref.device_total})
-            self.memory.learn(ref.device_total)
+        said = min((verdict.timing.get("baselines") or {}).get("candidate_memory_peak", 0), ref.device_total)
+        learnt = {"peak": max(ref.peak, known.get("peak", 0)), "total": ref.device_total or known.get("total", 0),
+                  **({"candidate": max(said, known.get("candidate", 0))} if said or "candidate" in known else {})}
+        if ref.peak and learnt != known:
+            self.store.put("memory", key, learnt)
+            self.memory.learn(learnt["total"])
 
     @contextmanager
     def _alone(self, alone: bool) -> Iterator[None]:

@@ -1,9 +1,11 @@
 """Device memory promised to the evaluations in flight, so that many at once do not run the device out of memory.
 
-A task's need is learnt from its earlier evaluations (what its reference worker held at most, twice: the candidate
-holds as much); a task never judged here promises nothing (its first evaluation runs as if alone in memory; one
-that runs out beside others is judged again alone, `pool.py`). Evaluations are admitted in order of arrival, so a
-large task is not passed over forever; one larger than the device is admitted when nothing else holds any.
+A task's need is learnt from its earlier evaluations: the most its reference worker held, plus the most a timed
+candidate of it said it held (as much as the reference where none was timed yet). What a candidate says only
+schedules: one that says too little can run others out of memory, and they are judged again alone (`pool.py`). A
+task never judged here promises nothing: its first evaluation runs as if alone in memory. Evaluations are admitted
+in order of arrival, so a large task is not passed over forever; one larger than the device is admitted when
+nothing else holds any.
 """
 
 from __future__ import annotations
