@@ -210,3 +210,16 @@ def test_default_workers_grow_with_the_gpus_up_to_the_cores(monkeypatch):
     monkeypatch.setattr(pool.os, "cpu_count", lambda: 2)
     assert pool.default_workers("cuda", 2) == 4  # still two per GPU on a small host
     assert pool.default_workers("cpu", 1) == 1  # the cores are the device
+
+
+def test_each_evaluation_in_flight_gets_its_share_of_the_cores_for_inductors_compile_workers(cache_dir, monkeypatch):
+    from cuda_agent.judge import pool
+
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    monkeypatch.setattr(pool.os, "cpu_count", lambda: 16)
+    with JudgePool("cpu", fast_config(cache_dir), workers=4) as four, JudgePool("cpu", fast_config(cache_dir)) as one:
+        assert four.judges[0]._worker_env()["TORCHINDUCTOR_COMPILE_THREADS"] == "4"
+        assert one.judges[0]._worker_env()["TORCHINDUCTOR_COMPILE_THREADS"] == "16"  # alone: all of them
+        monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")  # the user's setting wins
+        assert "TORCHINDUCTOR_COMPILE_THREADS" not in four.judges[0]._worker_env()
+    assert pool.compile_threads(32) == 1

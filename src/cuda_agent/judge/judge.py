@@ -58,10 +58,14 @@ class Phases:
 
 
 class Judge:
-    def __init__(self, backend: str | Backend = "cuda", config: JudgeConfig | None = None, device: int | None = None):
-        """`device`: the GPU index its workers run on (CUDA_VISIBLE_DEVICES); None: the process's default."""
+    def __init__(self, backend: str | Backend = "cuda", config: JudgeConfig | None = None, device: int | None = None,
+                 compile_threads: int | None = None):
+        """`device`: the GPU index its workers run on (CUDA_VISIBLE_DEVICES); None: the process's default.
+        `compile_threads`: inductor's compile workers per worker process (a pool gives each evaluation in flight
+        its share of the cores; None: inductor's default, a pool of one per core; TORCHINDUCTOR_COMPILE_THREADS
+        set by the user wins)."""
         self.config = config or JudgeConfig()
-        self.device = device
+        self.device, self.compile_threads = device, compile_threads
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.backend.check_toolchain()
         if self.config.policy not in POLICIES:
@@ -512,4 +516,6 @@ class Judge:
                "OMP_WAIT_POLICY": "PASSIVE"}
         if self.device is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.device)
+        if self.compile_threads and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(self.compile_threads)
         return {**env, **self.backend.worker_env()}

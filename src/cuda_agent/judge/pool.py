@@ -44,17 +44,25 @@ def default_workers(backend: str, devices: int) -> int:
     return 1 if backend == "cpu" else max(2 * devices, min(16 * devices, os.cpu_count() or 1))
 
 
+def compile_threads(workers: int) -> int:
+    """Inductor's compile workers for each of `workers` evaluations in flight: the cores shared out. Left to
+    itself, each worker process starts a pool of one per core (16 evaluations on 16 cores: 256 processes)."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 class JudgePool:
     def __init__(self, backend: str | Backend = "cuda", config: JudgeConfig | None = None,
                  devices: list[int] | None = None, workers: int | None = None):
         """`devices`: GPU indices to use (None: the default device only; the cpu backend has one device)."""
         indices: list[int | None] = list(devices) if devices else [None]
-        self.judges = [Judge(backend, config, device=d) for d in indices]
-        self.config, self.backend = self.judges[0].config, self.judges[0].backend
-        self.sandboxed, self.cache_dir = self.judges[0].sandboxed, self.judges[0].cache_dir
-        self.workers = workers or default_workers(self.backend.name, len(self.judges))
+        name = backend if isinstance(backend, str) else backend.name
+        self.workers = workers or default_workers(name, len(indices))
         if self.workers < 1:
             raise ValueError("a judge pool needs at least 1 worker")
+        self.judges = [Judge(backend, config, device=d, compile_threads=compile_threads(self.workers))
+                       for d in indices]
+        self.config, self.backend = self.judges[0].config, self.judges[0].backend
+        self.sandboxed, self.cache_dir = self.judges[0].sandboxed, self.judges[0].cache_dir
         for judge in self.judges:  # enough candidate workers started ahead for the evaluations in flight on it
             judge.spares.count = max(judge.spares.count, -(-self.workers // len(self.judges)))
         self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="judge")

@@ -39,10 +39,11 @@ class RemoteBackend:
 class JudgeActor:
     """A Judge inside a Ray actor: it writes each task it is sent to a local file once, and judges."""
 
-    def __init__(self, backend: str, config: JudgeConfig):
+    def __init__(self, backend: str, config: JudgeConfig, workers: int):
         from .judge import Judge
+        from .pool import compile_threads
 
-        self.judge = Judge(backend, config)
+        self.judge = Judge(backend, config, compile_threads=compile_threads(workers))
         self.tasks = Path(tempfile.mkdtemp(prefix="ray-judge-tasks-"))
 
     def evaluate(self, task: Task, candidate: Candidate) -> dict[str, Any]:
@@ -85,7 +86,7 @@ class RayJudgePool:
                              + (", no GPU in the Ray cluster)" if gpus else ")"))
         remote = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1,
                             max_concurrency=workers)(JudgeActor)
-        self.actors = [remote.remote(backend, self.config) for _ in range(actors)]
+        self.actors = [remote.remote(backend, self.config, workers) for _ in range(actors)]
         described = ray.get([a.describe.remote() for a in self.actors])  # an actor that cannot start fails here
         self.backend = RemoteBackend(described[0]["backend"])
         self.sandboxed = all(d["sandboxed"] for d in described)
