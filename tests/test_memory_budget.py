@@ -40,3 +40,17 @@ def test_a_need_larger_than_the_device_is_admitted_alone():
     for t in threads:
         t.join(5)
     assert log[:2] == [("a", "in"), ("a", "out")] and log[2:] == [("huge", "in"), ("huge", "out")], log
+
+
+def test_a_task_never_judged_is_guessed_from_its_weights_and_inputs_drawn_without_memory():
+    from pathlib import Path
+
+    from cuda_agent.judge.reference_worker import GUESS, Reference
+    from cuda_agent.judge.tensors import tensor_bytes
+
+    task = Path(__file__).parent / "data" / "tasks" / "linear_gelu.py"  # a Linear: weights and inputs
+    ref = Reference({"backend": "cpu", "allow_tf32": False, "task_path": str(task), "init_seed": 0})
+    weights = tensor_bytes(list(ref.model.parameters()))
+    assert weights > 0 and ref.memory_guess() == GUESS * (weights + tensor_bytes(ref.module.get_inputs()))
+    ref.module.get_inputs = lambda: [__import__("torch").ones(3).numpy()]  # cannot be drawn on the meta device
+    assert ref.memory_guess() == 0

@@ -51,6 +51,7 @@ def test_the_pool_judges_at_once_one_device_phase_at_a_time_as_a_lone_judge_woul
             (TASKS / "linear_gelu.py", CANDIDATES / "affine_relu_ok")]
     with Judge("cpu", fast_config(cache_dir)) as judge:
         alone = [judge.evaluate(task, cand) for task, cand in work]
+    assert "memory_queued" in alone[0].phases_s  # a task never judged: its reference's guess was promised
     with JudgePool("cpu", fast_config(cache_dir), workers=3) as pool:
         lock = pool.judges[0].device_lock = CountingLock()
         together = [f.result() for f in [pool.submit(task, cand) for task, cand in work]]

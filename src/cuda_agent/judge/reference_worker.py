@@ -26,7 +26,7 @@ from ..backend import get_backend
 from ..task import import_file
 from .compare import compare_trial
 from .process import Channel, WorkerFailure, close_fds, one_line, run_worker
-from .tensors import checksum, clone, leaves, make_inputs, refill, to_double
+from .tensors import checksum, clone, leaves, make_inputs, refill, tensor_bytes, to_double
 from .timing import Hooks, time_callable
 from .work import count_work
 
@@ -36,6 +36,11 @@ def _step(what: str, fn, *args):
         return fn(*args)
     except Exception as exc:  # the task itself is broken: report one clear line
         raise WorkerFailure("task_error", f"{what} failed: {one_line(exc)}") from exc
+
+
+# an evaluation's device memory over its weights and inputs: the reference's copies (inputs cloned, outputs, fp64
+# weights and outputs) and the candidate's own
+GUESS = 4
 
 
 class Reference:
@@ -58,6 +63,16 @@ class Reference:
         self.compiled = None
         self.trial: dict = {}
         self.work: dict | None = None  # counted at the first `begin`, when the judge lets it use the device
+
+    def memory_guess(self) -> int:
+        """Device memory an evaluation of this task may hold, guessed before it runs (for scheduling only): GUESS
+        times its weights and one input set, the inputs drawn on the meta device (nothing allocated); 0 where they
+        cannot be drawn there."""
+        try:
+            inputs = tensor_bytes(make_inputs(self.module, 0, "meta"))
+        except Exception:
+            return 0
+        return GUESS * (tensor_bytes(list(self.model.state_dict().values())) + inputs)
 
     def count_work(self) -> dict:
         """Run Model once (a reference that cannot run fails here, before any candidate is) and count its work."""
@@ -260,7 +275,7 @@ class FreshInputs(Hooks):
 def start(req: dict, chan: Channel) -> dict:
     ref = Reference(req)
     chan.send("ready", device=ref.backend.describe_device(), torch_version=torch.__version__,
-              precision=ref.precision)
+              precision=ref.precision, memory_guess=ref.memory_guess(), memory_total=ref.backend.memory_total())
 
     def begin(cmd: dict) -> tuple[str, dict]:
         work = ref.count_work()
