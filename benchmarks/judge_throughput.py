@@ -2,7 +2,8 @@
 its own empty cache (but MODE-again and --one-cache), side by side in one run. Also the timing agreement (a
 candidate's median in the pool vs alone) and the warm-reference latency (the same task judged again).
 
-Each mode's row also says where the time went: the timing phase's parts (baselines, the candidate, its checked
+The agreement is given for the candidate's median and for its speedup over eager (a drift of the machine's speed
+between modes moves both times, not their ratio). Each mode's row also says where the time went: the timing phase's parts (baselines, the candidate, its checked
 calls, eager checks), the CPUs' busy share and each device lock's states (exclusive, shared, draining, free).
 
 Work: (a) KernelBench references judged as their own candidates (`ModelNew = Model`, --policy kernelbench: no
@@ -174,7 +175,8 @@ def main() -> None:
             finished[mode] = sorted(verdicts)
             if args.one_cache:  # the next modes judge what this one finished (their baselines are cached)
                 todo = {i: work[i] for i in finished[mode]}
-            medians[(name, mode)] = {i: (v.task["name"], v.times_us["candidate"]) for i, v in verdicts.items()}
+            medians[(name, mode)] = {i: (v.task["name"], v.times_us["candidate"], v.times_us.get("eager"))
+                                     for i, v in verdicts.items()}
             verdicts = list(verdicts.values())
             rows.append({"work": name, "mode": mode, "evaluations": len(verdicts), "seconds": round(seconds, 1),
                          "per_hour": round(3600 * len(verdicts) / seconds), "passed": sum(v.correct for v in verdicts),
@@ -189,11 +191,16 @@ def main() -> None:
         for row in rows[-len(modes):]:
             row["speedup_vs_first"] = round(row["per_hour"] / base["per_hour"], 2) if base["per_hour"] else None
             first, this = medians[(name, base["mode"])], medians[(name, row["mode"])]
-            pairs = [(first[i][0], first[i][1], this[i][1]) for i in first.keys() & this.keys()
-                     if first[i][1] and this[i][1] and first[i][1] >= 100]
-            gaps = sorted((abs(b / a - 1), task, a, b) for task, a, b in pairs)
+            both = [(first[i], this[i]) for i in first.keys() & this.keys() if first[i][1] and this[i][1]
+                    and first[i][1] >= 100]
+            gaps = sorted((abs(b[1] / a[1] - 1), a[0], a[1], b[1]) for a, b in both)
             row["timing_gap_pct_median"] = round(100 * statistics.median(g[0] for g in gaps), 1) if gaps else None
             row["timing_gap_pct_max"] = round(100 * gaps[-1][0], 1) if gaps else None
+            # the same for the speedup over eager (what the verdict claims): a drift of the machine's speed between
+            # the modes moves both times, not their ratio
+            ratios = sorted(abs((b[2] / b[1]) / (a[2] / a[1]) - 1) for a, b in both if a[2] and b[2])
+            row["speedup_gap_pct_median"] = round(100 * statistics.median(ratios), 1) if ratios else None
+            row["speedup_gap_pct_max"] = round(100 * ratios[-1], 1) if ratios else None
             if gaps and row is not base:
                 row["notes"] += f" largest timing gap: {gaps[-1][1]} {gaps[-1][2]:.0f} vs {gaps[-1][3]:.0f} us"
     # the warm-reference latency: each of a few level 2 tasks judged twice by one judge (the second finds it warm)
@@ -210,7 +217,7 @@ def main() -> None:
             print(rows[-1], flush=True)
     write(args.out, f"Judge throughput ({args.backend})", rows,
           ["work", "mode", "evaluations", "seconds", "per_hour", "speedup_vs_first", "passed", "device_s", "verify_s",
-           "timing_parts_s", "cpu_busy_pct", "device_lock_s", "timing_gap_pct_median", "timing_gap_pct_max", "notes"],
+           "timing_parts_s", "cpu_busy_pct", "device_lock_s", "timing_gap_pct_median", "timing_gap_pct_max", "speedup_gap_pct_median", "speedup_gap_pct_max", "notes"],
           {"backend": args.backend})
     shutil.rmtree(tmp, ignore_errors=True)
 
