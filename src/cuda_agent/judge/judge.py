@@ -181,10 +181,18 @@ class Judge:
             self.references.drop_idle()  # their device memory too
             yield
 
+    @contextmanager
+    def _guessed(self, need: int, phases: Phases) -> Iterator[None]:
+        """A task never judged here: its reference's guess held in the memory budget (the wait: memory_queued)."""
+        with self.memory.hold(need):
+            if need:
+                phases.mark("memory_queued")
+            yield
+
     def _run(self, task: Task, cand: Candidate, seeds: list[int], slot: Slot, verdict: Verdict,
              ref: ReferenceWorker, alone: bool, guess: bool = False) -> None:
-        """With `guess` (a task this cache has no memory need for), the reference's guess from its weights and
-        input sizes is promised from its first device phase to the verdict (it holds nothing else meanwhile)."""
+        """`guess`: this cache knows no memory need for the task: its reference's guess is held (`_guessed`) from
+        its first device phase to the verdict."""
         cfg = self.config
         run_dir, public = slot.run_dir, slot.run_dir / "public"
         worker: WorkerProcess | None = None
@@ -225,55 +233,52 @@ class Judge:
                 return
             if ready.get("memory_total"):
                 self.memory.learn(ready["memory_total"])
-            guessed = ready.get("memory_guess", 0) if guess else 0
             # from here on its guessed memory, the reference and then the device are this evaluation's (always in
             # this order: no evaluation waits for one while it holds one after it)
-            with self.memory.hold(guessed):
-                if guessed:
-                    phases.mark("memory_queued")
-                with ref.lease(), self._alone(alone):
-                    phases.mark("reference_queued")
-                    with self.device_lock.shared():  # its first one runs Model on the device
-                        phases.mark("begin_queued")
-                        begun = ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31),
-                                          "public_dir": str(public)}, "begun", cfg.reference_timeout_s, TaskError)
-                        phases.mark("reference_begin")
-                    worker.send({"command": "init", "public_dir": str(public)})
-                    initialised = self._candidate_step(worker, "initialised", verdict, cand)
-                    phases.mark("candidate_init")
-                    if initialised is None:
+            with self._guessed(ready.get("memory_guess", 0) if guess else 0, phases), ref.lease(), \
+                    self._alone(alone):
+                phases.mark("reference_queued")
+                with self.device_lock.shared():  # its first one runs Model on the device
+                    phases.mark("begin_queued")
+                    begun = ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31),
+                                      "public_dir": str(public)}, "begun", cfg.reference_timeout_s, TaskError)
+                    phases.mark("reference_begin")
+                worker.send({"command": "init", "public_dir": str(public)})
+                initialised = self._candidate_step(worker, "initialised", verdict, cand)
+                phases.mark("candidate_init")
+                if initialised is None:
+                    return
+                verdict.compiled = True
+                verdict.warnings += initialised.get("warnings", [])
+                baseline_key = self._baseline_key(task, verdict)
+                if self.store.get("baselines", baseline_key) is None:  # compile torch.compile's baseline meanwhile
+                    unlocked = self._compile_baseline(ref)
+                    phases.mark("baseline_compile")
+                    if unlocked:
+                        verdict.phases_s["baseline_compile_unlocked"] = round(unlocked, 3)
+                # Verification runs beside other evaluations' shared device work (their compiles' runs, their
+                # verifications), never beside a timed run; timing has the device to itself.
+                with self.device_lock.shared():
+                    phases.mark("verify_queued")
+                    deadline = time.monotonic() + cfg.run_timeout_s
+                    if not self._verify(task, ref, worker, seeds, deadline, verdict):
                         return
-                    verdict.compiled = True
-                    verdict.warnings += initialised.get("warnings", [])
-                    baseline_key = self._baseline_key(task, verdict)
-                    if self.store.get("baselines", baseline_key) is None:  # compile torch.compile's baseline meanwhile
-                        unlocked = self._compile_baseline(ref)
-                        phases.mark("baseline_compile")
-                        if unlocked:
-                            verdict.phases_s["baseline_compile_unlocked"] = round(unlocked, 3)
-                    # Verification runs beside other evaluations' shared device work (their compiles' runs, their
-                    # verifications), never beside a timed run; timing has the device to itself.
-                    with self.device_lock.shared():
-                        phases.mark("verify_queued")
-                        deadline = time.monotonic() + cfg.run_timeout_s
-                        if not self._verify(task, ref, worker, seeds, deadline, verdict):
-                            return
-                        phases.mark("verify")
-                    waiting = time.monotonic()
-                    with self.device_lock.exclusive():
-                        phases.mark("device_queued")
-                        deadline += time.monotonic() - waiting  # the candidate's time does not run while it waits
-                        try:
-                            outcome = self.timekeeper.run(
-                                baseline_key,
-                                lambda command, event: ref.call(command, event, cfg.reference_timeout_s),
-                                worker, deadline, self._timed_call_check(ref, worker, deadline, verdict))
-                        except TimingFailed as exc:
-                            verdict.correct = False
-                            verdict.policy_violations += exc.violations
-                            verdict.error = verdict.error or str(exc)
-                            return
-                        phases.mark("timing")
+                    phases.mark("verify")
+                waiting = time.monotonic()
+                with self.device_lock.exclusive():
+                    phases.mark("device_queued")
+                    deadline += time.monotonic() - waiting  # the candidate's time does not run while it waits
+                    try:
+                        outcome = self.timekeeper.run(
+                            baseline_key,
+                            lambda command, event: ref.call(command, event, cfg.reference_timeout_s),
+                            worker, deadline, self._timed_call_check(ref, worker, deadline, verdict))
+                    except TimingFailed as exc:
+                        verdict.correct = False
+                        verdict.policy_violations += exc.violations
+                        verdict.error = verdict.error or str(exc)
+                        return
+                    phases.mark("timing")
             peaks = cfg.device_peaks or self.backend.peak_rates(str(verdict.device))
             score(cfg, self.backend.timing_method, outcome, begun["work"], peaks, verdict)
         except WorkerDied as exc:
