@@ -3,8 +3,8 @@
 (the pool's setting: cores / evaluations in flight), side by side in one run, variants alternating per round.
 
 Each round of a variant starts --processes processes at once, each compiling a different KernelBench reference on
-the GPU from an empty inductor (and Triton) cache and timing its first run; the row says the wall time until the last ended,
-the median and slowest first run, the CPUs' busy share and the least host memory available meanwhile.
+the GPU from an empty inductor (and Triton) cache and timing its first run; the row says the wall time until the
+last ended, the median and slowest first run, the CPUs' busy share and the least host memory available meanwhile.
 
     python benchmarks/compile_threads.py --kernelbench DIR --processes 16 --rounds 2 --out compile_threads.json
 """

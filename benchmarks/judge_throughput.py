@@ -3,8 +3,9 @@ its own empty cache (but MODE-again and --one-cache), side by side in one run. A
 candidate's median in the pool vs alone) and the warm-reference latency (the same task judged again).
 
 The agreement is given for the candidate's median and for its speedup over eager (a drift of the machine's speed
-between modes moves both times, not their ratio). Each mode's row also says where the time went: the timing phase's parts (baselines, the candidate, its checked
-calls, eager checks), the CPUs' busy share and each device lock's states (exclusive, shared, draining, free).
+between modes moves both times, not their ratio). Each mode's row also says where the time went: the timing
+phase's parts (baselines, the candidate, its checked calls, eager checks), the CPUs' busy share and each device
+lock's states (exclusive, shared, draining, free).
 
 Work: (a) KernelBench references judged as their own candidates (`ModelNew = Model`, --policy kernelbench: no
 build, verify + time), a sample spread over the levels; (b) distinct copies of a one-kernel workspace (build heavy).
@@ -217,7 +218,8 @@ def main() -> None:
             print(rows[-1], flush=True)
     write(args.out, f"Judge throughput ({args.backend})", rows,
           ["work", "mode", "evaluations", "seconds", "per_hour", "speedup_vs_first", "passed", "device_s", "verify_s",
-           "timing_parts_s", "cpu_busy_pct", "device_lock_s", "timing_gap_pct_median", "timing_gap_pct_max", "speedup_gap_pct_median", "speedup_gap_pct_max", "notes"],
+           "timing_parts_s", "cpu_busy_pct", "device_lock_s", "timing_gap_pct_median", "timing_gap_pct_max",
+           "speedup_gap_pct_median", "speedup_gap_pct_max", "notes"],
           {"backend": args.backend})
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -65,7 +65,8 @@ def test_the_pool_judges_at_once_one_device_phase_at_a_time_as_a_lone_judge_woul
     assert [v.correct for v in together] == [True, False, True, False]
     # the tasks' memory was learnt from the lone judge's evaluations: the pool's are admitted by it
     assert all("memory_queued" in v.phases_s for v in together)
-    learnt = Store(cache_dir / "judge.sqlite").get("memory", "|".join([load_task(AFFINE).hash, "cpu", torch.__version__]))
+    key = "|".join([load_task(AFFINE).hash, "cpu", torch.__version__])
+    learnt = Store(cache_dir / "judge.sqlite").get("memory", key)
     assert 0 < learnt["peak"] < learnt["total"] and 0 < learnt["candidate"] < learnt["total"], learnt
 
 

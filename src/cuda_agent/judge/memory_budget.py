@@ -4,9 +4,9 @@ A task's need is learnt from its earlier evaluations: the most its reference wor
 candidate of it said it held (as much as the reference where none was timed yet). What a candidate says only
 schedules: one that says too little can run others out of memory, and they are judged again alone (`pool.py`). A
 task never judged here promises its reference worker's guess (a multiple of its weights and one input set,
-`reference_worker.GUESS`) from its first device phase to the verdict. Evaluations are admitted
-in order of arrival, so a large task is not passed over forever; one larger than the device is admitted when
-nothing else holds any.
+`reference_worker.GUESS`) from its first device phase to the verdict. Evaluations are admitted in order of
+arrival, so a large task is not passed over forever; one larger than the device is admitted when nothing else
+holds any.
 """
 
 from __future__ import annotations
