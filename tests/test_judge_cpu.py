@@ -177,8 +177,21 @@ def test_lower_precision_is_flagged_and_fails_in_strict_mode(cache_dir, cpu_judg
 
 
 def test_outputs_cached_across_calls_are_caught_on_the_checked_timed_calls(cpu_judge, make_workspace):
-    # Keyed on the input object (kept alive, so no key is ever reused): every verification input set misses and
-    # computes, the timing loop hits; fresh values written into the timed buffers expose the stale output.
+    # Honest for its first 12 calls (verification and warm-up), then the last output again: only the timed calls
+    # whose outputs the trusted side picked and read can see it.
+    ws = make_workspace(edits={"model_new.py": [
+        ("        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)",
+         "        self.calls += 1\n"
+         "        if self.calls <= 12 or self.last is None:\n"
+         "            self.last = cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)\n"
+         "        return self.last"),
+        ("        self.shift = shift\n", "        self.shift = shift\n        self.calls, self.last = 0, None\n")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and "timed call" in verdict.error and "fresh values" in verdict.error, verdict.error
+
+
+def test_outputs_cached_by_input_address_are_caught_at_once(cpu_judge, make_workspace):
+    # Keyed on the input tensor's address: every call's inputs lie in the same buffer, written afresh each time.
     ws = make_workspace(edits={"model_new.py": [
         ("        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)",
          "        key = (id(x), x.data_ptr())\n"
@@ -187,7 +200,7 @@ def test_outputs_cached_across_calls_are_caught_on_the_checked_timed_calls(cpu_j
          "        return self.cache[key][1]"),
         ("        self.shift = shift\n", "        self.shift = shift\n        self.cache = {}\n")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)
-    assert verdict.reward == -1 and "timed call" in verdict.error and "fresh values" in verdict.error, verdict.error
+    assert verdict.reward == -1 and verdict.error.startswith("incorrect: input set 1"), verdict.error
 
 
 def test_hard_coded_sizes_fail_the_extra_shape_check(cache_dir, cpu_judge, make_workspace):
@@ -336,9 +349,10 @@ def test_a_closed_form_for_the_input_distribution_fails_on_scaled_inputs(cache_d
                            "        return torch.empty(x.shape[0], device=x.device).fill_(0.5)\n")
     task = TASKS / "row_mean.py"
     unscaled = Judge("cpu", fast_config(cache_dir, scaled_inputs=False)).evaluate(task, expectation)
-    assert unscaled.correct, unscaled.error  # the hack would pass without the scaled input set
+    assert unscaled.correct, unscaled.error  # the hack would pass without scaled inputs
     verdict = cpu_judge.evaluate(task, expectation)
-    assert verdict.reward == -1 and "scaled inputs (x" in verdict.error, verdict.error
+    # Every input set but the first is scaled by a factor drawn for it (as every timed call is): the second fails.
+    assert verdict.reward == -1 and verdict.error.startswith("incorrect: input set 1:"), verdict.error
 
 
 def test_uninitialised_outputs_do_not_find_the_reference_leftovers(cpu_judge, tmp_path):
@@ -448,10 +462,12 @@ static torch::Tensor affine_relu_forward(torch::Tensor x, double scale, double s
 
 
 def test_work_left_to_a_thread_after_forward_returns_fails(cpu_judge, make_workspace):
+    # The trusted side stops every thread of the candidate when `done` comes and reads the outputs then: what the
+    # thread had not written by that moment is missing.
     ws = make_workspace()
     (ws / BINDING).write_text(LATE_THREAD)
     verdict = cpu_judge.evaluate(AFFINE, ws)
-    assert verdict.reward == -1 and "after forward returned" in verdict.error, verdict.error
+    assert verdict.reward == -1 and verdict.error.startswith("incorrect: input set 0"), verdict.error
 
 
 def test_every_call_is_audited_so_none_can_compute_differently(cpu_judge, make_workspace):

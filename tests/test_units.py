@@ -312,13 +312,12 @@ def test_baselines_timed_just_now_stand_for_the_eager_check_before_the_candidate
         return {"stats": stats(101.0)}
 
     keeper = Timekeeper(JudgeConfig(cache_dir=tmp_path), Store(tmp_path / "judge.sqlite"))
-    keeper._time_candidate = lambda *args: stats(50.0)
-    cold = keeper.run("key", ref, None, 0.0, None)
+    cold = keeper.run("key", ref, lambda record: stats(50.0))
     assert commands == ["time", "time_eager"] and cold.record["eager_checks_us"] == [[100.0, 101.0]], commands
     assert cold.record["status"] == "ok" and cold.record["source"] == "measured now"
     assert set(cold.record["seconds"]) == {"baselines", "candidate", "call_checks", "eager_checks"}
     commands.clear()
-    warm = keeper.run("key", ref, None, 0.0, None)
+    warm = keeper.run("key", ref, lambda record: stats(50.0))
     assert commands == ["time_eager", "time_eager"] and warm.record["source"] == "cache", commands
 
 

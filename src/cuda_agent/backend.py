@@ -72,6 +72,9 @@ class Backend:
     kernel_timeline: bool = False
     # Whether the device is not the CPU: then torch.compile's compilation (CPU work) may run beside a timed run.
     compiles_beside_timing: bool = False
+    # Whether the trusted side (the reference worker) draws the inputs, runs the clock and reads the outputs of every
+    # candidate call (judge/trusted_calls.py); else the candidate's worker does, as on the cuda backend for now.
+    trusted_clock: bool = False
     cxx: str = field(default_factory=lambda: os.environ.get("CXX", "g++"))
 
     # ---- building (judge process) -------------------------------------------------------------
@@ -172,8 +175,10 @@ class CpuBackend(Backend):
     name: str = "cpu"
     device: str = "cpu"
     kernel_suffix: str = ".cpp"
-    timing_method: str = ("host wall clock per iteration (perf_counter), cache flushed between iterations; timed "
-                          "calls under the op audit (strict policy)")
+    timing_method: str = ("the trusted side's wall clock per call, from resuming the candidate's stopped processes "
+                          "to stopping them again (handshake included); cache flushed before each call; baselines "
+                          "timed in the reference worker while the candidate is stopped")
+    trusted_clock: bool = True
 
     def kernel_command(self, src: str, obj: str) -> list[str]:
         # -march=native is the CPU's "-arch=sm_90": without it gcc leaves even simple loops scalar.

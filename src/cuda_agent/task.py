@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from .pyparse import parse as parse_python
+
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 
 
@@ -42,7 +44,7 @@ def load_task(path: str | Path) -> Task:
         raise TaskError(f"reference {path}: no such file")
     try:
         source = path.read_text()
-        tree = ast.parse(source, filename=str(path))
+        tree = parse_python(source, filename=str(path))
     except (OSError, UnicodeDecodeError, SyntaxError) as exc:
         raise TaskError(f"reference {path}: cannot parse: {exc}") from exc
     defined = {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
@@ -109,22 +111,104 @@ def _int_value(node: ast.AST) -> int | None:
     return None
 
 
-def shape_constants(source: str) -> dict[str, int]:
-    """Module-level integer constants that only `get_inputs()` uses (not `Model`, not `get_init_inputs()`).
+SLOT = "_cuda_agent_size_"  # a size written as a literal in get_inputs(), named so that it can change
+SIZED = {"randn": "all", "rand": "all", "zeros": "all", "ones": "all", "empty": "all", "full": "first",
+         "randint": "last"}  # torch's constructors: which positional arguments are sizes
 
-    Such a constant sizes the inputs but neither the weights nor the computation, so the task also holds at
-    other values: the judge checks one extra shape with each of them changed, to catch candidates that hard-code
-    the sizes.
+
+def _module_ints(tree: ast.Module) -> dict[str, int]:
+    """Module-level names bound to integers: `N = 1 << 21`, `B, D = 16, 4096`, `M = K = 512`."""
+    values: dict[str, int] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Name) and (v := _int_value(node.value)) is not None:
+                values[target.id] = v
+            elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
+                    and len(target.elts) == len(node.value.elts):
+                for name, value in zip(target.elts, node.value.elts):
+                    if isinstance(name, ast.Name) and (v := _int_value(value)) is not None:
+                        values[name.id] = v
+    return values
+
+
+def _size_literals(function: ast.FunctionDef) -> list[ast.Constant]:
+    """Integer literals that size a tensor built in `function` (`torch.randn(16, 4096)`, `torch.rand((8, 64))`)."""
+    found = []
+    for call in ast.walk(function):
+        if not isinstance(call, ast.Call):
+            continue
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+        which = SIZED.get(name)
+        if which is None or not call.args:
+            continue
+        args = {"all": call.args, "first": call.args[:1], "last": call.args[-1:]}[which]
+        args += [kw.value for kw in call.keywords if kw.arg == "size"]
+        for arg in args:
+            for node in (arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]):
+                if isinstance(node, ast.Constant) and type(node.value) is int and node.value > 2:
+                    found.append(node)
+    return found
+
+
+def _get_inputs(tree: ast.Module) -> ast.FunctionDef | None:
+    return next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_inputs"), None)
+
+
+def _slot(node: ast.Constant) -> str:
+    return f"{SLOT}line{node.lineno}_col{node.col_offset}"
+
+
+def shape_constants(source: str) -> dict[str, int]:
+    """The sizes of the task's inputs that can change without changing its weights or its computation: module-level
+    integers (also from tuple assignments) that only `get_inputs()` uses (not `Model`, not `get_init_inputs()`), and
+    integer literals sizing the tensors `get_inputs()` builds (named `SLOT...`; `enable_sizes` lets them change).
+
+    The judge checks one extra shape with them changed, to catch candidates that hard-code the sizes (the reference
+    worker keeps those at which the task itself still runs: `fit_sizes`).
     """
-    tree = ast.parse(source)
-    values = {t.id: v for node in tree.body if isinstance(node, ast.Assign)
-              for t in node.targets if isinstance(t, ast.Name) and (v := _int_value(node.value)) is not None}
+    tree = parse_python(source)
+    values = _module_ints(tree)
     used: dict[str, set[str]] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             used[node.name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
     only_inputs = used.get("get_inputs", set()) - used.get("get_init_inputs", set()) - used.get("Model", set())
-    return {name: value for name, value in values.items() if name in only_inputs and value > 2}
+    named = {name: value for name, value in values.items() if name in only_inputs and value > 2}
+    function = _get_inputs(tree)
+    literals = {_slot(node): node.value for node in _size_literals(function)} if function else {}
+    return {**named, **literals}
+
+
+def enable_sizes(module: ModuleType, source: str) -> None:
+    """Rewrite the imported task's `get_inputs` so that each size literal reads a module attribute of its own (with
+    its literal value): the extra-shape check can then change it like a named constant. Nothing else changes."""
+    tree = parse_python(source)
+    function = _get_inputs(tree)
+    if function is None:
+        return
+    literals = {id(node): node for node in _size_literals(function)}
+    if not literals:
+        return
+
+    class Named(ast.NodeTransformer):
+        def visit_Constant(self, node: ast.Constant) -> ast.AST:
+            if id(node) not in literals:
+                return node
+            setattr(module, _slot(node), node.value)
+            return ast.copy_location(ast.Name(id=_slot(node), ctx=ast.Load()), node)
+
+    rewritten = ast.fix_missing_locations(ast.Module(body=[Named().visit(function)], type_ignores=[]))
+    exec(compile(rewritten, getattr(module, "__file__", None) or "<task>", "exec"), vars(module))
+
+
+def describe_sizes(shapes: dict[str, int], source: str) -> str:
+    """`N=1048577, get_inputs line 12: 4096->2049` for an extra shape's label."""
+    function = _get_inputs(parse_python(source))
+    literals = {_slot(node): node for node in (_size_literals(function) if function else [])}
+    return ", ".join(f"get_inputs line {literals[k].lineno}: {literals[k].value}->{v}" if k in literals else f"{k}={v}"
+                     for k, v in shapes.items())
 
 
 def extra_shape(constants: dict[str, int]) -> dict[str, int]:

@@ -13,6 +13,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from ..pyparse import parse as parse_python
 from .catalog import LAYOUTS, Op, check
 
 # Shares of the paper's released set, in percent: torch tasks by number of operators, and transformers operators.
@@ -106,7 +107,7 @@ def compose_llm(client, ops: list[Op], rng: random.Random, num_ops: int) -> Comp
                      + cut)
     source = match.group(1)
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError as exc:
         raise NoTask(f"the code does not parse: {exc.msg} (line {exc.lineno}){cut}") from None
     defined = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}

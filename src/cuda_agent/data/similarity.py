@@ -17,10 +17,12 @@ import ast
 import difflib
 from pathlib import Path
 
+from ..pyparse import parse as parse_python
+
 
 def fingerprint(source: str) -> list[str]:
     tokens = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_python(source)):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             continue  # docstrings
         name = type(node).__name__
@@ -38,7 +40,7 @@ def fingerprint(source: str) -> list[str]:
 def operator_sequence(source: str) -> tuple[str, ...]:
     """The operators a task's classes call, in execution order; `self.op(x)` counts as the module built for `op`."""
     calls: list[str] = []
-    for cls in ast.parse(source).body:
+    for cls in parse_python(source).body:
         if not isinstance(cls, ast.ClassDef):
             continue
         built = {}  # self.<attr> = nn.Something(...) in any method

@@ -19,6 +19,7 @@ import importlib
 import inspect
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -30,9 +31,10 @@ import torch
 
 from ..backend import get_backend
 from ..sandbox.seccomp import SeccompError, forbid_new_processes
-from ..task import import_file
+from ..task import enable_sizes, import_file
 from ..workspace.inline import load_published, request_from_call
 from .audit import OpAudit, ThreadAudit
+from .callee import Callee
 from .integrity import Integrity
 from .process import Channel, Handler, WorkerFailure, one_line, run_worker
 from .symbols import NativeAudit
@@ -268,8 +270,11 @@ class Candidate:
         self.model_cls = model_cls
         self.allowed_ops = tuple(req["allowed_ops"])
         self.audit = OpAudit(self.allowed_ops) if req["audit_ops"] else None
-        # The task module only supplies get_inputs(): Model itself is never built in this process.
-        self.task = import_file(req["task_path"], "task_inputs")
+        # The task module only supplies get_inputs() on the in-process path; on the trusted path the inputs come from
+        # the reference worker and this process needs nothing of the task. Model is never built here.
+        self.task = None if req.get("trusted_inputs") else import_file(req["task_path"], "task_inputs")
+        if self.task is not None:
+            enable_sizes(self.task, Path(req["task_path"]).read_text())  # as the reference worker does
 
     def initialise(self, public: Path) -> list[str]:
         """Build ModelNew with the reference's constructor arguments and weights (strict); then no more processes.
@@ -344,6 +349,30 @@ class Candidate:
         warnings = [] if threads.available else \
             ["this torch cannot profile other threads: background-thread compute was not audited"]
         return {**reply, "violations": violations, "warnings": warnings}
+
+    def serve(self, sock: socket.socket) -> dict:
+        """The trusted path: the reference worker drives every call (`callee.py`); inputs come from it, outputs are
+        read by it. Timed and verified calls are one and the same kind of call, all under the same audits."""
+        audited = self.audit is not None
+
+        def forward(inputs: list, fn: str) -> Any:
+            with torch.no_grad():
+                if self.audit is None:
+                    out = self.model(*inputs)
+                else:
+                    with self.audit:
+                        out = self.model(*inputs)
+            self.backend.synchronize()
+            return out
+
+        callee = Callee(sock, forward)
+        with ThreadAudit(self.allowed_ops, enabled=audited) as threads:
+            calls = callee.serve()
+        replaced = self.integrity.changed()
+        violations = (self.audit.messages() if self.audit else []) + threads.messages() + self.native_violations() + \
+            ([f"candidate code replaced functions the judge relies on: {', '.join(replaced[:8])}"] if replaced else [])
+        callee.ended(calls, violations)
+        return {"calls": calls}
 
     def native_violations(self) -> list[str]:
         return [f"native code: {p}" for p in self.native.violations()] if self.native else []
@@ -433,7 +462,11 @@ def start(req: dict, chan: Channel) -> dict:
         warnings = cand.initialise(Path(cmd["public_dir"]))
         return "initialised", {"warnings": warnings, "violations": cand.native_violations()}
 
+    def serve(cmd: dict) -> tuple[str, dict]:
+        return "served", cand.serve(socket.socket(fileno=chan.receive_fds(1)[0]))
+
     return {
+        "serve": serve,
         "init": checked(initialise),
         "trial": checked(lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]),
                                                                    cmd.get("shapes"), cmd.get("scale")))),

@@ -6,7 +6,7 @@ reference, the candidate's error beside fp32 eager's own, so a precision downgra
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -70,26 +70,27 @@ def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, a
     return res
 
 
-def compare_trial(manifest: Any, fds: list[int], ref: Any, ref64: Any | None, atol: float, rtol: float, device: str,
-                  label: str, max_rel: float = 0.5) -> dict[str, Any]:
-    """Compare the candidate's outputs (its manifest and the descriptors of their shared memory, `transfer.py`) with
-    the reference outputs of one trial."""
+Leaf = tuple[str, str, Callable[[], Any]]  # (path, "tensor" or "value" or what else it is, its loader)
+
+
+def compare_leaves(got: list[Leaf], got_structure: str, ref: Any, ref64: Any | None, atol: float, rtol: float,
+                   label: str, max_rel: float = 0.5) -> dict[str, Any]:
+    """Compare the candidate's output leaves, each loaded only when its turn comes (a tensor's loader may raise:
+    an unreadable output), with the reference outputs of one call."""
     out: dict[str, Any] = {"ok": True, "reason": None, "max_abs": 0.0, "rel": 0.0, "rel64": [], "eager_rel64": []}
     ref_leaves = list(leaves(ref))
-    got = manifest.get("leaves") if isinstance(manifest, dict) else None
-    if not isinstance(got, list) or not all(isinstance(item, dict) for item in got):
-        return {**out, "ok": False, "reason": f"{label}: malformed output manifest"}
-    if [item.get("path") for item in got] != [p for p, _ in ref_leaves]:
-        return {**out, "ok": False, "reason": f"{label}: output structure {manifest.get('structure')} != expected "
+    if [path for path, _, _ in got] != [p for p, _ in ref_leaves]:
+        return {**out, "ok": False, "reason": f"{label}: output structure {got_structure} != expected "
                                               f"{structure(ref)}"}
     ref64_leaves = dict(leaves(ref64)) if ref64 is not None else {}
-    for item, (path, r) in zip(got, ref_leaves):
+    for (path, kind, load), (_, r) in zip(got, ref_leaves):
         where = f"{label}: {path}"
         if isinstance(r, torch.Tensor):
-            if item.get("kind") == "value":
-                return {**out, "ok": False, "reason": f"{where} is a {item.get('type')}, expected a tensor"}
+            if kind != "tensor":
+                what = type(load()).__name__ if kind == "value" else kind
+                return {**out, "ok": False, "reason": f"{where} is a {what}, expected a tensor"}
             try:
-                c = import_tensor(item, fds, device)
+                c = load()
             except (OSError, ValueError, RuntimeError, TypeError, KeyError) as exc:
                 return {**out, "ok": False, "reason": f"{where}: unreadable output ({exc})"}
             res = compare_tensor(c, r, ref64_leaves.get(path), atol, rtol, where, max_rel)
@@ -102,7 +103,7 @@ def compare_trial(manifest: Any, fds: list[int], ref: Any, ref64: Any | None, at
             if not res["ok"]:
                 return {**out, "ok": False, "reason": res["reason"]}
         else:
-            value = item.get("value")
+            value = load() if kind == "value" else kind
             if isinstance(r, (int, float)) and not isinstance(r, bool) and isinstance(value, (int, float)):
                 if not math.isfinite(value) or abs(value - r) > atol + rtol * abs(r):
                     return {**out, "ok": False, "reason": f"{where} = {value!r}, expected {r!r}"}
@@ -110,3 +111,16 @@ def compare_trial(manifest: Any, fds: list[int], ref: Any, ref64: Any | None, at
                 return {**out, "ok": False, "reason": f"{where} = {value!r}, expected {r!r}"}
     return out
 
+
+def compare_trial(manifest: Any, fds: list[int], ref: Any, ref64: Any | None, atol: float, rtol: float, device: str,
+                  label: str, max_rel: float = 0.5) -> dict[str, Any]:
+    """Compare the candidate's outputs (its manifest and the descriptors of their shared memory, `transfer.py`) with
+    the reference outputs of one trial."""
+    got = manifest.get("leaves") if isinstance(manifest, dict) else None
+    if not isinstance(got, list) or not all(isinstance(item, dict) for item in got):
+        return {"ok": False, "reason": f"{label}: malformed output manifest", "max_abs": 0.0, "rel": 0.0,
+                "rel64": [], "eager_rel64": []}
+    items: list[Leaf] = [
+        (item.get("path"), "value", lambda item=item: item.get("value")) if item.get("kind") == "value" else
+        (item.get("path"), "tensor", lambda item=item: import_tensor(item, fds, device)) for item in got]
+    return compare_leaves(items, str(manifest.get("structure")), ref, ref64, atol, rtol, label, max_rel)

@@ -60,7 +60,9 @@ class JudgeConfig:
     num_trials: int = 5  # fresh random input sets, seeds drawn by the judge per evaluation
     seeds: tuple[int, ...] | None = None  # fix them only for reproducing a verdict
     extra_shapes: bool = True  # one more input set with the sizes only get_inputs() uses changed (task.py)
-    scaled_inputs: bool = True  # one more input set with floating-point inputs multiplied by 2-4 (distribution)
+    # floating-point inputs scaled: one more input set by 2-4, and (cpu backend) every other call's by a factor drawn
+    # for it in [1, 4], so that no check is told apart by its values (the input distribution cannot be exploited)
+    scaled_inputs: bool = True
     allow_tf32: bool = False  # applied identically to baselines and candidate
     speedup_threshold: float = 0.05
     # Strict precision: fail when the candidate's error against fp64 exceeds this many times fp32 eager's own
@@ -97,7 +99,7 @@ class JudgeConfig:
     def timing_key(self) -> str:
         """What changes baseline timings besides task, device and torch version."""
         return f"tf32={self.allow_tf32};mode={self.compile_mode};warmup={self.warmup};" \
-               f"iters={self.min_iters}-{self.max_iters};target={self.target_time_s};fresh-inputs-v3"
+               f"iters={self.min_iters}-{self.max_iters};target={self.target_time_s};scaled={self.scaled_inputs};fresh-inputs-v4"
 
     def verdict_key(self) -> str:
         """Every setting that can change a verdict (all but where files go and how many workers stay warm), for

@@ -13,8 +13,10 @@ rules, or `kernelbench`) decides whether torch compute is allowed; every other c
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
+import socket
 import tempfile
 import time
 from contextlib import ExitStack, contextmanager
@@ -25,22 +27,27 @@ import torch
 
 from ..backend import Backend, BackendError, get_backend
 from .. import sandbox
-from ..task import Task, TaskError, extra_shape, load_task, shape_constants
+from ..task import Task, TaskError, describe_sizes, extra_shape, load_task, shape_constants
 from ..workspace.build import Builder, BuildResult
 from ..workspace.candidate import Candidate, load_candidate
 from ..workspace.inline import InlineBuilder, InlineError
 from .config import POLICIES, JudgeConfig
 from .device_lock import DeviceLock
+from .freezer import split_worker
 from .memory_budget import MemoryBudget
 from .policy import scan_sources
 from .process import WorkerDied, WorkerProcess, close_fds
+from .reference_worker import SCALE_MAX
 from .references import ReferenceFailed, ReferencePool, ReferenceWorker
 from .scoring import PRECISION_WARN_RATIO, score
 from .spares import Slot, Spares
 from .store import Store
 from .symbols import library_problems
-from .timekeeper import Timekeeper, TimingFailed
+from .timekeeper import Timekeeper, TimingFailed, TimingOutcome
 from .verdict import Verdict
+
+READ_LIMIT = 16 << 30  # bytes the trusted side reads of one output at most
+
 
 class Phases:
     """Wall time of each evaluation phase, recorded in the verdict (where an evaluation spends its time)."""
@@ -153,7 +160,8 @@ class Judge:
         cfg = self.config
         request = {"backend": self.backend.name, "allow_tf32": cfg.allow_tf32, "atol": cfg.atol, "rtol": cfg.rtol,
                    "max_relative_error": cfg.max_relative_error, "compile_mode": cfg.compile_mode,
-                   "timing": self._timing()}
+                   "timing": self._timing(), "trusted_clock": self.backend.trusted_clock,
+                   "scaled_inputs": cfg.scaled_inputs}
         key = "|".join([task.hash, self.backend.name, torch.__version__])
         known = self.store.get("memory", key) or {}
         if known:
@@ -214,7 +222,7 @@ class Judge:
                     "build_dir": str(build.build_dir), "kind": cand.kind, "backend": self.backend.name,
                     "task_path": str(task_file), "allow_tf32": cfg.allow_tf32,
                     "allowed_ops": list(cfg.rules.allowed_ops), "audit_ops": strict, "timing": self._timing(),
-                    "sandboxed": self.sandboxed}})
+                    "sandboxed": self.sandboxed, "trusted_inputs": self.backend.trusted_clock}})
                 if worker.sandbox:
                     verdict.sandbox = worker.sandbox.describe()
             ready = ref.wait_ready(cfg.reference_timeout_s)
@@ -256,29 +264,9 @@ class Judge:
                     phases.mark("baseline_compile")
                     if unlocked:
                         verdict.phases_s["baseline_compile_unlocked"] = round(unlocked, 3)
-                # Verification runs beside other evaluations' shared device work (their compiles' runs, their
-                # verifications), never beside a timed run; timing has the device to itself.
-                with self.device_lock.shared():
-                    phases.mark("verify_queued")
-                    deadline = time.monotonic() + cfg.run_timeout_s
-                    if not self._verify(task, ref, worker, seeds, deadline, verdict):
-                        return
-                    phases.mark("verify")
-                waiting = time.monotonic()
-                with self.device_lock.exclusive():
-                    phases.mark("device_queued")
-                    deadline += time.monotonic() - waiting  # the candidate's time does not run while it waits
-                    try:
-                        outcome = self.timekeeper.run(
-                            baseline_key,
-                            lambda command, event: ref.call(command, event, cfg.reference_timeout_s),
-                            worker, deadline, self._timed_call_check(ref, worker, deadline, verdict))
-                    except TimingFailed as exc:
-                        verdict.correct = False
-                        verdict.policy_violations += exc.violations
-                        verdict.error = verdict.error or str(exc)
-                        return
-                    phases.mark("timing")
+                outcome = self._verify_and_time(task, ref, worker, seeds, baseline_key, verdict, phases)
+                if outcome is None:
+                    return
             peaks = cfg.device_peaks or self.backend.peak_rates(str(verdict.device))
             score(cfg, self.backend.timing_method, outcome, begun["work"], peaks, verdict)
         except WorkerDied as exc:
@@ -287,6 +275,50 @@ class Judge:
         except ReferenceFailed as exc:  # the reference ran before, so the candidate may be the cause (e.g. OOM)
             verdict.correct = False
             verdict.error = f"evaluation aborted: {exc}"
+
+    def _verify_and_time(self, task: Task, ref: ReferenceWorker, worker: WorkerProcess, seeds: list[int],
+                         baseline_key: str, verdict: Verdict, phases: Phases) -> TimingOutcome | None:
+        """Verification beside other evaluations' shared device work (their compiles' runs, their verifications),
+        never beside a timed run; then timing, with the device to itself. None when the candidate failed (the
+        verdict says why)."""
+        cfg = self.config
+        trusted = self.backend.trusted_clock
+        scales = self._attach(ref, worker) if trusted else False
+        if scales is None:
+            verdict.error = "the candidate left processes running after ModelNew was built: all work must happen " \
+                            "in forward"
+            return None
+        try:
+            with self.device_lock.shared():
+                phases.mark("verify_queued")
+                deadline = time.monotonic() + cfg.run_timeout_s
+                verified = self._verify_trusted(task, ref, worker, seeds, scales, deadline, verdict) if trusted \
+                    else self._verify(task, ref, worker, seeds, deadline, verdict)
+                if not verified:
+                    return None
+                phases.mark("verify")
+            waiting = time.monotonic()
+            with self.device_lock.exclusive():
+                phases.mark("device_queued")
+                deadline += time.monotonic() - waiting  # the candidate's time does not run while it waits
+                time_candidate = self._trusted_timing(ref, worker, deadline, verdict) if trusted else \
+                    self._worker_timing(ref, worker, deadline, verdict)
+                try:
+                    outcome = self.timekeeper.run(
+                        baseline_key, lambda command, event: ref.call(command, event, cfg.reference_timeout_s),
+                        time_candidate)
+                    if trusted:
+                        self._detach(ref, worker)
+                except TimingFailed as exc:
+                    verdict.correct = False
+                    verdict.policy_violations += exc.violations
+                    verdict.error = verdict.error or str(exc)
+                    return None
+                phases.mark("timing")
+            return outcome
+        finally:
+            if trusted:  # a candidate that failed stays stopped until it is killed (a no-op after `_detach`)
+                ref.call({"command": "detach"}, "detached", cfg.reference_timeout_s)
 
     def _compile_baseline(self, ref: ReferenceWorker) -> float:
         """torch.compile's first run, before the device is this evaluation's: its kernels and inductor's benchmarks
@@ -381,9 +413,9 @@ class Judge:
             if not self._trial(task, ref, worker, {"command": "trial", "k": k, "seed": seed}, f"input set {k}",
                                deadline, verdict, errors):
                 return False
-        shapes = extra_shape(shape_constants(task.source)) if self.config.extra_shapes else {}
+        shapes = self._extra_shape(task, ref, verdict)
         if shapes:
-            label = "extra shape (" + ", ".join(f"{k}={v}" for k, v in shapes.items()) + ")"
+            label = f"extra shape ({describe_sizes(shapes, task.source)})"
             command = {"command": "trial", "k": len(seeds), "seed": secrets.randbelow(2**31), "shapes": shapes}
             if not self._trial(task, ref, worker, command, label, deadline, verdict, errors):
                 return False
@@ -393,6 +425,26 @@ class Judge:
             if not self._trial(task, ref, worker, command, f"scaled inputs (x{scale:.3f})", deadline, verdict,
                                errors):
                 return False
+        return self._precision(errors, verdict)
+
+    def _extra_shape(self, task: Task, ref: ReferenceWorker, verdict: Verdict) -> dict[str, int]:
+        """The sizes of the extra-shape check: about half of each size of the inputs that can change, those at which
+        the task itself runs; where none can, the verdict says so."""
+        if not self.config.extra_shapes:
+            return {}
+        shapes = extra_shape(shape_constants(task.source))
+        if not shapes:
+            verdict.warnings.append("extra shape not checked: get_inputs() has no size that can change (module-level "
+                                    "integers it alone uses, or literal sizes of the tensors it builds)")
+            return {}
+        fitted = ref.call({"command": "fit_sizes", "shapes": shapes}, "sizes", self.config.reference_timeout_s)
+        if not fitted["shapes"]:
+            verdict.warnings.append(f"extra shape not checked: the task does not run at other sizes of its inputs "
+                                    f"({describe_sizes(shapes, task.source)}: {fitted['reason']})")
+        return fitted["shapes"]
+
+    def _precision(self, errors: dict[str, list[float]], verdict: Verdict) -> bool:
+        """Every check passed: correct, unless its error against fp64 is too far beyond fp32 eager's own."""
         verdict.correct = True
         if errors["candidate"] and errors["eager"]:
             c, e = max(errors["candidate"]), max(errors["eager"])
@@ -471,6 +523,107 @@ class Judge:
             verdict.error = f"incorrect: {result['reason']}"
             return False
         return True
+
+    # ---- the trusted path (backend.trusted_clock): the reference worker drives and measures every call -----------
+    def _attach(self, ref: ReferenceWorker, worker: WorkerProcess) -> bool | None:
+        """Connect the candidate's worker to the reference worker by a socket of their own; the reference worker
+        stops the candidate's process at once and from then on resumes it only inside its calls. Returns whether
+        scaled inputs hold for the task (then every call's inputs are scaled by a factor drawn for it); None when
+        the candidate left processes running (the verdict says so)."""
+        found, launchers, strays = split_worker(worker.proc.pid, worker.sandbox is not None)
+        if strays:
+            return None
+        cgroup = worker.sandbox.cgroup.procs[0] if worker.sandbox and worker.sandbox.cgroup else None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with ours, theirs:
+            worker.send_fds([theirs.fileno()])
+            worker.send({"command": "serve"})
+            ref.send_fds([ours.fileno()])
+            reply = ref.call({"command": "attach", "worker_pid": found, "others": launchers,
+                              "cgroup": str(cgroup) if cgroup else None, "read_limit": READ_LIMIT}, "attached",
+                             self.config.reference_timeout_s)
+        return bool(reply["scales"])
+
+    def _verify_trusted(self, task: Task, ref: ReferenceWorker, worker: WorkerProcess, seeds: list[int],
+                        scales: bool, deadline: float, verdict: Verdict) -> bool:
+        """Every input set, drawn, run and compared by the reference worker: the first at the task's own scale, the
+        others (where the task holds there) scaled by a factor drawn for each, like every timed call's."""
+        errors: dict[str, list[float]] = {"candidate": [], "eager": []}
+        verdict.max_abs_error = verdict.max_rel_error = 0.0
+        plan = [(f"input set {k}", seed, None, self._scale() if scales and k else None) for k, seed in enumerate(seeds)]
+        shapes = self._extra_shape(task, ref, verdict)
+        if shapes:
+            plan.append((f"extra shape ({describe_sizes(shapes, task.source)})", secrets.randbelow(2**31), shapes,
+                         None))
+        if self.config.scaled_inputs:
+            scale = 2 + 2 * secrets.randbelow(10**6) / 10**6
+            plan.append((f"scaled inputs (x{scale:.3f})", secrets.randbelow(2**31), None, scale))
+        for label, seed, sizes, scale in plan:
+            reply = ref.call({"command": "check", "seed": seed, "shapes": sizes, "scale": scale, "label": label,
+                              "budget_s": max(0.0, deadline - time.monotonic())}, "candidate_checked",
+                             self.config.reference_timeout_s)
+            if "skipped" in reply:
+                verdict.warnings.append(f"{label} skipped: the reference fails there ({reply['skipped']})")
+                continue
+            verdict.phases_s["verify_candidate"] = round(verdict.phases_s.get("verify_candidate", 0.0)
+                                                         + reply.get("call_us", 0.0) / 1e6, 3)
+            if not reply["ok"]:
+                verdict.error = self._call_failure(reply, worker)
+                return False
+            verdict.max_abs_error = max(verdict.max_abs_error or 0.0, reply["max_abs"])
+            verdict.max_rel_error = max(verdict.max_rel_error or 0.0, reply["rel"])
+            errors["candidate"] += reply["rel64"]
+            errors["eager"] += reply["eager_rel64"]
+        return self._precision(errors, verdict)
+
+    def _trusted_timing(self, ref: ReferenceWorker, worker: WorkerProcess, deadline: float, verdict: Verdict):
+        """The candidate's timing as the reference worker measures it (`TimingFailed` with the reason)."""
+
+        def time_candidate(record: dict) -> dict:
+            reply = ref.call({"command": "time_candidate", "timing": self._timing(), "checks": self.config.timed_checks,
+                              "budget_s": max(0.0, deadline - time.monotonic())}, "candidate_checked",
+                             self.config.reference_timeout_s)
+            if not reply["ok"]:
+                verdict.correct = False
+                raise TimingFailed(self._call_failure(reply, worker))
+            record["checked_calls"] += reply["stats"].pop("checked_calls")
+            return reply["stats"]
+
+        return time_candidate
+
+    def _detach(self, ref: ReferenceWorker, worker: WorkerProcess) -> None:
+        """The candidate's calls are over: what its in-process audits reported (a policy violation fails it)."""
+        reply = ref.call({"command": "detach", "end": True}, "detached", self.config.reference_timeout_s)
+        if reply.get("error"):
+            raise TimingFailed(self._call_failure({"reason": reply["error"], "failed": reply.get("failed")}, worker))
+        if reply["violations"]:
+            raise TimingFailed(f"policy violation: {reply['violations'][0]}", reply["violations"])
+
+    @staticmethod
+    def _call_failure(reply: dict, worker: WorkerProcess) -> str:
+        """The reason for a failed call: how the candidate's process died or that it was killed at its deadline, or
+        what the trusted side found."""
+        how = reply.get("failed")
+        if how == "timeout":
+            worker.kill()
+            return f"candidate process timed out after {time.monotonic() - worker.started:.0f}s (killed)"
+        if how == "ended":
+            try:
+                worker.receive(time.monotonic() + 10)
+            except WorkerDied as exc:
+                return f"candidate process {exc}"
+        reason = str(reply.get("reason"))
+        return f"ModelNew.forward failed: {reason}" if how and not reason.startswith(("incorrect", "invalid")) \
+            else reason
+
+    @staticmethod
+    def _scale() -> float:
+        return math.exp(secrets.randbelow(10**6) / 10**6 * math.log(SCALE_MAX))
+
+    def _worker_timing(self, ref: ReferenceWorker, worker: WorkerProcess, deadline: float, verdict: Verdict):
+        """The candidate's timing as its own worker measures it (the cuda backend, until it has a trusted clock)."""
+        check = self._timed_call_check(ref, worker, deadline, verdict)
+        return lambda record: self.timekeeper.time_in_worker(worker, deadline, check, record)
 
     def _timed_call_check(self, ref: ReferenceWorker, worker: WorkerProcess, deadline: float, verdict: Verdict):
         """Checks the outputs of a timed call the timekeeper picked: the reference redraws its inputs from the seed."""

@@ -13,8 +13,11 @@ Usage (by the judge): python -m cuda_agent.judge.reference_worker REQUEST.json
 from __future__ import annotations
 
 import copy
+import math
 import random
 import secrets
+import socket
+import statistics
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -23,11 +26,14 @@ from typing import Any, Iterator
 import torch
 
 from ..backend import get_backend
-from ..task import import_file
-from .compare import compare_trial
+from ..task import enable_sizes, import_file
+from . import baseline_callee
+from .compare import compare_leaves, compare_trial
 from .process import Channel, WorkerFailure, close_fds, one_line, run_worker
 from .tensors import checksum, clone, leaves, make_inputs, refill, tensor_bytes, to_double
-from .timing import Hooks, time_callable
+from .readback import Unreadable
+from .timing import Hooks, summarize, time_callable
+from .trusted_calls import CallFailed, Calls
 from .work import count_work
 
 
@@ -41,6 +47,9 @@ def _step(what: str, fn, *args):
 # an evaluation's device memory over its weights and inputs: the reference's copies (inputs cloned, outputs, fp64
 # weights and outputs) and the candidate's own
 GUESS = 4
+BASELINE_TIMEOUT_S = 900.0  # the baseline callee's compilation or timing at most
+BASELINE_READ_LIMIT = 0  # its outputs are never read
+SCALE_MAX = 4.0  # calls on the trusted path draw their inputs' scale from [1, SCALE_MAX], log-uniformly
 
 
 class Reference:
@@ -51,6 +60,7 @@ class Reference:
         self.precision = self.backend.precision_flags(req["allow_tf32"])
         self.backend.warm_up()  # the profiler's first start, not in the first timed run (under the device lock)
         self.module = _step("importing the reference", import_file, req["task_path"], "reference_task")
+        enable_sizes(self.module, Path(req["task_path"]).read_text())  # the extra shape may change its literals
         for name in ("Model", "get_inputs", "get_init_inputs"):
             if not hasattr(self.module, name):
                 raise WorkerFailure("task_error", f"the reference defines no {name}")
@@ -63,6 +73,9 @@ class Reference:
         self.compiled = None
         self.trial: dict = {}
         self.work: dict | None = None  # counted at the first `begin`, when the judge lets it use the device
+        self.scales: bool | None = None  # whether scaled inputs hold for the task (`scale_holds`)
+        self.baseline: Calls | None = None  # the baseline callee's calls (trusted path)
+        self.baseline_process = None
 
     def memory_guess(self) -> int:
         """Device memory an evaluation of this task may hold, guessed before it runs (for scheduling only): GUESS
@@ -117,6 +130,125 @@ class Reference:
         self.trial = {"outputs": out, "outputs64": out64}
         return {"checksums": sums}
 
+    def fit_sizes(self, shapes: dict[str, int]) -> dict:
+        """The extra shape's sizes at which the task itself still runs (finite outputs): all of `shapes` where it
+        does, else those kept one by one in order; `reason` says why none could change."""
+        kept: dict[str, int] = {}
+        reason = ""
+        for trial in ([shapes] if len(shapes) > 1 else []) + [{name: value} for name, value in shapes.items()]:
+            candidate = {**kept, **trial}
+            probe = self.run_trial(secrets.randbelow(2**31), candidate, None, fp64=False)
+            self.trial = {}
+            if probe["checksums"] is not None:
+                kept = candidate
+                if trial is shapes:
+                    break
+            else:
+                reason = reason or probe["error"]
+        self._release()
+        return {"shapes": kept, "reason": reason}
+
+    def scale_holds(self) -> bool:
+        """Whether the task holds at up to SCALE_MAX times its inputs (finite reference outputs): then every call's
+        inputs are scaled by a factor drawn for it, so that no check is told apart by its values."""
+        if self.scales is None:
+            probe = self.run_trial(secrets.randbelow(2**31), scale=SCALE_MAX, fp64=False)
+            self.scales = probe["checksums"] is not None
+            self.trial = {}
+        return self.scales
+
+    def draw_scale(self, rng: random.Random) -> float | None:
+        """A call's factor (None: the task's own values, where scaling is off or does not hold)."""
+        if not self.req.get("scaled_inputs") or not self.scale_holds():
+            return None
+        return math.exp(rng.uniform(0.0, math.log(SCALE_MAX)))
+
+    def reference_outputs(self, inputs: list, fp64: bool) -> tuple[Any, Any]:
+        with torch.no_grad():
+            out = _step("Model.forward", lambda: self.model(*clone(inputs)))
+            out64 = self._fp64(inputs) if fp64 else None
+        return out, out64
+
+    def check_call(self, calls: Calls, inputs: list, label: str, deadline: float, fp64: bool,
+                   out: Any = None, out64: Any = None) -> dict:
+        """One call of the candidate on `inputs`, its outputs read and compared here (`call_us`: its window)."""
+        if out is None:
+            out, out64 = self.reference_outputs(inputs, fp64)
+        calls.load(inputs)
+        call = calls.call(deadline)
+        return {**self._judge_call(calls, call, out, out64, label), "call_us": call.window_us}
+
+    def _judge_call(self, calls: Calls, call, out: Any, out64: Any, label: str) -> dict:
+        changed = calls.changed_inputs()
+        if changed:
+            return {"ok": False, "reason": f"incorrect: {label}: input {changed[0]} was modified in place by "
+                                           "ModelNew.forward"}
+        try:
+            got, shape = calls.outputs(call)
+        except Unreadable as exc:
+            return {"ok": False, "reason": f"invalid output: {label}: {exc}"}
+        result = compare_leaves(got, shape, out, out64, self.req["atol"], self.req["rtol"], label,
+                                self.req["max_relative_error"])
+        if not result["ok"]:
+            result["reason"] = f"incorrect: {result['reason']}"
+        return result
+
+    def check_candidate(self, calls: Calls, seed: int, shapes: dict[str, int] | None,
+                        scale: float | None, label: str, deadline: float) -> dict:
+        """A verification call: the reference on this input set (where extra shapes or scales do not hold for the
+        task itself there is nothing to check: `skipped`), then the candidate's call, compared."""
+        if shapes or scale is not None:
+            probe = self.run_trial(seed, shapes, scale, fp64=False)
+            self.trial = {}
+            if probe["checksums"] is None:
+                return {"skipped": probe["error"]}
+        inputs = _step("get_inputs()", make_inputs, self.module, seed, self.device, shapes, scale)
+        return self.check_call(calls, inputs, label, deadline, fp64=True)
+
+    def time_calls(self, calls: Calls, timing: dict, deadline: float, fn: str = "", checks: int = 0,
+                   inputs_checked: bool = False) -> dict:
+        """Timed calls of a callee (the candidate; the baseline callee's `fn`), each on fresh inputs (a seed and a
+        scale drawn here), the cache flushed before each; warm-up calls first, then as many timed calls as `timing` asks. The outputs of `checks`
+        timed calls, picked here, are read and compared as each returns; with `inputs_checked` every call's inputs
+        are compared with what was written. The stats are the trusted windows (`cpu_us`: the kernel's CPU time)."""
+        rng = random.Random(secrets.randbits(64))
+        flush = self.backend.make_cache_flusher()
+
+        def one(label: str, picked: bool):
+            inputs = make_inputs(self.module, rng.randrange(2**31), self.device, None, self.draw_scale(rng))
+            calls.load(inputs)
+            flush()
+            call = calls.call(deadline, fn)
+            expected = self.reference_outputs(inputs, fp64=False) if picked else None
+            if expected is not None and not all(bool(torch.isfinite(x).all()) for _, x in leaves(expected[0])
+                                                if isinstance(x, torch.Tensor) and x.is_floating_point()):
+                expected = None  # the task does not hold at this scale: nothing to compare
+            result = self._judge_call(calls, call, *expected, label) if expected is not None else \
+                self._inputs_kept(calls, label) if inputs_checked else {"ok": True}
+            if not result["ok"]:
+                raise CallFailed(result["reason"])
+            return call
+
+        warm = [one(f"warm-up call {i}", False).window_us for i in range(max(1, int(timing["warmup"])))]
+        per_call = statistics.median(warm[-3:]) / 1e6
+        iters = int(min(timing["max_iters"], max(timing["min_iters"],
+                                                  math.ceil(timing["target_time_s"] / max(per_call, 1e-6)))))
+        picked = set(rng.sample(range(iters), min(iters, checks)))
+        windows, cpu = [], []
+        for i in range(iters):
+            call = one(f"timed call {i} (fresh values in the timed buffers)", i in picked)
+            windows.append(call.window_us)
+            cpu.append(call.cpu_us)
+        self._release()
+        return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
+                "checked_calls": sorted(picked)}
+
+    @staticmethod
+    def _inputs_kept(calls: Calls, label: str) -> dict:
+        changed = calls.changed_inputs()
+        return {"ok": False, "reason": f"incorrect: {label}: input {changed[0]} was modified in place by "
+                                       "ModelNew.forward"} if changed else {"ok": True}
+
     def _fp64(self, inputs: list):
         try:
             if self.model64 is None:
@@ -144,9 +276,37 @@ class Reference:
         with torch.no_grad():
             return time_callable(lambda: fn_of_inputs(hooks.inputs), self.backend, **timing, hooks=hooks)
 
+    def baseline_calls(self) -> Calls:
+        """The baseline callee (`baseline_callee.py`), started on first use and kept with this worker."""
+        if self.baseline is None:
+            self.baseline, self.baseline_process = baseline_callee.start(
+                {key: self.req[key] for key in ("task_path", "backend", "allow_tf32", "compile_mode")}
+                | {"seed": self.req["init_seed"]}, BASELINE_READ_LIMIT)
+        return self.baseline
+
+    def _baseline_timing(self, fn: str, timing: dict) -> dict:
+        """`fn` of the baseline callee, through the same calls and clock as the candidate (trusted path)."""
+        try:
+            return self.time_calls(self.baseline_calls(), timing, time.monotonic() + BASELINE_TIMEOUT_S, fn)
+        except CallFailed as exc:
+            raise WorkerFailure("task_error", f"the baseline callee failed timing {fn}: {exc}") from None
+
+    def _prepare_compiled(self) -> str | None:
+        calls = self.baseline_calls()
+        calls.load(make_inputs(self.module, secrets.randbelow(2**31), self.device))
+        try:
+            return calls.prepare("compile", BASELINE_TIMEOUT_S)
+        except CallFailed as exc:
+            raise WorkerFailure("task_error", f"the baseline callee failed compiling: {exc}") from None
+
     def time_baselines(self) -> dict:
-        """Eager and torch.compile, timed by the same loop as the candidate (fresh inputs before every call)."""
+        """Eager and torch.compile, timed by the same loop as the candidate (fresh inputs before every call); on the
+        trusted path in the baseline callee, through the very calls and clock the candidate's go through."""
         timing = self.req["timing"]
+        if self.req.get("trusted_clock"):
+            error = self._prepare_compiled()
+            return {"eager": self._baseline_timing("eager", timing), "compile_error": error,
+                    "compile": None if error else self._baseline_timing("compile", timing)}
         eager = self._timed(lambda inputs: self.model(*inputs), timing)
         compiled_stats, compile_error = None, None
         try:
@@ -167,6 +327,9 @@ class Reference:
         """torch.compile's compilation, done before the device is this evaluation's (it takes CPU seconds, not device
         time); one call runs. With a `gate`, the judge's shared hold on the device is handed back while dynamo and
         inductor compile. A failure is left for `time_baselines` to report."""
+        if self.req.get("trusted_clock"):
+            self._prepare_compiled()
+            return {"unlocked_s": 0.0}
         try:
             with torch.no_grad(), (gate.compiling() if gate else nullcontext()):
                 self._compiled()(*make_inputs(self.module, secrets.randbelow(2**31), self.device))
@@ -178,6 +341,8 @@ class Reference:
 
     def time_eager(self, timing: dict) -> dict:
         """A short eager timing beside the candidate's: is the machine as it was when the baselines were taken?"""
+        if self.req.get("trusted_clock"):
+            return self._baseline_timing("eager", timing)
         stats = self._timed(lambda inputs: self.model(*inputs), timing)
         self._release()
         return stats
@@ -289,7 +454,45 @@ def start(req: dict, chan: Channel) -> dict:
         finally:
             close_fds(fds)
 
+    side: dict[str, Calls] = {}  # the candidate attached for the trusted path's calls
+
+    def attach(cmd: dict) -> tuple[str, dict]:
+        sock = socket.socket(fileno=chan.receive_fds(1)[0])
+        if "calls" in side:  # the last evaluation's candidate (it is killed by the judge)
+            side.pop("calls").close()
+        side["calls"] = Calls(sock, [int(cmd["worker_pid"])], int(cmd["worker_pid"]), int(cmd["read_limit"]),
+                              cgroup=cmd.get("cgroup"), others=[int(p) for p in cmd.get("others") or []])
+        return "attached", {"scales": bool(ref.req.get("scaled_inputs")) and ref.scale_holds()}
+
+    def on_candidate(fn):
+        """A command on the attached candidate's calls: its failures are verdicts, not the reference's."""
+        def run(cmd: dict) -> tuple[str, dict]:
+            deadline = time.monotonic() + float(cmd["budget_s"])
+            try:
+                return "candidate_checked", fn(side["calls"], cmd, deadline)
+            except CallFailed as exc:
+                return "candidate_checked", {"ok": False, "reason": str(exc), "failed": exc.how}
+        return run
+
+    def detach(cmd: dict) -> tuple[str, dict]:
+        calls = side.pop("calls", None)
+        if calls is None or not cmd.get("end"):  # (a candidate that failed stays stopped until it is killed)
+            if calls is not None:
+                calls.close()
+            return "detached", {"violations": []}
+        try:
+            return "detached", {"violations": calls.end()}
+        except CallFailed as exc:
+            return "detached", {"violations": [], "error": str(exc), "failed": exc.how}
+
     return {
+        "attach": attach,
+        "check": on_candidate(lambda calls, cmd, deadline: ref.check_candidate(
+            calls, int(cmd["seed"]), cmd.get("shapes"), cmd.get("scale"), str(cmd["label"]), deadline)),
+        "time_candidate": on_candidate(lambda calls, cmd, deadline: {"ok": True, "stats": ref.time_calls(
+            calls, cmd["timing"], deadline, checks=int(cmd["checks"]), inputs_checked=True)}),
+        "detach": detach,
+        "fit_sizes": lambda cmd: ("sizes", ref.fit_sizes({str(k): int(v) for k, v in cmd["shapes"].items()})),
         "begin": begin,
         "trial": lambda cmd: ("trial_ready", ref.run_trial(int(cmd["seed"]), cmd.get("shapes"), cmd.get("scale"),
                                                            cmd.get("fp64", True))),

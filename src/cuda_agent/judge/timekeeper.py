@@ -31,6 +31,7 @@ from .timing import spread
 
 RefCall = Callable[[dict, str], dict]  # (command, expected reply event) -> reply, raising if the reference fails
 CheckCall = Callable[[int, str, dict], bool]  # (seed, label, the worker's "exported" message) -> outputs correct
+TimeCall = Callable[[dict], dict]  # (the timing record) -> the candidate's timing stats
 
 
 class TimingFailed(Exception):
@@ -87,8 +88,8 @@ class Timekeeper:
         n = self.config.check_iters
         return {"warmup": 2, "min_iters": n, "max_iters": n, "target_time_s": 0.0}
 
-    def run(self, baseline_key: str, ref: RefCall, worker: WorkerProcess, deadline: float,
-            check_call: CheckCall) -> TimingOutcome:
+    def run(self, baseline_key: str, ref: RefCall, time_candidate: TimeCall) -> TimingOutcome:
+        """`time_candidate(record)` times the candidate once (its stats; TimingFailed when it fails)."""
         cfg = self.config
         cached = self.store.get("baselines", baseline_key)
         record: dict[str, Any] = {"source": "cache" if cached else "measured now", "eager_checks_us": [],
@@ -104,7 +105,7 @@ class Timekeeper:
             # candidate (a timed run less for every cold task).
             before = baselines["eager"] if attempt == 1 and cached is None else self._eager_check(ref, record)
             with seconds_in(record, "candidate"):
-                candidate = self._time_candidate(worker, deadline, check_call, record)
+                candidate = time_candidate(record)
             after = self._eager_check(ref, record)
             record["eager_checks_us"].append([before["median_us"], after["median_us"]])
             base = baselines["eager"]
@@ -151,11 +152,11 @@ class Timekeeper:
         self.store.put("baselines", key, baselines)
         return baselines
 
-    def _time_candidate(self, worker: WorkerProcess, deadline: float, check_call: CheckCall,
-                        record: dict[str, Any]) -> dict[str, Any]:
-        """The worker's timing loop, served call by call: a fresh seed before each; after a timed call, its outputs
-        if it is one of `timed_checks` calls drawn at random once the number of timed calls is known (the worker
-        only learns it after the call ran)."""
+    def time_in_worker(self, worker: WorkerProcess, deadline: float, check_call: CheckCall,
+                       record: dict[str, Any]) -> dict[str, Any]:
+        """The candidate worker's own timing loop (the cuda backend's in-process clock), served call by call: a fresh
+        seed before each; after a timed call, its outputs if it is one of `timed_checks` calls drawn at random once
+        the number of timed calls is known (the worker only learns it after the call ran)."""
         rng = secrets.SystemRandom()
         worker.send({"command": "time"})
         seeds: dict[int, int] = {}

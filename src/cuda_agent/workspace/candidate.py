@@ -14,6 +14,8 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..pyparse import parse as parse_python
+
 KERNEL_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp", ".inl")
 MAX_FILE_BYTES = 4 * 2**20
 
@@ -44,7 +46,7 @@ class Candidate:
         if "model_new.py" not in self.files:
             return "no model_new.py in the workspace (it must define ModelNew)"
         try:
-            tree = ast.parse(self.files["model_new.py"])
+            tree = parse_python(self.files["model_new.py"])
         except (SyntaxError, ValueError):
             return None
         for node in ast.walk(tree):

@@ -1,0 +1,82 @@
+"""Eager and torch.compile of the reference, served as calls exactly as the candidate's are (`callee.py`).
+
+The trusted side times baselines and candidate with one clock: each call's window runs from resuming a stopped
+process to stopping it again, handshake included. Timing eager inside the reference worker would spare the
+baselines that handshake (hundreds of microseconds on a small virtual machine, where an idle core wakes slowly) and
+make every candidate look slower than it is. This process runs only the task's code: the reference worker starts
+it, writes its inputs into the same kind of buffer and stops it between calls, as it does the candidate's.
+
+Usage (by the reference worker, `start`): python -m cuda_agent.judge.baseline_callee REQUEST_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import torch
+
+from ..backend import get_backend
+from ..task import import_file
+from .callee import Callee, receive_message, send_message
+from .trusted_calls import Calls
+
+READY_TIMEOUT_S = 300.0
+
+
+def start(request: dict[str, Any], read_limit: int) -> tuple[Calls, subprocess.Popen]:
+    """Start the baseline callee for the reference worker's task (`request`: task_path, backend, allow_tf32,
+    compile_mode, seed) and return its calls, once it has built the model and stopped."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with theirs:
+        proc = subprocess.Popen([sys.executable, "-m", __spec__.name, json.dumps({**request, "fd": theirs.fileno()})],
+                                pass_fds=[theirs.fileno()])
+    ours.settimeout(READY_TIMEOUT_S)
+    try:
+        ready, _ = receive_message(ours)
+    except (OSError, ConnectionError) as exc:
+        proc.kill()
+        raise RuntimeError(f"the baseline callee did not start ({exc})") from None
+    if ready.get("op") != "ready":
+        proc.kill()
+        raise RuntimeError(f"the baseline callee failed: {ready.get('error', ready)}")
+    return Calls(ours, [proc.pid], proc.pid, read_limit), proc
+
+
+def main() -> None:
+    req = json.loads(sys.argv[1])
+    sock = socket.socket(fileno=int(req["fd"]))
+    backend = get_backend(req["backend"])
+    backend.precision_flags(req["allow_tf32"])
+    try:
+        module = import_file(req["task_path"], "baseline_task")
+        torch.manual_seed(int(req["seed"]))
+        with torch.device(backend.device):
+            model = module.Model(*module.get_init_inputs()).to(backend.device).eval()
+    except Exception as exc:
+        send_message(sock, {"op": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000]})
+        return
+    models: dict[str, Any] = {"eager": model}
+
+    def prepare(fn: str, inputs: list) -> None:
+        if fn == "compile" and fn not in models:
+            mode = req["compile_mode"]
+            models[fn] = torch.compile(model, mode=None if mode == "default" else mode)
+        forward(inputs, fn)  # a first call: torch.compile compiles here
+
+    def forward(inputs: list, fn: str) -> Any:
+        with torch.no_grad():
+            out = models[fn or "eager"](*inputs)
+        backend.synchronize()
+        return out
+
+    callee = Callee(sock, forward, prepare)
+    send_message(sock, {"op": "ready"})
+    callee.ended(callee.serve(), [])
+
+
+if __name__ == "__main__":
+    main()

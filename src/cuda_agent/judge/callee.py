@@ -1,0 +1,110 @@
+"""The candidate's side of its calls, in the candidate's process: nothing here decides a verdict.
+
+The trusted side (the reference worker, `trusted_calls.py`) drives every call over a socket of their own: it sends
+the input buffers to map (`inputs`), then, with the candidate's processes resumed for just that long, `call`; this
+side runs `forward` on the mapped inputs and answers `done` with where the outputs lie (and what the in-process op
+audit saw, a second line of defence). The clock, the inputs' values, which outputs are read and the comparison
+are the trusted side's. Between calls the candidate's processes are stopped.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import socket
+from typing import Any, Callable
+
+import torch
+
+from .input_buffers import map_inputs
+from .process import one_line
+from .tensors import leaves
+
+MAX_MESSAGE = 1 << 20
+
+
+def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
+    data = json.dumps(message, default=str).encode()
+    if len(data) > MAX_MESSAGE:
+        raise ValueError(f"a message of {len(data)} bytes (at most {MAX_MESSAGE})")
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([data], ancillary)
+
+
+def receive_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One message and the descriptors sent with it; ConnectionError when the other side is gone."""
+    data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(16 * 4))
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    if not data:
+        raise ConnectionError("the other side closed the call socket")
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        raise ConnectionError("a message was cut off")
+    return json.loads(data), list(fds)
+
+
+def describe(out: Any) -> list[dict[str, Any]]:
+    """Where each output leaf lies in this process's memory (tensors) or its value."""
+    found = []
+    for path, x in leaves(out):
+        if isinstance(x, torch.Tensor):
+            if type(x) is not torch.Tensor:
+                found.append({"path": path, "kind": "subclass", "type": type(x).__name__})
+            else:
+                found.append({"path": path, "kind": "tensor", "dtype": str(x.dtype).removeprefix("torch."),
+                              "shape": list(x.shape), "strides": list(x.stride()), "ptr": x.data_ptr(),
+                              "device": x.device.type})
+        elif x is None or isinstance(x, (bool, int, float)):
+            found.append({"path": path, "kind": "value", "value": x})
+        else:
+            found.append({"path": path, "kind": "object", "type": type(x).__name__})
+    return found
+
+
+class Callee:
+    """Serves the trusted side's calls until it says `end` (then `ended` answers it). `forward(inputs, fn)` runs the
+    candidate (audited) and returns its outputs (`fn` names what to run where a process serves several: the baseline
+    callee's eager and torch.compile); `prepare(fn, inputs)`, where given, readies one outside any timed call (a
+    compilation)."""
+
+    def __init__(self, sock: socket.socket, forward: Callable[[list, str], Any],
+                 prepare: Callable[[str, list], None] | None = None):
+        self.sock, self.forward, self.prepare = sock, forward, prepare
+        self.inputs: dict[int, list] = {}
+        self.last: Any = None  # the last call's outputs stay alive until the trusted side has read them
+
+    def serve(self) -> int:
+        """Returns the number of calls served."""
+        calls = 0
+        while True:
+            msg, fds = receive_message(self.sock)
+            op = msg.get("op")
+            if op == "inputs":
+                self.inputs[int(msg["id"])] = map_inputs(fds[0], msg["layout"])
+            elif op == "call":
+                calls += 1
+                send_message(self.sock, self._call(int(msg["k"]), self.inputs[int(msg["inputs"])],
+                                                   str(msg.get("fn", ""))))
+            elif op == "prepare" and self.prepare is not None:
+                try:
+                    self.prepare(str(msg.get("fn", "")), self.inputs[int(msg["inputs"])])
+                    send_message(self.sock, {"op": "prepared"})
+                except Exception as exc:  # e.g. torch.compile fails on the task: the baseline says so
+                    send_message(self.sock, {"op": "prepared", "error": one_line(exc)})
+            elif op == "end":
+                return calls
+
+    def ended(self, calls: int, violations: list[str]) -> None:
+        """The answer to `end`: what the in-process audits saw (a second line of defence)."""
+        send_message(self.sock, {"op": "ended", "calls": calls, "violations": violations})
+        self.sock.close()
+
+    def _call(self, k: int, inputs: list, fn: str) -> dict[str, Any]:
+        self.last = None
+        try:
+            self.last = self.forward(inputs, fn)
+        except Exception as exc:  # the candidate's failure, reported as such
+            return {"op": "failed", "k": k, "error": one_line(exc)}
+        return {"op": "done", "k": k, "outputs": describe(self.last)}

@@ -1,0 +1,111 @@
+"""The candidate's outputs read straight from its memory by the trusted side, while its processes are stopped.
+
+The candidate's process only says where its outputs lie (address, dtype, shape, strides): a description it cannot
+turn into a false result, since the bytes are read here (`process_vm_readv`) after every one of its threads has
+stopped, and then compared. Whatever it computes after that moment is never seen; whatever it did not compute
+before it is missing. CPU memory only (the cuda backend's outputs cross through GPU memory, `transfer.py`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+from typing import Any
+
+import torch
+
+MAX_LEAVES = 4096
+DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16, torch.int32,
+    torch.int64, torch.bool, torch.complex64, torch.complex128)}
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.process_vm_readv.restype = ctypes.c_ssize_t
+_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec),
+                                   ctypes.c_ulong, ctypes.c_ulong]
+
+
+class Unreadable(ValueError):
+    """An output the candidate described cannot be read (a bad description, or memory it does not have)."""
+
+
+def read_memory(pid: int, address: int, nbytes: int) -> torch.Tensor:
+    """`nbytes` at `address` in process `pid`, as a uint8 tensor of this process."""
+    out = torch.empty(nbytes, dtype=torch.uint8)
+    done = 0
+    while done < nbytes:
+        local = _IoVec(out.data_ptr() + done, nbytes - done)
+        remote = _IoVec(address + done, nbytes - done)
+        got = _libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if got <= 0:
+            err = ctypes.get_errno()
+            raise Unreadable(f"{nbytes} bytes at {address:#x}: {os.strerror(err) if got < 0 else 'nothing read'}")
+        done += got
+    return out
+
+
+def mapped_files(pid: int, name: str) -> list[tuple[int, int]]:
+    """Address ranges of `pid`'s mappings of files whose name contains `name` (its own input buffers)."""
+    ranges = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and name in fields[5]:
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((lo, hi))
+    return ranges
+
+
+def _leaf_tensor(pid: int, leaf: dict[str, Any], limit: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    dtype = DTYPES.get(str(leaf.get("dtype")))
+    shape, strides, address = leaf.get("shape"), leaf.get("strides"), leaf.get("ptr")
+    if dtype is None:
+        raise Unreadable(f"dtype {leaf.get('dtype')!r} is not one the judge compares")
+    if not (isinstance(shape, list) and isinstance(strides, list) and len(shape) == len(strides)
+            and all(type(s) is int and s >= 0 for s in shape + strides) and type(address) is int and address >= 0):
+        raise Unreadable("malformed description (shape, strides, address)")
+    size = torch.empty((), dtype=dtype).element_size()
+    count = math.prod(shape)
+    if count == 0:
+        return torch.empty(shape, dtype=dtype), (address, address)
+    span = (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * size
+    if span > limit:
+        raise Unreadable(f"spans {span} bytes, more than the {limit} the judge reads")
+    raw = read_memory(pid, address, span)
+    flat = raw.view(dtype) if span % size == 0 else raw[:span - span % size].view(dtype)
+    return flat.as_strided(shape, strides).clone(), (address, address + span)
+
+
+def read_outputs(pid: int, leaves: Any, limit_bytes: int, forbidden: list[tuple[int, int]]) -> list[tuple[str, Any]]:
+    """The outputs a stopped candidate described, as (path, tensor or plain value) pairs read from its memory.
+    A tensor lying in `forbidden` ranges (the candidate's view of its inputs) is refused: an output aliasing an
+    input. Raises Unreadable with the reason."""
+    if not isinstance(leaves, list) or len(leaves) > MAX_LEAVES or not all(isinstance(x, dict) for x in leaves):
+        raise Unreadable("malformed output description")
+    found: list[tuple[str, Any]] = []
+    for leaf in leaves:
+        path = str(leaf.get("path"))[:200]
+        if leaf.get("kind") == "value":
+            value = leaf.get("value")
+            if not (value is None or isinstance(value, (bool, int, float, str))):
+                raise Unreadable(f"{path}: a value of type {type(value).__name__}")
+            found.append((path, value))
+            continue
+        if leaf.get("kind") != "tensor":
+            what = str(leaf.get("type"))[:60]
+            raise Unreadable(f"{path} is a {what}, not a plain torch.Tensor" if leaf.get("kind") == "subclass" else
+                             f"{path} is a {what}, not a tensor or number")
+        try:
+            tensor, (lo, hi) = _leaf_tensor(pid, leaf, limit_bytes)
+        except Unreadable as exc:
+            raise Unreadable(f"{path}: {exc}") from None
+        if hi > lo and any(lo < b and a < hi for a, b in forbidden):
+            raise Unreadable(f"{path} aliases an input tensor's memory")
+        found.append((path, tensor))
+    return found

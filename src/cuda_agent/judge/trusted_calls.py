@@ -1,0 +1,170 @@
+"""Calls driven and measured by the trusted side (the reference worker): the only clock the verdict believes, for
+the candidate's verification and timing and for the baselines alike.
+
+One call: the callee's processes (the candidate's worker, or the baseline callee that runs eager and torch.compile)
+are stopped (`freezer.py`); its inputs, drawn here, are written into the buffer it maps (`input_buffers.py`); the
+clock starts, the processes resume and the call is sent; when `done` comes back they are stopped again and the
+clock stops. The window holds every instruction the callee ran for this call, on every thread, and the handshake
+besides, the same for candidate and baselines. Its CPU time is read from the kernel at both ends. While it is
+stopped its outputs are read from its memory (`readback.py`) and its inputs compared with what was written;
+nothing it does afterwards changes what was read.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .callee import receive_message, send_message
+from .compare import Leaf
+from .freezer import CandidateGone, Freezer
+from .input_buffers import NAME, InputBuffer, layout_of
+from .readback import mapped_files, read_outputs
+
+
+class CallFailed(RuntimeError):
+    """The callee failed in a call; str() says why, `how` is one of: failed (it raised, or answered out of turn),
+    ended (its process ended), timeout."""
+
+    def __init__(self, reason: str, how: str = "failed"):
+        super().__init__(reason)
+        self.how = how
+
+
+@dataclass
+class Call:
+    k: int
+    window_us: float  # the trusted clock, from resuming the candidate to stopping it
+    cpu_us: float  # its processes' CPU time over that window (the kernel's clocks)
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # where it says its outputs are
+
+
+class Calls:
+    """The calls of one callee process: `load` inputs, `call`, then `outputs` and `changed_inputs` while stopped."""
+
+    def __init__(self, sock: socket.socket, pids: list[int], worker_pid: int, read_limit: int,
+                 cgroup: str | None = None, others: list[int] = ()):
+        """`pids`: the callee's processes, stopped between calls. `cgroup`: the cgroup.procs file of its sandbox,
+        read after every call: a process in it that is neither one of `pids` nor of `others` (the sandbox's own
+        launchers) was started by the candidate and fails the call."""
+        self.sock, self.worker_pid, self.read_limit = sock, worker_pid, read_limit
+        self.cgroup, self.known = cgroup, {*pids, *others}
+        self.freezer = Freezer(pids)
+        self.freezer.stop()
+        self.buffers: dict[str, tuple[int, InputBuffer]] = {}
+        self.calls = 0
+        self.current: InputBuffer | None = None
+
+    def load(self, inputs: list) -> InputBuffer:
+        """Write a call's inputs into the buffer of their layout (new layouts are sent to the candidate first)."""
+        layout = layout_of(inputs)
+        key = json.dumps(layout)
+        if key not in self.buffers:
+            buffer = InputBuffer(layout)
+            self.buffers[key] = (len(self.buffers), buffer)
+            send_message(self.sock, {"op": "inputs", "id": self.buffers[key][0], "layout": layout}, [buffer.fd])
+        self.current = self.buffers[key][1]
+        self.current.write(inputs)
+        return self.current
+
+    def call(self, deadline: float, fn: str = "") -> Call:
+        """One call (of `fn`, where the callee serves several) on the inputs loaded last; CallFailed when the callee
+        does not answer `done` in time."""
+        assert self.current is not None, "load inputs first"
+        ident = next(i for i, b in self.buffers.values() if b is self.current)
+        k, self.calls = self.calls, self.calls + 1
+        cpu0 = self.freezer.cpu_ns()
+        t0 = time.perf_counter_ns()
+        self.freezer.resume()
+        try:
+            send_message(self.sock, {"op": "call", "k": k, "inputs": ident, "fn": fn})
+            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+            reply, _ = receive_message(self.sock)
+        except socket.timeout:
+            raise CallFailed(f"call {k} did not return in time", "timeout") from None
+        except (ConnectionError, OSError) as exc:
+            raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
+        finally:
+            try:
+                self.freezer.signal_stop()
+            except CandidateGone:
+                pass
+        t1 = time.perf_counter_ns()
+        try:
+            self.freezer.settle()
+            cpu1 = self.freezer.cpu_ns()
+        except CandidateGone as exc:
+            raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
+        started = self._new_processes()
+        if started:
+            raise CallFailed(f"call {k}: the candidate started a process ({started[0]}): all work must happen in its "
+                             "own process, inside the call")
+        if reply.get("op") == "failed" and reply.get("k") == k:
+            raise CallFailed(str(reply.get("error"))[:2000])
+        if reply.get("op") != "done" or reply.get("k") != k:
+            raise CallFailed(f"call {k}: the candidate answered out of turn ({str(reply)[:200]})")
+        return Call(k, (t1 - t0) / 1e3, (cpu1 - cpu0) / 1e3, reply.get("outputs") or [])
+
+    def prepare(self, fn: str, timeout_s: float) -> str | None:
+        """Let the callee ready `fn` on the inputs loaded last, outside any timed call (torch.compile's
+        compilation); its error, if any."""
+        ident = next(i for i, b in self.buffers.values() if b is self.current)
+        self.freezer.resume()
+        try:
+            send_message(self.sock, {"op": "prepare", "fn": fn, "inputs": ident})
+            self.sock.settimeout(timeout_s)
+            reply, _ = receive_message(self.sock)
+        except (OSError, ConnectionError) as exc:
+            raise CallFailed(f"preparing {fn} failed ({exc})", "ended") from None
+        finally:
+            try:
+                self.freezer.stop()
+            except CandidateGone as exc:
+                raise CallFailed(f"preparing {fn}: the callee's process ended ({exc})", "ended") from None
+        return reply.get("error")
+
+    def _new_processes(self) -> list[int]:
+        if self.cgroup is None:
+            return []
+        try:
+            with open(self.cgroup) as procs:
+                return [pid for pid in map(int, procs.read().split()) if pid not in self.known]
+        except OSError:
+            return []
+
+    def outputs(self, call: Call) -> tuple[list[Leaf], str]:
+        """The call's outputs as leaves to compare (read from the stopped candidate's memory when compared), and a
+        short description of their structure. Raises ValueError (`readback.Unreadable`) for a bad description."""
+        inputs = mapped_files(self.worker_pid, NAME)
+        found = read_outputs(self.worker_pid, call.outputs, self.read_limit, inputs)
+        kinds = {item.get("path"): item.get("kind") for item in call.outputs}
+        leaves = [(path, "tensor" if kinds.get(path) == "tensor" else "value", lambda v=value: v)
+                  for path, value in found]
+        return leaves, "(" + ", ".join(str(kinds.get(p)) for p, _ in found) + ")"
+
+    def changed_inputs(self) -> list[int]:
+        assert self.current is not None
+        return self.current.changed()
+
+    def end(self, timeout_s: float = 30.0) -> list[str]:
+        """Let the candidate's worker leave its call loop (resumed for good); what its in-process audits reported."""
+        self.freezer.resume()
+        try:
+            send_message(self.sock, {"op": "end"})
+            self.sock.settimeout(timeout_s)
+            reply, _ = receive_message(self.sock)
+        except (OSError, ConnectionError) as exc:
+            raise CallFailed(f"the process did not end its calls ({exc})", "ended") from None
+        finally:
+            self.close()
+        return [str(v) for v in reply.get("violations") or []][:100]
+
+    def close(self) -> None:
+        for _, buffer in self.buffers.values():
+            buffer.close()
+        self.buffers = {}
+        self.sock.close()
+

@@ -1,0 +1,192 @@
+"""The trusted side's calls (judge/trusted_calls.py) against scripted callee processes: its clock, its freezer, what it
+reads of the callee's memory. The callee's forward is scripted in each test (`CALLEE`); nothing here builds a kernel."""
+
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from cuda_agent.judge.freezer import CandidateGone, Freezer, process_cpu_ns
+from cuda_agent.judge.input_buffers import InputBuffer, InputError, layout_of, map_inputs
+from cuda_agent.judge.readback import Unreadable, read_outputs
+from cuda_agent.judge.trusted_calls import CallFailed, Calls
+
+CALLEE = """
+import socket, sys, threading, time, torch
+from cuda_agent.judge.callee import Callee
+sock = socket.socket(fileno=int(sys.argv[1]))
+state = {{}}
+def forward(inputs, fn):
+{body}
+callee = Callee(sock, forward)
+callee.ended(callee.serve(), [])
+"""
+
+
+def start(body: str) -> tuple[Calls, subprocess.Popen]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with theirs:
+        proc = subprocess.Popen([sys.executable, "-c", CALLEE.format(body=textwrap.indent(body, "    ")),
+                                 str(theirs.fileno())], pass_fds=[theirs.fileno()])
+    time.sleep(0.5)
+    return Calls(ours, [proc.pid], proc.pid, 1 << 30), proc
+
+
+def read(calls: Calls, call) -> list:
+    leaves, _ = calls.outputs(call)
+    return [load() for _, _, load in leaves]
+
+
+@pytest.fixture
+def callee():
+    started = []
+
+    def make(body: str) -> Calls:
+        calls, proc = start(body)
+        started.append(proc)
+        return calls
+
+    yield make
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_call_runs_on_the_inputs_written_and_its_outputs_are_read_from_the_callee():
+    calls, proc = start("return inputs[0] * 2 + inputs[1]")
+    try:
+        for seed in range(3):
+            x = torch.randn(1000, generator=torch.Generator().manual_seed(seed))
+            calls.load([x, 0.5])
+            call = calls.call(time.monotonic() + 30)
+            assert call.window_us > 0 and call.cpu_us >= 0
+            assert torch.equal(read(calls, call)[0], x * 2 + 0.5)
+            assert calls.changed_inputs() == []
+        assert calls.end() == []
+    finally:
+        proc.kill()
+
+
+def test_work_a_thread_does_after_forward_returned_is_not_in_the_outputs_read(callee):
+    # The output is returned empty and filled by a thread afterwards: the callee is stopped as `done` arrives and
+    # the outputs are read then.
+    calls = callee("out = torch.zeros(1 << 20)\n"
+                   "def fill():\n"
+                   "    time.sleep(0.05)\n"
+                   "    out.fill_(1.0)\n"
+                   "threading.Thread(target=fill).start()\n"
+                   "return out")
+    calls.load([torch.ones(4)])
+    call = calls.call(time.monotonic() + 30)
+    time.sleep(0.2)  # the thread would have finished by now, had it been allowed to run
+    assert float(read(calls, call)[0].sum()) == 0.0
+
+
+def test_a_callee_is_held_still_between_calls_whatever_its_threads_do(callee):
+    # A thread spinning from the first call on: while stopped, the callee's CPU clock (the kernel's) does not move.
+    calls = callee("if not state:\n"
+                   "    state['t'] = threading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True)\n"
+                   "    state['t'].start()\n"
+                   "return inputs[0] + 1")
+    calls.load([torch.zeros(4)])
+    call = calls.call(time.monotonic() + 30)
+    before = calls.freezer.cpu_ns()
+    time.sleep(0.3)
+    assert calls.freezer.cpu_ns() == before
+    calls.freezer.resume()
+    time.sleep(0.3)
+    assert calls.freezer.cpu_ns() > before + 0.1e9  # the thread does spin once resumed
+    calls.freezer.stop()
+    assert call.cpu_us > 0
+
+
+def test_the_window_holds_the_callees_work_whatever_clock_it_fakes(callee):
+    calls = callee("time.perf_counter = time.monotonic = lambda: 0.0\n"
+                   "time.perf_counter_ns = time.monotonic_ns = lambda: 0\n"
+                   "time.sleep(0.05)\n"
+                   "return inputs[0]")
+    calls.load([torch.zeros(4)])
+    assert calls.call(time.monotonic() + 30).window_us >= 50_000
+
+
+def test_an_input_changed_in_place_is_seen_by_the_trusted_side(callee):
+    calls = callee("inputs[0][7] = 42.0\nreturn inputs[0].clone()")
+    calls.load([torch.zeros(16), torch.ones(2)])
+    calls.call(time.monotonic() + 30)
+    assert calls.changed_inputs() == [0]
+
+
+def test_an_output_aliasing_an_input_is_refused(callee):
+    calls = callee("return inputs[0][2:]")
+    calls.load([torch.zeros(16)])
+    with pytest.raises(Unreadable, match="aliases an input"):
+        calls.outputs(calls.call(time.monotonic() + 30))
+
+
+@pytest.mark.parametrize("body, message", [
+    ("return torch.Tensor._make_subclass(type('Lazy', (torch.Tensor,), {}), inputs[0].clone())",
+     "is a Lazy, not a plain torch.Tensor"),
+    ("return type('Proxy', (), {'__eq__': lambda a, b: True})()", "is a Proxy, not a tensor or number"),
+])
+def test_outputs_that_are_not_plain_tensors_are_refused(callee, body, message):
+    calls = callee(body)
+    calls.load([torch.zeros(4)])
+    with pytest.raises(Unreadable, match=message):
+        calls.outputs(calls.call(time.monotonic() + 30))
+
+
+def test_a_description_of_memory_the_callee_does_not_have_is_unreadable():
+    here = [{"path": "output", "kind": "tensor", "dtype": "float32", "shape": [4], "strides": [1], "ptr": 16}]
+    with pytest.raises(Unreadable, match="output"):
+        read_outputs(subprocess.os.getpid(), here, 1 << 20, [])
+    huge = [{**here[0], "shape": [1 << 40]}]
+    with pytest.raises(Unreadable, match="more than"):
+        read_outputs(subprocess.os.getpid(), huge, 1 << 20, [])
+
+
+def test_a_call_that_does_not_return_in_time_fails_and_one_that_raises_says_why(callee):
+    slow = callee("time.sleep(5)")
+    slow.load([torch.zeros(1)])
+    with pytest.raises(CallFailed) as failed:
+        slow.call(time.monotonic() + 0.3)
+    assert failed.value.how == "timeout"
+    raising = callee("raise ValueError('no kernel for this shape')")
+    raising.load([torch.zeros(1)])
+    with pytest.raises(CallFailed, match="no kernel for this shape") as failed:
+        raising.call(time.monotonic() + 30)
+    assert failed.value.how == "failed"
+
+
+def test_a_callee_that_exits_during_a_call_is_reported_as_ended(callee):
+    calls = callee("import os\nos._exit(3)")
+    calls.load([torch.zeros(1)])
+    with pytest.raises(CallFailed) as failed:
+        calls.call(time.monotonic() + 30)
+    assert failed.value.how == "ended"
+
+
+def test_the_freezer_sees_a_process_end():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with pytest.raises(CandidateGone):
+        Freezer([proc.pid]).stop()
+    with pytest.raises(CandidateGone):
+        process_cpu_ns(proc.pid)
+
+
+def test_input_buffers_carry_flat_cpu_inputs_and_see_changes():
+    inputs = [torch.arange(6, dtype=torch.float32).reshape(2, 3), 7, torch.tensor([True, False])]
+    buffer = InputBuffer(layout_of(inputs))
+    buffer.write(inputs)
+    views = map_inputs(subprocess.os.dup(buffer.fd), buffer.layout)
+    assert torch.equal(views[0], inputs[0]) and views[1] == 7 and torch.equal(views[2], inputs[2])
+    assert buffer.changed() == []
+    views[0][1, 2] = -1.0
+    assert buffer.changed() == [0]
+    with pytest.raises(InputError, match="nested|only tensors"):
+        layout_of([[torch.zeros(1)]])
+    buffer.close()
