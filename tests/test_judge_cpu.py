@@ -169,10 +169,10 @@ def test_lower_precision_is_flagged_and_fails_in_strict_mode(cache_dir, cpu_judg
     # Inputs truncated to bf16 inside the kernel: within atol=rtol=1e-2, but far from fp32 eager's own error.
     ws = make_workspace(edits={KERNEL: [("#include <cstdint>", "#include <cstdint>\n#include <cstring>"),
                                         (STORE, BF16_STORE)]})
-    lenient = cpu_judge.evaluate(AFFINE, ws)
+    lenient = Judge("cpu", fast_config(cache_dir, max_error_ratio=None)).evaluate(AFFINE, ws)
     assert lenient.correct, lenient.error
     assert lenient.error_vs_fp64["ratio"] > 1000 and any("precision" in w for w in lenient.warnings)
-    strict = Judge("cpu", fast_config(cache_dir, max_error_ratio=100.0)).evaluate(AFFINE, ws)
+    strict = cpu_judge.evaluate(AFFINE, ws)  # the default
     assert strict.reward == -1 and strict.error.startswith("precision:"), strict.error
 
 
@@ -261,6 +261,16 @@ def python_candidate(folder, init_args: str, init_body: str, forward_body: str):
                     f"        super().__init__()\n        {init_body}\n\n    def forward(self, x):\n"
                     f"        return {forward_body}\n")
     return path
+
+
+def test_load_inline_builds_share_one_budget_per_evaluation(cache_dir, tmp_path):
+    # The same build asked for again and again (each one from the cache): the calls past the budget's count fail.
+    source = (CANDIDATES / "affine_relu_single.py").read_text()
+    many = tmp_path / "many_builds.py"
+    many.write_text(source.replace("ext = load_inline(", "for _ in range(3):\n    ext = load_inline(", 1))
+    verdict = Judge("cpu", fast_config(cache_dir, max_builds=2)).evaluate(AFFINE, many)
+    assert verdict.reward == -1 and "build budget is spent" in verdict.error, verdict.error
+    assert len(verdict.build["inline"]) == 3 and "error" in verdict.build["inline"][-1]
 
 
 def test_state_dict_must_load_strictly(cpu_judge, tmp_path):

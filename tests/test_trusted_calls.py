@@ -23,7 +23,7 @@ state = {{}}
 def forward(inputs, fn):
 {body}
 callee = Callee(sock, forward)
-callee.ended(callee.serve(), [])
+callee.ended(callee.serve()[0], [])
 """
 
 
@@ -102,6 +102,22 @@ def test_a_callee_is_held_still_between_calls_whatever_its_threads_do(callee):
     assert calls.freezer.cpu_ns() > before + 0.1e9  # the thread does spin once resumed
     calls.freezer.stop()
     assert call.cpu_us > 0
+
+
+def test_a_callee_that_runs_between_calls_fails_the_next_call(callee):
+    # Something resumed it behind the trusted side's back (here: the test itself): its CPU clock moved while it was
+    # to be stopped.
+    calls = callee("if not state:\n"
+                   "    state['t'] = threading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True)\n"
+                   "    state['t'].start()\n"
+                   "return inputs[0] + 1")
+    calls.load([torch.zeros(4)])
+    calls.call(time.monotonic() + 30)
+    calls.freezer.resume()
+    time.sleep(0.05)
+    calls.freezer.stop()
+    with pytest.raises(CallFailed, match="ran while stopped"):
+        calls.call(time.monotonic() + 30)
 
 
 def test_the_window_holds_the_callees_work_whatever_clock_it_fakes(callee):

@@ -267,6 +267,11 @@ def test_load_inline_requests_are_validated(tmp_path):
                      ({"extra_cflags": ["-Wl,--wrap=malloc"]}, "not allowed"),
                      ({"extra_ldflags": ["-L/tmp", "-levil"]}, "torch or CUDA"),
                      ({"extra_cuda_cflags": ["-Xcompiler", "-fplugin=evil"]}, "not allowed"),
+                     # a constexpr evaluation lifted to run for hours would hold the judge
+                     ({"extra_cflags": ["-fconstexpr-ops-limit=1000000000000"]}, "not allowed"),
+                     ({"extra_cflags": ["-fconstexpr-loop-limit=100000000"]}, "not allowed"),
+                     ({"extra_cuda_cflags": ["-Xcompiler=-fconstexpr-steps=100000000"]}, "not allowed"),
+                     ({"extra_cflags": ["-ftemplate-depth=100000"]}, "not allowed"),
                      ({"extra_include_paths": ["/home/someone"]}, "torch or CUDA"),
                      ({"functions": ['f"); system("x']}, "function names")]:
         with pytest.raises(InlineError, match=why):

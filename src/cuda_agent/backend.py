@@ -197,6 +197,17 @@ class CpuBackend(Backend):
     def describe_device(self) -> str:
         return f"cpu:{_cpu_model()} x{os.cpu_count()}"
 
+    def peak_rates(self, device: str) -> dict[str, float] | None:
+        # Generous bounds from the CPU's features (no real core beats them): every core at 6 GHz, two FMA units per
+        # core at the widest vector width it has, 64 bytes per cycle per core from memory, AMX tiles where present.
+        flags = set(_cpu_flags())
+        lanes = 16 if "avx512f" in flags else 8 if {"avx", "avx2"} & flags else 4  # fp32 lanes per vector
+        cycles = 6e9 * (os.cpu_count() or 1)
+        fp32 = cycles * 2 * 2 * lanes
+        low = cycles * 2048 if {"amx_bf16", "amx_fp16"} & flags else fp32 * 4
+        return {"bytes": cycles * 64, "fp64": fp32 / 2, "fp32": fp32, "tf32": low, "bf16": low, "fp16": low,
+                "int8": low * 2}
+
     def make_cache_flusher(self) -> Callable[[], None]:
         import ctypes
 
@@ -383,6 +394,16 @@ def _cpu_model() -> str:
                     if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_flags() -> tuple[str, ...]:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ()
+    line = next((ln for ln in info.splitlines() if ln.startswith("flags")), "")
+    return tuple(line.split(":", 1)[1].split()) if ":" in line else ()
 
 
 @functools.lru_cache(maxsize=None)

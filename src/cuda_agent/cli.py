@@ -16,6 +16,7 @@ from rich.table import Table
 
 from .backend import BackendError
 from .task import DATASET_SUFFIXES, TaskError, dataset_row
+from .judge.config import JudgeConfig
 from .workspace.candidate import CandidateError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
@@ -188,8 +189,8 @@ def eval_cmd(
     compile_mode: str = typer.Option("default", help="torch.compile mode of the baseline (default, "
                                      "reduce-overhead, max-autotune, ...)"),
     timeout: float = typer.Option(300.0, min=1.0, help="seconds the candidate process may take to load, verify and time"),
-    max_error_ratio: Optional[float] = typer.Option(None, min=1.0, help="strict precision: fail when the error vs fp64 "
-                                                    "exceeds this many times fp32 eager's own (e.g. 100)"),
+    max_error_ratio: float = typer.Option(JudgeConfig.max_error_ratio, min=1.0, help="strict precision: fail when the "
+                                          "error vs fp64 exceeds this many times fp32 eager's own"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache (default ~/.cache/cuda-agent or $CUDA_AGENT_CACHE)"),
     keep: bool = typer.Option(False, help="keep the evaluation's working folder for debugging"),
     sandbox_mode: Literal["auto", "required", "none"] = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
@@ -234,7 +235,7 @@ def eval_suite_cmd(
     allow_tf32: bool = typer.Option(False, help="allow TF32 in baselines and candidates alike"),
     compile_mode: str = typer.Option("default", help="torch.compile mode of the baseline"),
     timeout: float = typer.Option(300.0, min=1.0, help="seconds each candidate process may take to load, verify and time"),
-    max_error_ratio: Optional[float] = typer.Option(None, min=1.0, help="strict precision limit (see eval)"),
+    max_error_ratio: float = typer.Option(JudgeConfig.max_error_ratio, min=1.0, help="strict precision limit (see eval)"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
     sandbox_mode: Literal["auto", "required", "none"] = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
     policy: Literal["strict", "kernelbench"] = typer.Option("strict", help=POLICY_HELP),

@@ -7,6 +7,8 @@ allowed; any other op means torch, not the candidate's kernel, did the computing
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -30,27 +32,32 @@ class OpAudit(TorchDispatchMode):
                 for op, n in sorted(self.violations.items())]
 
 
-class ThreadAudit:
-    """Ops that other threads run while a trial is in progress.
+CANARY = "lerp"  # the op the trusted side's challenge asks the audited session to see a given number of times
 
-    The dispatch mode above is thread-local, so a candidate could hand the work to a background thread. Here the
-    profiler records CPU ops on every thread (`profile_all_threads`); ops on the harness's own thread are the
-    harness's (input generation, output export) or already audited, ops on any other thread are the candidate's.
+
+class ThreadAudit:
+    """Ops that any thread runs while the candidate's calls go on.
+
+    The dispatch mode above is thread-local and sits in a stack the candidate can pop, so the profiler also records
+    the CPU ops of every thread (`profile_all_threads`). With `harness_too`, every op outside the allowed ones is a
+    violation, whichever thread ran it (the trusted path: the harness runs no torch op of its own in a call); else
+    the thread that entered the audit is the harness's (known by its native id: a name, or a range named like the
+    harness's, can be taken by any thread) and its ops were audited by the dispatch mode. `challenge(n)` runs the
+    canary op n times inside the session: a session that does not see exactly n was not recording.
     """
 
-    MARKER = "cuda_agent_harness_thread"
-
-    def __init__(self, allowed: tuple[str, ...], enabled: bool = True):
+    def __init__(self, allowed: tuple[str, ...], enabled: bool = True, harness_too: bool = False):
         self.allowed = frozenset(allowed)
         self.violations: dict[str, int] = {}
         self.available = True
-        self.enabled = enabled
+        self.enabled, self.harness_too = enabled, harness_too
         self._prof = None
-        self._marker = None
+        self.harness = threading.get_native_id()
+        self.challenged = self.seen = 0
 
     def __enter__(self) -> "ThreadAudit":
         from torch._C._profiler import _ExperimentalConfig
-        from torch.profiler import ProfilerActivity, profile, record_function
+        from torch.profiler import ProfilerActivity, profile
 
         if not self.enabled:  # a policy that allows torch ops (kernelbench)
             return self
@@ -59,23 +66,85 @@ class ThreadAudit:
         except TypeError:  # torch too old to profile other threads
             self.available = False
             return self
+        self.harness = threading.get_native_id()
         self._prof = profile(activities=[ProfilerActivity.CPU], experimental_config=config)
         self._prof.__enter__()
-        self._marker = record_function(self.MARKER)
-        self._marker.__enter__()
         return self
+
+    def challenge(self, times: int) -> None:
+        import torch
+
+        self.challenged = times
+        x = torch.zeros(1)
+        for _ in range(times):
+            torch.lerp(x, x, 0.5)
 
     def __exit__(self, *exc) -> None:
         if self._prof is None:
             return
-        self._marker.__exit__(*exc)
-        self._prof.__exit__(*exc)
-        events = self._prof.events()
-        harness = {e.thread for e in events if e.name == self.MARKER}
+        try:
+            self._prof.__exit__(*exc)
+            events = self._prof.events()
+        except RuntimeError:  # someone else stopped the profiler: the challenge finds nothing recorded
+            events = []
         for e in events:
-            if e.thread not in harness and e.name.startswith("aten::") and e.name[6:] not in self.allowed:
+            if not e.name.startswith("aten::") or e.name[6:] in self.allowed:
+                continue
+            if e.name == f"aten::{CANARY}" and e.device_resource_id == self.harness:
+                self.seen += 1
+            elif self.harness_too or e.device_resource_id != self.harness:
                 self.violations[e.name] = self.violations.get(e.name, 0) + 1
+        if self.seen > self.challenged:  # the candidate ran the canary op itself
+            self.violations[f"aten::{CANARY}"] = self.seen - self.challenged
 
     def messages(self) -> list[str]:
-        return [f"torch op {op} ran {n}x in a background thread during the trial (compute must happen in the "
-                "candidate's kernels)" for op, n in sorted(self.violations.items())]
+        where = "in the candidate's calls" if self.harness_too else "in a background thread during the trial"
+        found = [f"torch op {op} ran {n}x {where} (compute must happen in the candidate's kernels)"
+                 for op, n in sorted(self.violations.items())]
+        if self._prof is not None and self.seen < self.challenged:
+            found.append(f"the op audit was not recording: it saw {self.seen} of the {self.challenged} checks the "
+                         "judge asked for")
+        return found
+
+
+class Introspection:
+    """Candidate code reaching for the harness's objects: the collector's object lists, other threads' frames,
+    trace and profile hooks (from anywhere), and the caller's frames (`sys._getframe`, a traceback's or generator's
+    frame) asked for directly from the candidate's own files. An audit hook sees them; it cannot be removed once
+    added (`arm` it just before the candidate's code first runs). A second line of defence: everything that decides
+    a verdict is measured outside this process."""
+
+    EVERYWHERE = ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
+                  "sys.setprofile")
+    FRAMES = ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back")
+
+    def __init__(self, candidate_dirs: list[str]):
+        self.dirs = tuple(d.rstrip("/") + "/" for d in candidate_dirs)
+        self.found: dict[str, int] = {}
+        self.armed = False
+        self._inside = threading.local()
+        sys.addaudithook(self._hook)
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def _hook(self, event: str, args: tuple) -> None:
+        if not self.armed or getattr(self._inside, "busy", False):
+            return
+        if event in self.EVERYWHERE:
+            self._note(event)
+        elif event == "sys._getframe" or (event == "object.__getattr__" and len(args) > 1 and args[1] in self.FRAMES):
+            self._inside.busy = True
+            try:
+                caller = sys._getframe(1)  # the code that asked (the hook is called from C, in its frame)
+                if caller.f_code.co_filename.startswith(self.dirs):
+                    self._note(event if event == "sys._getframe" else f"{type(args[0]).__name__}.{args[1]}")
+            finally:
+                self._inside.busy = False
+
+    def _note(self, what: str) -> None:
+        self.found[what] = self.found.get(what, 0) + 1
+
+    def messages(self) -> list[str]:
+        return [f"introspection: {what} ({n}x): the candidate reached for the judge's objects in its process"
+                for what, n in sorted(self.found.items())]

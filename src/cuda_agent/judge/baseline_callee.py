@@ -75,7 +75,7 @@ def main() -> None:
 
     callee = Callee(sock, forward, prepare)
     send_message(sock, {"op": "ready"})
-    callee.ended(callee.serve(), [])
+    callee.ended(callee.serve()[0], [])
 
 
 if __name__ == "__main__":

@@ -75,8 +75,9 @@ class Callee:
         self.inputs: dict[int, list] = {}
         self.last: Any = None  # the last call's outputs stay alive until the trusted side has read them
 
-    def serve(self) -> int:
-        """Returns the number of calls served."""
+    def serve(self) -> tuple[int, int]:
+        """Returns the number of calls served, and how many canary ops the trusted side's `end` asks the audits to
+        see (its challenge: `audit.ThreadAudit.challenge`)."""
         calls = 0
         while True:
             msg, fds = receive_message(self.sock)
@@ -94,7 +95,7 @@ class Callee:
                 except Exception as exc:  # e.g. torch.compile fails on the task: the baseline says so
                     send_message(self.sock, {"op": "prepared", "error": one_line(exc)})
             elif op == "end":
-                return calls
+                return calls, max(0, min(int(msg.get("canary", 0)), 1000))
 
     def ended(self, calls: int, violations: list[str]) -> None:
         """The answer to `end`: what the in-process audits saw (a second line of defence)."""

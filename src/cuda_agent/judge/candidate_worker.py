@@ -27,13 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import torch
+# Under the strict policy the compute packages are hidden from this process's view (policy.compute_packages); marked
+# missing here too, before torch looks for numpy, so that nothing imports what is left of them.
+for _name in filter(None, os.environ.pop("CUDA_AGENT_BLOCKED_PACKAGES", "").split(",")):
+    sys.modules[_name] = None  # type: ignore[assignment]
+
+import torch  # noqa: E402
 
 from ..backend import get_backend
 from ..sandbox.seccomp import SeccompError, forbid_new_processes
 from ..task import enable_sizes, import_file
 from ..workspace.inline import load_published, request_from_call
-from .audit import OpAudit, ThreadAudit
+from .audit import Introspection, OpAudit, ThreadAudit
 from .callee import Callee
 from .integrity import Integrity
 from .process import Channel, Handler, WorkerFailure, one_line, run_worker
@@ -263,6 +268,12 @@ class Candidate:
         writable = [os.getcwd(), req["build_dir"], tempfile.gettempdir(), "/tmp", "/dev/shm"]
         self.native = NativeAudit(str(Path(torch.__file__).parent / "lib"), installed_folders(),
                                   [os.path.realpath(w) for w in writable]) if req["audit_ops"] else None
+        installed = (os.path.realpath(torch.__file__), os.path.realpath(__file__))
+        candidate_dirs = [d for d in map(os.path.realpath, writable)
+                          if not any(i.startswith(d.rstrip("/") + "/") for i in installed)]  # (a venv in /tmp)
+        self.introspection = Introspection(candidate_dirs) if req["audit_ops"] else None
+        if self.introspection:
+            self.introspection.arm()
         try:
             model_cls = getattr(import_file(Path(req["build_dir"]) / "model_new.py", "model_new"), "ModelNew")
         except Exception as exc:
@@ -366,8 +377,9 @@ class Candidate:
             return out
 
         callee = Callee(sock, forward)
-        with ThreadAudit(self.allowed_ops, enabled=audited) as threads:
-            calls = callee.serve()
+        with ThreadAudit(self.allowed_ops, enabled=audited, harness_too=True) as threads:
+            calls, canary = callee.serve()
+            threads.challenge(canary)
         replaced = self.integrity.changed()
         violations = (self.audit.messages() if self.audit else []) + threads.messages() + self.native_violations() + \
             ([f"candidate code replaced functions the judge relies on: {', '.join(replaced[:8])}"] if replaced else [])
@@ -375,7 +387,9 @@ class Candidate:
         return {"calls": calls}
 
     def native_violations(self) -> list[str]:
-        return [f"native code: {p}" for p in self.native.violations()] if self.native else []
+        """What the audits that watch the whole process saw: libraries loaded or looked into, introspection."""
+        return ([f"native code: {p}" for p in self.native.violations()] if self.native else []) + \
+            (self.introspection.messages() if self.introspection else [])
 
     def time(self) -> dict:
         """Timed calls; where the timeline does not show whose kernels ran (cpu), under the same audits as the

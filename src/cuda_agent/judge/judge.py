@@ -35,7 +35,7 @@ from .config import POLICIES, JudgeConfig
 from .device_lock import DeviceLock
 from .freezer import split_worker
 from .memory_budget import MemoryBudget
-from .policy import scan_sources
+from .policy import COMPUTE_PACKAGES, compute_packages, scan_sources
 from .process import WorkerDied, WorkerProcess, close_fds
 from .reference_worker import SCALE_MAX
 from .references import ReferenceFailed, ReferencePool, ReferenceWorker
@@ -377,23 +377,35 @@ class Judge:
 
     def _serve_builds(self, worker: WorkerProcess, budget_s: float, verdict: Verdict,
                       cand: Candidate) -> dict[str, Any]:
-        """The worker's next message within `budget_s` (plus the time its builds take), building the `load_inline`
-        calls it asks for on the way (workspace/inline.py)."""
+        """The worker's next message within `budget_s` plus the time its builds take, building the `load_inline`
+        calls it asks for on the way (workspace/inline.py). The evaluation's builds share one budget: at most
+        `max_builds` calls and `build_budget_s` seconds with the workspace's build, each call's build stopped when
+        the budget is spent."""
         deadline = time.monotonic() + budget_s
         while True:
             msg = worker.receive(deadline)
             if msg.get("event") != "build":
                 return msg
+            inline = verdict.build.setdefault("inline", [])
+            spent = verdict.build.get("seconds", 0.0) + sum(b.get("seconds", 0.0) for b in inline)
+            left = self.config.build_budget_s - spent
+            if len(inline) >= self.config.max_builds or left <= 0:
+                error = (f"load_inline: the evaluation's build budget is spent ({len(inline)} builds, {spent:.0f} s; "
+                         f"at most {self.config.max_builds} builds and {self.config.build_budget_s:.0f} s)")
+                inline.append({"error": error, "seconds": 0.0})
+                worker.send({"error": error})
+                continue
             began = time.monotonic()
             try:
                 origin = cand.origin.name if cand.kind == "single_file" else "model_new.py"
-                built = self.inline.build(msg.get("request"), (origin, cand.text().get("model_new.py", "")))
+                built = self.inline.build(msg.get("request"), (origin, cand.text().get("model_new.py", "")),
+                                          timeout=min(self.config.build_timeout_s, left))
             except (InlineError, RuntimeError) as exc:
-                verdict.build.setdefault("inline", []).append({"error": str(exc)})
+                inline.append({"error": str(exc), "seconds": round(time.monotonic() - began, 3)})
                 worker.send({"error": str(exc)})
                 continue
             finally:
-                deadline += time.monotonic() - began
+                deadline += time.monotonic() - began  # within the build budget
             verdict.build.setdefault("inline", []).append(
                 {"module": built.module, "cached": built.cached, "seconds": round(built.seconds, 3),
                  "log": built.log[-5000:]})
@@ -663,15 +675,18 @@ class Judge:
         """The candidate sees its build, the public inputs and the task file; writes only its own folders."""
         if not self.sandboxed:
             return None
+        compute = compute_packages() if self.config.policy == "strict" else []  # numpy & co. cannot be imported
         view = sandbox.View(writable=[run_dir / "candidate"],
                             readable=[run_dir / "build", run_dir / "public", run_dir / "task", self.inline.root],
-                            hidden=[self.cache_dir])
+                            hidden=[self.cache_dir, *map(Path, compute)])
         return sandbox.Sandbox(view, self.limits, cwd=run_dir / "candidate")
 
     def _candidate_env(self, run_dir: Path) -> dict[str, str]:
         """Nothing the candidate writes is shared: its own torch extension and inductor folders."""
         private = Path("/tmp") if self.sandboxed else run_dir / "candidate"
-        return {**self._worker_env(), "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"),
+        blocked = ",".join(COMPUTE_PACKAGES) if self.config.policy == "strict" else ""
+        return {**self._worker_env(), "CUDA_AGENT_BLOCKED_PACKAGES": blocked,
+                "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"),
                 "TORCH_EXTENSIONS_DIR": str(private / "torch_extensions"),
                 **({"HOME": "/tmp", "TMPDIR": "/tmp"} if self.sandboxed else {})}
 

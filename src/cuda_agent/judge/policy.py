@@ -7,9 +7,16 @@ at run time by `audit.py`; this scan gives an early, precise reason for what is 
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 
 from .config import PolicyConfig
+
+# Python packages that compute (array libraries, their BLAS): under the strict policy the candidate's process cannot
+# import them at all, since the op audit sees only torch's dispatcher (`compute_packages` hides them from its view).
+COMPUTE_PACKAGES = ("numpy", "scipy", "numba", "numexpr", "cupy", "jax", "jaxlib", "tensorflow", "sklearn", "mkl",
+                    "tvm", "llvmlite")
 
 _CXX_CALL = re.compile(r"\b(?:torch|at)::((?:\w+::)*)(\w+)\s*(?:<[^<>;]*>)?\s*\(")
 _INCLUDE = re.compile(r"#\s*include\s*[<\"]([^>\"]+)[>\"]")
@@ -72,3 +79,19 @@ def scan_sources(files: dict[str, str], policy: PolicyConfig) -> list[str]:
 
 def _line(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
+
+
+def compute_packages() -> list[str]:
+    """The folders of the COMPUTE_PACKAGES installed here (and the libraries their wheels bundle beside them)."""
+    found = []
+    for name in COMPUTE_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            found.append(os.path.realpath(folder))
+            bundled = os.path.join(os.path.dirname(folder), f"{name}.libs")
+            if os.path.isdir(bundled):
+                found.append(os.path.realpath(bundled))
+    return list(dict.fromkeys(found))

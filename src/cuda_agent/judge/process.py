@@ -229,7 +229,10 @@ class WorkerProcess:
         self.fd_socket.close()
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream:
-                stream.close()
+                try:
+                    stream.close()
+                except OSError:  # a message it never read (it died): nothing to flush it to
+                    pass
 
 
 class Channel:

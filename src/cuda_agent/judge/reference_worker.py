@@ -175,7 +175,10 @@ class Reference:
         if out is None:
             out, out64 = self.reference_outputs(inputs, fp64)
         calls.load(inputs)
-        call = calls.call(deadline)
+        try:
+            call = calls.call(deadline)
+        except CallFailed as exc:
+            raise CallFailed(f"{label}: {exc}", exc.how) from None
         return {**self._judge_call(calls, call, out, out64, label), "call_us": call.window_us}
 
     def _judge_call(self, calls: Calls, call, out: Any, out64: Any, label: str) -> dict:
@@ -241,7 +244,7 @@ class Reference:
             cpu.append(call.cpu_us)
         self._release()
         return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
-                "checked_calls": sorted(picked)}
+                "cpu_outside_calls_us": calls.outside_ns / 1e3, "checked_calls": sorted(picked)}
 
     @staticmethod
     def _inputs_kept(calls: Calls, label: str) -> dict:

@@ -13,6 +13,7 @@ nothing it does afterwards changes what was read.
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ from .compare import Leaf
 from .freezer import CandidateGone, Freezer
 from .input_buffers import NAME, InputBuffer, layout_of
 from .readback import mapped_files, read_outputs
+
+
+OUTSIDE_LIMIT_NS = 1_000_000  # CPU time a stopped callee may show between calls, all calls together (it shows 0)
 
 
 class CallFailed(RuntimeError):
@@ -57,6 +61,8 @@ class Calls:
         self.buffers: dict[str, tuple[int, InputBuffer]] = {}
         self.calls = 0
         self.current: InputBuffer | None = None
+        self.stopped_cpu: int | None = None  # its CPU clock when it was last stopped (None: it ran since)
+        self.outside_ns = 0  # CPU time it took while stopped, summed: zero unless something resumed it
 
     def load(self, inputs: list) -> InputBuffer:
         """Write a call's inputs into the buffer of their layout (new layouts are sent to the candidate first)."""
@@ -77,6 +83,11 @@ class Calls:
         ident = next(i for i, b in self.buffers.values() if b is self.current)
         k, self.calls = self.calls, self.calls + 1
         cpu0 = self.freezer.cpu_ns()
+        if self.stopped_cpu is not None:
+            self.outside_ns += cpu0 - self.stopped_cpu
+        if self.outside_ns > OUTSIDE_LIMIT_NS:
+            raise CallFailed(f"call {k}: the candidate's processes ran while stopped ({self.outside_ns / 1e3:.0f} us of "
+                             "CPU between calls): all work must happen inside the calls")
         t0 = time.perf_counter_ns()
         self.freezer.resume()
         try:
@@ -95,7 +106,7 @@ class Calls:
         t1 = time.perf_counter_ns()
         try:
             self.freezer.settle()
-            cpu1 = self.freezer.cpu_ns()
+            cpu1 = self.stopped_cpu = self.freezer.cpu_ns()
         except CandidateGone as exc:
             raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
         started = self._new_processes()
@@ -113,6 +124,7 @@ class Calls:
         compilation); its error, if any."""
         ident = next(i for i, b in self.buffers.values() if b is self.current)
         self.freezer.resume()
+        self.stopped_cpu = None
         try:
             send_message(self.sock, {"op": "prepare", "fn": fn, "inputs": ident})
             self.sock.settimeout(timeout_s)
@@ -122,6 +134,7 @@ class Calls:
         finally:
             try:
                 self.freezer.stop()
+                self.stopped_cpu = self.freezer.cpu_ns()
             except CandidateGone as exc:
                 raise CallFailed(f"preparing {fn}: the callee's process ended ({exc})", "ended") from None
         return reply.get("error")
@@ -153,7 +166,7 @@ class Calls:
         """Let the candidate's worker leave its call loop (resumed for good); what its in-process audits reported."""
         self.freezer.resume()
         try:
-            send_message(self.sock, {"op": "end"})
+            send_message(self.sock, {"op": "end", "canary": secrets.randbelow(32) + 1})
             self.sock.settimeout(timeout_s)
             reply, _ = receive_message(self.sock)
         except (OSError, ConnectionError) as exc:

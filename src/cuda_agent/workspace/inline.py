@@ -57,7 +57,9 @@ def request_from_call(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 _PTXAS_OPTION = re.compile(r"-?-?[\w=\-]+")
-_FORBIDDEN = ("-fplugin", "-fprofile", "-fauto-profile", "-specs", "-wrapper", "-B")  # load or write other files
+# Flags that load or write other files, or lift the compiler's limits (a constexpr evaluation of hours)
+_FORBIDDEN = ("-fplugin", "-fprofile", "-fauto-profile", "-specs", "-wrapper", "-B", "-fconstexpr", "-ftemplate-depth",
+              "-fmax-include-depth", "-fmax-errors")
 
 
 def _toolchain_dirs() -> list[str]:
@@ -77,15 +79,24 @@ def _check_paths(paths: list[str], what: str) -> None:
             raise InlineError(f"load_inline: {what} may only name folders of torch or CUDA, not {path!r}")
 
 
+def _check_value(value: str, value_of: re.Pattern, what: str) -> None:
+    """The value of `-Xcompiler X`, `-Xcompiler=X`, `-Xptxas X`...: each comma-separated flag passed on."""
+    if not all(value_of.fullmatch(part) and not part.startswith(_FORBIDDEN) for part in value.split(",")):
+        raise InlineError(f"load_inline: {what} value {value!r} is not allowed")
+
+
 def _check_flags(flags: list[str], pattern: re.Pattern, what: str) -> None:
     value_of: re.Pattern | None = None
+    passed_on = {"-Xcompiler": _HOST_FLAG, "-Xptxas": _PTXAS_OPTION, "--ptxas-options": _PTXAS_OPTION}
     for flag in flags:
-        if value_of is not None:  # the value of `-Xcompiler X` or `-Xptxas X`
-            if not all(value_of.fullmatch(part) and not part.startswith(_FORBIDDEN) for part in flag.split(",")):
-                raise InlineError(f"load_inline: {what} value {flag!r} is not allowed")
+        name, _, value = flag.partition("=")
+        if value_of is not None:
+            _check_value(flag, value_of, what)
             value_of = None
-        elif what == "extra_cuda_cflags" and flag in ("-Xcompiler", "-Xptxas"):
-            value_of = _HOST_FLAG if flag == "-Xcompiler" else _PTXAS_OPTION
+        elif what == "extra_cuda_cflags" and flag in passed_on:
+            value_of = passed_on[flag]
+        elif what == "extra_cuda_cflags" and name in passed_on and value:
+            _check_value(value, passed_on[name], what)
         elif what == "extra_ldflags" and flag.startswith("-L"):
             _check_paths([flag[2:]], what)
         elif not pattern.fullmatch(flag) or flag.startswith(_FORBIDDEN):
@@ -198,9 +209,10 @@ class InlineBuilder:
     def key(self, req: dict[str, Any]) -> str:
         return hashlib.sha256((self.identity + "\0" + json.dumps(req, sort_keys=True)).encode()).hexdigest()
 
-    def build(self, raw: Any, origin: tuple[str, str] = ("", "")) -> Built:
+    def build(self, raw: Any, origin: tuple[str, str] = ("", ""), timeout: float | None = None) -> Built:
         """Raises InlineError (bad request) or RuntimeError (the compiler's error, with its log). `origin`: the
-        candidate's file (name, text), to place the compiler's errors on its lines."""
+        candidate's file (name, text), to place the compiler's errors on its lines. `timeout`: seconds the build may
+        take (default: the builder's)."""
         start = time.perf_counter()
         req = normalise(raw)
         if self.arch and req["cuda_sources"]:
@@ -218,7 +230,7 @@ class InlineBuilder:
             try:
                 (work / "out").mkdir()
                 (work / "request.json").write_text(json.dumps({**req, "name": module}))
-                proc = self._run(work)
+                proc = self._run(work, self.timeout if timeout is None else timeout)
                 built = work / "out" / f"{module}.so"
                 if proc.returncode != 0 or not built.is_file():
                     failed = self.root / "failed" / f"{module}.log"
@@ -237,7 +249,7 @@ class InlineBuilder:
             finally:
                 shutil.rmtree(work, ignore_errors=True)
 
-    def _run(self, work: Path) -> subprocess.CompletedProcess:
+    def _run(self, work: Path, timeout: float) -> subprocess.CompletedProcess:
         from .. import sandbox
 
         cmd = [sys.executable, "-m", "cuda_agent.workspace.inline", str(work / "request.json"), str(work / "out")]
@@ -248,11 +260,11 @@ class InlineBuilder:
         try:
             if self.confined is None:
                 return subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, errors="replace", timeout=self.timeout)
+                                      text=True, errors="replace", timeout=timeout)
             view = sandbox.View(writable=[work], hidden=self.confined)
-            return sandbox.run(cmd, view, work, self.timeout, env=env)
+            return sandbox.run(cmd, view, work, timeout, env=env)
         except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(cmd, 124, f"error: the build timed out after {self.timeout:.0f}s")
+            return subprocess.CompletedProcess(cmd, 124, f"error: the build timed out after {timeout:.0f}s")
 
 
 # a compiler's diagnostic: gcc/clang "file:line:col: error: ...", nvcc "file(line): error: ..."
