@@ -656,8 +656,9 @@ class Judge:
 
     def _baseline_key(self, task: Task, verdict: Verdict) -> str:
         """Baselines are cached per (task, backend, device, torch version, timing settings)."""
+        clock = "trusted-clock" if self.backend.trusted_clock else "in-process-clock"
         return "|".join([task.hash, self.backend.name, str(verdict.device), verdict.torch_version,
-                         self.config.timing_key()])
+                         self.config.timing_key(), clock])
 
     # ---- helpers -------------------------------------------------------------------------------------
     def _timing(self) -> dict[str, Any]:

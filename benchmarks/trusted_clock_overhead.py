@@ -1,0 +1,78 @@
+"""The cpu backend's trusted clock beside the in-process clock it replaced, side by side in one run.
+
+One judge, one candidate (tests/data/candidates/affine_relu_ok, the fused C++/OpenMP kernel) on the affine_relu
+task at several sizes; each round judges it with the trusted clock (the reference worker times every call of a
+stopped-and-resumed candidate, baselines through the same calls in the baseline callee) and with the in-process
+clock (the candidate's worker times itself, baselines in the reference worker), in alternating order. The
+candidate's median, eager's, torch.compile's and the speedups are reported per clock: the trusted clock's handshake
+is paid by baselines and candidate alike, so speedups should agree while absolute times grow by its cost.
+
+    python3 benchmarks/trusted_clock_overhead.py --rounds 3 --out overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from cuda_agent.judge import Judge, JudgeConfig  # noqa: E402
+
+TASK = ROOT / "tests/data/tasks/affine_relu.py"
+CANDIDATE = ROOT / "tests/data/candidates/affine_relu_ok"
+
+
+def sized_task(folder: Path, log2: int) -> Path:
+    path = folder / f"affine_relu_2e{log2}.py"
+    path.write_text(TASK.read_text().replace("N = 1 << 21", f"N = 1 << {log2}"))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sizes", default="14,18,21", help="log2 of the task's element counts")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="clock-overhead-"))
+    judge = Judge("cpu", JudgeConfig(cache_dir=folder / "cache"))
+    rows: dict[str, dict[str, list]] = {}
+    try:
+        for log2 in map(int, args.sizes.split(",")):
+            task = sized_task(folder, log2)
+            for r in range(args.rounds):
+                for trusted in ((True, False) if r % 2 == 0 else (False, True)):
+                    judge.backend.trusted_clock = trusted
+                    began = time.perf_counter()
+                    v = judge.evaluate(task, CANDIDATE)
+                    key = f"2^{log2} {'trusted' if trusted else 'in-process'}"
+                    row = rows.setdefault(key, {k: [] for k in ("candidate_us", "eager_us", "compile_us",
+                                                                 "vs_eager", "vs_compile", "reward", "seconds")})
+                    if not v.correct:
+                        print(key, "failed:", v.error, flush=True)
+                        continue
+                    for name, value in (("candidate_us", v.times_us["candidate"]), ("eager_us", v.times_us["eager"]),
+                                        ("compile_us", v.times_us["compile"]), ("vs_eager", v.speedup_vs_eager),
+                                        ("vs_compile", v.speedup_vs_compile), ("reward", v.reward),
+                                        ("seconds", time.perf_counter() - began)):
+                        row[name].append(value)
+                    print(key, {k: round(vals[-1], 3) for k, vals in row.items()}, flush=True)
+    finally:
+        judge.close()
+    summary = {key: {name: round(statistics.median(vals), 3) if vals else None for name, vals in row.items()}
+               for key, row in rows.items()}
+    for key, row in summary.items():
+        print(f"{key:24s} " + "  ".join(f"{k} {v}" for k, v in row.items()))
+    if args.out:
+        args.out.write_text(json.dumps({"rounds": args.rounds, "median": summary, "all": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
