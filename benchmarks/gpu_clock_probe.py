@@ -36,6 +36,17 @@ from cuda_agent.judge.shared_memory import DeviceBuffer  # noqa: E402
 
 SIZES = {"10us": 1 << 21, "100us": 1 << 24, "1ms": 1 << 27}  # float32 elements of x.mul_(...) (read + write)
 GEQ = 0
+WAIT_S = 5.0  # a call whose GPU work has not ended by then means the ordering does not work: give up, say so
+
+
+def wait(event, what: str) -> None:
+    """Poll `event` (never block in the driver on a wait that may never be satisfied)."""
+    deadline = time.monotonic() + WAIT_S
+    while not event.query():
+        if time.monotonic() > deadline:
+            print(f"TIMEOUT: {what} did not complete within {WAIT_S} s", file=sys.stderr, flush=True)
+            os._exit(3)
+        time.sleep(0.0001)
 
 
 def driver() -> ctypes.CDLL:
@@ -73,13 +84,13 @@ def callee(sock: socket.socket) -> None:
                 b1.record()
                 check(cuda.cuStreamWriteValue32_v2(stream.cuda_stream, done, msg["k"], 0), "cuStreamWriteValue32")
             send_message(sock, {"op": "armed"})
-            b1.synchronize()
+            wait(b1, "the callee's work after `go`")
         else:  # "run": the host handshake
             with torch.cuda.stream(stream):
                 b0.record()
                 x.mul_(1.0000001)
                 b1.record()
-            b1.synchronize()
+            wait(b1, "the callee's work")
             send_message(sock, {"op": "done"})
         receive_message(sock)  # "report?"
         send_message(sock, {"op": "report", "work_ms": b0.elapsed_time(b1)})
@@ -104,6 +115,7 @@ def timer(args) -> dict:
     send_fds(ours, [flags.fd])
     ours.settimeout(120)
     assert receive_message(ours)[0]["op"] == "ready"
+    print("callee ready", flush=True)
     stream = torch.cuda.Stream()
     results, k = {}, 0
     for size in SIZES:
@@ -118,7 +130,7 @@ def timer(args) -> dict:
                 check(cuda.cuStreamWriteValue32_v2(stream.cuda_stream, go, k, 0), "cuStreamWriteValue32")
                 check(cuda.cuStreamWaitValue32_v2(stream.cuda_stream, done, k, GEQ), "cuStreamWaitValue32")
                 e1.record()
-            e1.synchronize()
+            wait(e1, f"the timer's window of call {k} ({size})")
             send_message(ours, {"op": "report?"})
             work = receive_message(ours)[0]["work_ms"] * 1e3
             t0 = time.perf_counter()
