@@ -676,16 +676,21 @@ class Judge:
         """The candidate sees its build, the public inputs and the task file; writes only its own folders."""
         if not self.sandboxed:
             return None
-        compute = compute_packages() if self.config.policy == "strict" else []  # numpy & co. cannot be imported
+        compute = compute_packages() if self._blocks_compute_packages() else []  # numpy & co. cannot be imported
         view = sandbox.View(writable=[run_dir / "candidate"],
                             readable=[run_dir / "build", run_dir / "public", run_dir / "task", self.inline.root],
                             hidden=[self.cache_dir, *map(Path, compute)])
         return sandbox.Sandbox(view, self.limits, cwd=run_dir / "candidate")
 
+    def _blocks_compute_packages(self) -> bool:
+        """Strict policy on the trusted path. (The cuda backend's in-process path needs numpy in the candidate's
+        process: torch reads CUDA array interfaces with it.)"""
+        return self.config.policy == "strict" and self.backend.trusted_clock
+
     def _candidate_env(self, run_dir: Path) -> dict[str, str]:
         """Nothing the candidate writes is shared: its own torch extension and inductor folders."""
         private = Path("/tmp") if self.sandboxed else run_dir / "candidate"
-        blocked = ",".join(COMPUTE_PACKAGES) if self.config.policy == "strict" else ""
+        blocked = ",".join(COMPUTE_PACKAGES) if self._blocks_compute_packages() else ""
         return {**self._worker_env(), "CUDA_AGENT_BLOCKED_PACKAGES": blocked,
                 "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"),
                 "TORCH_EXTENSIONS_DIR": str(private / "torch_extensions"),
