@@ -138,12 +138,13 @@ def test_torch_compile_hands_the_device_back_while_it_compiles(cache_dir, monkey
     """Where the device is not the CPU, the baseline's compilation (CPU seconds) runs beside timed runs: the
     reference worker holds the device shared for torch.compile's first run but hands it back while dynamo and
     inductor compile, and takes it again to run. On the cpu backend (compiling would disturb its timing) it holds
-    the device throughout."""
+    the device throughout. (The in-process clock's path, the cuda backend's: there the reference worker compiles.)"""
     shared = {}
     for beside in (False, True):
         cfg = fast_config(cache_dir, target_time_s=0.09 if beside else 0.08)  # its own baselines: compiled afresh
         with Judge("cpu", cfg) as judge:
             monkeypatch.setattr(judge.backend, "compiles_beside_timing", beside)
+            monkeypatch.setattr(judge.backend, "trusted_clock", False)
             lock = judge.device_lock = SharedCountingLock()
             verdict = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
         assert verdict.correct, verdict.error

@@ -599,6 +599,7 @@ class Judge:
                 verdict.correct = False
                 raise TimingFailed(self._call_failure(reply, worker))
             record["checked_calls"] += reply["stats"].pop("checked_calls")
+            record["candidate_memory_peak"] = reply["stats"].pop("memory_peak")  # the kernel's, for scheduling
             return reply["stats"]
 
         return time_candidate

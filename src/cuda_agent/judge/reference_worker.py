@@ -244,7 +244,8 @@ class Reference:
             cpu.append(call.cpu_us)
         self._release()
         return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
-                "cpu_outside_calls_us": calls.outside_ns / 1e3, "checked_calls": sorted(picked)}
+                "cpu_outside_calls_us": calls.outside_ns / 1e3, "memory_peak": calls.memory_peak(),
+                "checked_calls": sorted(picked)}
 
     @staticmethod
     def _inputs_kept(calls: Calls, label: str) -> dict:

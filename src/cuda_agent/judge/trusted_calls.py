@@ -158,6 +158,15 @@ class Calls:
                   for path, value in found]
         return leaves, "(" + ", ".join(str(kinds.get(p)) for p, _ in found) + ")"
 
+    def memory_peak(self) -> int:
+        """The most host memory the callee's worker has held (the kernel's high-water mark, in bytes; 0 if gone)."""
+        try:
+            status = open(f"/proc/{self.worker_pid}/status").read()
+        except OSError:
+            return 0
+        line = next((ln for ln in status.splitlines() if ln.startswith("VmHWM:")), "VmHWM: 0 kB")
+        return int(line.split()[1]) * 1024
+
     def changed_inputs(self) -> list[int]:
         assert self.current is not None
         return self.current.changed()
