@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from cuda_agent.judge.callee import receive_message, send_message  # noqa: E402
+from cuda_agent.judge.call_protocol import receive_message, send_message  # noqa: E402
 from cuda_agent.judge.process import receive_fds, send_fds  # noqa: E402
 from cuda_agent.judge.shared_memory import DeviceBuffer  # noqa: E402
 

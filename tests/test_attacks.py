@@ -124,7 +124,7 @@ def test_a_thread_spinning_between_calls_is_held_still(cpu_judge, make_workspace
 @pytest.mark.parametrize("reach", [
     "import gc\nharness = [o for o in gc.get_objects() if type(o).__name__ == 'Callee']",
     "frame = sys._getframe(1)\nharness = frame.f_locals",
-    "import traceback\ntry:\n    raise ValueError\nexcept ValueError as e:\n    harness = e.__traceback__.tb_frame.f_back",
+    "try:\n    raise ValueError\nexcept ValueError as e:\n    harness = e.__traceback__.tb_frame.f_back",
     "sys.settrace(lambda *a: None)\nsys.settrace(None)",
 ])
 def test_reaching_for_the_harness_in_its_process_is_a_policy_violation(cpu_judge, make_workspace, reach):

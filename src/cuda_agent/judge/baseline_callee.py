@@ -21,7 +21,8 @@ import torch
 
 from ..backend import get_backend
 from ..task import import_file
-from .callee import Callee, receive_message, send_message
+from .call_protocol import Failed, Ready, receive, send
+from .callee import Callee
 from .trusted_calls import Calls
 
 READY_TIMEOUT_S = 300.0
@@ -36,13 +37,13 @@ def start(request: dict[str, Any], read_limit: int) -> tuple[Calls, subprocess.P
                                 pass_fds=[theirs.fileno()])
     ours.settimeout(READY_TIMEOUT_S)
     try:
-        ready, _ = receive_message(ours)
-    except (OSError, ConnectionError) as exc:
+        ready, _ = receive(ours)
+    except (OSError, ConnectionError, ValueError) as exc:  # (a failure to start is sent as no protocol message)
         proc.kill()
         raise RuntimeError(f"the baseline callee did not start ({exc})") from None
-    if ready.get("op") != "ready":
+    if not isinstance(ready, Ready):
         proc.kill()
-        raise RuntimeError(f"the baseline callee failed: {ready.get('error', ready)}")
+        raise RuntimeError(f"the baseline callee failed: {getattr(ready, 'error', ready)}")
     return Calls(ours, [proc.pid], proc.pid, read_limit), proc
 
 
@@ -57,7 +58,7 @@ def main() -> None:
         with torch.device(backend.device):
             model = module.Model(*module.get_init_inputs()).to(backend.device).eval()
     except Exception as exc:
-        send_message(sock, {"op": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000]})
+        send(sock, Failed(-1, f"{type(exc).__name__}: {exc}"[:2000]))
         return
     models: dict[str, Any] = {"eager": model}
 
@@ -74,7 +75,7 @@ def main() -> None:
         return out
 
     callee = Callee(sock, forward, prepare)
-    send_message(sock, {"op": "ready"})
+    send(sock, Ready())
     callee.ended(callee.serve()[0], [])
 
 

@@ -9,41 +9,15 @@ are the trusted side's. Between calls the candidate's processes are stopped.
 
 from __future__ import annotations
 
-import array
-import json
 import socket
 from typing import Any, Callable
 
 import torch
 
+from .call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, receive, send
 from .input_buffers import map_inputs
 from .process import one_line
 from .tensors import leaves
-
-MAX_MESSAGE = 1 << 20
-
-
-def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
-    data = json.dumps(message, default=str).encode()
-    if len(data) > MAX_MESSAGE:
-        raise ValueError(f"a message of {len(data)} bytes (at most {MAX_MESSAGE})")
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sock.sendmsg([data], ancillary)
-
-
-def receive_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """One message and the descriptors sent with it; ConnectionError when the other side is gone."""
-    data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(16 * 4))
-    fds = array.array("i")
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-    if not data:
-        raise ConnectionError("the other side closed the call socket")
-    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-        raise ConnectionError("a message was cut off")
-    return json.loads(data), list(fds)
-
 
 def describe(out: Any) -> list[dict[str, Any]]:
     """Where each output leaf lies in this process's memory (tensors) or its value."""
@@ -80,32 +54,30 @@ class Callee:
         see (its challenge: `audit.ThreadAudit.challenge`)."""
         calls = 0
         while True:
-            msg, fds = receive_message(self.sock)
-            op = msg.get("op")
-            if op == "inputs":
-                self.inputs[int(msg["id"])] = map_inputs(fds[0], msg["layout"])
-            elif op == "call":
+            msg, fds = receive(self.sock)
+            if isinstance(msg, Inputs):
+                self.inputs[msg.id] = map_inputs(fds[0], msg.layout)
+            elif isinstance(msg, Call):
                 calls += 1
-                send_message(self.sock, self._call(int(msg["k"]), self.inputs[int(msg["inputs"])],
-                                                   str(msg.get("fn", ""))))
-            elif op == "prepare" and self.prepare is not None:
+                send(self.sock, self._call(msg.k, self.inputs[msg.inputs], msg.fn))
+            elif isinstance(msg, Prepare) and self.prepare is not None:
                 try:
-                    self.prepare(str(msg.get("fn", "")), self.inputs[int(msg["inputs"])])
-                    send_message(self.sock, {"op": "prepared"})
+                    self.prepare(msg.fn, self.inputs[msg.inputs])
+                    send(self.sock, Prepared())
                 except Exception as exc:  # e.g. torch.compile fails on the task: the baseline says so
-                    send_message(self.sock, {"op": "prepared", "error": one_line(exc)})
-            elif op == "end":
-                return calls, max(0, min(int(msg.get("canary", 0)), 1000))
+                    send(self.sock, Prepared(one_line(exc)))
+            elif isinstance(msg, End):
+                return calls, max(0, min(msg.canary, 1000))
 
     def ended(self, calls: int, violations: list[str]) -> None:
         """The answer to `end`: what the in-process audits saw (a second line of defence)."""
-        send_message(self.sock, {"op": "ended", "calls": calls, "violations": violations})
+        send(self.sock, Ended(calls, violations))
         self.sock.close()
 
-    def _call(self, k: int, inputs: list, fn: str) -> dict[str, Any]:
+    def _call(self, k: int, inputs: list, fn: str) -> Done | Failed:
         self.last = None
         try:
             self.last = self.forward(inputs, fn)
         except Exception as exc:  # the candidate's failure, reported as such
-            return {"op": "failed", "k": k, "error": one_line(exc)}
-        return {"op": "done", "k": k, "outputs": describe(self.last)}
+            return Failed(k, one_line(exc))
+        return Done(k, describe(self.last))

@@ -250,7 +250,7 @@ def start_harness_threads(backend) -> None:
     x.sum().item()
 
 
-class Candidate:
+class LoadedCandidate:
     def __init__(self, req: dict, chan: Channel):
         self.req, self.chan = req, chan
         self.backend = get_backend(req["backend"])
@@ -407,7 +407,7 @@ class TimedCalls(Hooks):
     """The timing loop's calls: each one on a fresh input set from a seed the judge sends just before it (written
     into the same buffers); before the next, the judge may ask for the outputs of the one that just ran."""
 
-    def __init__(self, cand: Candidate, audit: OpAudit | None):
+    def __init__(self, cand: LoadedCandidate, audit: OpAudit | None):
         self.cand, self.chan, self.audit = cand, cand.chan, audit
         self.warmup = max(1, int(cand.req["timing"]["warmup"]))
         self.inputs: list | None = None
@@ -460,7 +460,7 @@ class TimedCalls(Hooks):
 
 
 def start(req: dict, chan: Channel) -> dict:
-    cand = Candidate(req, chan)
+    cand = LoadedCandidate(req, chan)
 
     def checked(handler: Handler) -> Handler:
         def run(cmd: dict) -> tuple[str, dict]:

@@ -49,6 +49,12 @@ from .verdict import Verdict
 READ_LIMIT = 16 << 30  # bytes the trusted side reads of one output at most
 
 
+def compile_threads(workers: int) -> int:
+    """Inductor's compile workers for each of `workers` evaluations in flight: the cores shared out. Left to
+    itself, each worker process starts a pool of one per core (16 evaluations on 16 cores: 256 processes)."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 class Phases:
     """Wall time of each evaluation phase, recorded in the verdict (where an evaluation spends its time)."""
 

@@ -26,7 +26,7 @@ from ..workspace.build import BuildResult
 from ..workspace.candidate import Candidate
 from .config import JudgeConfig
 from .device_lock import DeviceLock
-from .judge import Judge
+from .judge import Judge, compile_threads
 from .verdict import Verdict
 
 # how running out of device memory reads: torch's allocator and the driver; cuBLAS and cuDNN creating a handle
@@ -42,12 +42,6 @@ def default_workers(backend: str, devices: int) -> int:
     evaluation is CPU work or waits for the device), no more than the cores. On the cpu backend the cores are the
     device: builds beside a timed run would slow it, so one at a time unless asked."""
     return 1 if backend == "cpu" else max(2 * devices, min(16 * devices, os.cpu_count() or 1))
-
-
-def compile_threads(workers: int) -> int:
-    """Inductor's compile workers for each of `workers` evaluations in flight: the cores shared out. Left to
-    itself, each worker process starts a pool of one per core (16 evaluations on 16 cores: 256 processes)."""
-    return max(1, (os.cpu_count() or 1) // workers)
 
 
 class JudgePool:

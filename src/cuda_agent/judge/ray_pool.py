@@ -40,8 +40,7 @@ class JudgeActor:
     """A Judge inside a Ray actor: it writes each task it is sent to a local file once, and judges."""
 
     def __init__(self, backend: str, config: JudgeConfig, workers: int):
-        from .judge import Judge
-        from .pool import compile_threads
+        from .judge import Judge, compile_threads
 
         self.judge = Judge(backend, config, compile_threads=compile_threads(workers))
         self.tasks = Path(tempfile.mkdtemp(prefix="ray-judge-tasks-"))

@@ -34,7 +34,7 @@ from .tensors import checksum, clone, leaves, make_inputs, refill, tensor_bytes,
 from .readback import Unreadable
 from .timing import Hooks, summarize, time_callable
 from .trusted_calls import CallFailed, Calls
-from .work import count_work
+from .speed_of_light import count_work
 
 
 def _step(what: str, fn, *args):
@@ -211,9 +211,10 @@ class Reference:
     def time_calls(self, calls: Calls, timing: dict, deadline: float, fn: str = "", checks: int = 0,
                    inputs_checked: bool = False) -> dict:
         """Timed calls of a callee (the candidate; the baseline callee's `fn`), each on fresh inputs (a seed and a
-        scale drawn here), the cache flushed before each; warm-up calls first, then as many timed calls as `timing` asks. The outputs of `checks`
-        timed calls, picked here, are read and compared as each returns; with `inputs_checked` every call's inputs
-        are compared with what was written. The stats are the trusted windows (`cpu_us`: the kernel's CPU time)."""
+        scale drawn here), the cache flushed before each; warm-up calls first, then as many timed calls as `timing`
+        asks. The outputs of `checks` timed calls, picked here, are read and compared as each returns; with
+        `inputs_checked` every call's inputs are compared with what was written. The stats are the trusted windows
+        (`cpu_us`: the kernel's CPU time)."""
         rng = random.Random(secrets.randbits(64))
         flush = self.backend.make_cache_flusher()
 

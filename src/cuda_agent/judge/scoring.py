@@ -9,7 +9,7 @@ from .config import JudgeConfig
 from .reward import milestone_reward
 from .timekeeper import TimingOutcome
 from .verdict import Verdict
-from .work import bounds, hard_problem
+from .speed_of_light import bounds, hard_problem
 
 PRECISION_WARN_RATIO = 10.0  # error vs fp64 this many times fp32 eager's: a lower precision is likely
 HOST_RATIO, HOST_SLACK_US = 3.0, 200.0  # host time per call beyond this much over device time fails

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .callee import receive_message, send_message
+from .call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, ProtocolError, receive, send
 from .compare import Leaf
 from .freezer import CandidateGone, Freezer
 from .input_buffers import NAME, InputBuffer, layout_of
@@ -39,7 +39,8 @@ class CallFailed(RuntimeError):
 
 
 @dataclass
-class Call:
+class CallRecord:
+    """One call as the trusted side saw it."""
     k: int
     window_us: float  # the trusted clock, from resuming the candidate to stopping it
     cpu_us: float  # its processes' CPU time over that window (the kernel's clocks)
@@ -71,12 +72,12 @@ class Calls:
         if key not in self.buffers:
             buffer = InputBuffer(layout)
             self.buffers[key] = (len(self.buffers), buffer)
-            send_message(self.sock, {"op": "inputs", "id": self.buffers[key][0], "layout": layout}, [buffer.fd])
+            send(self.sock, Inputs(self.buffers[key][0], layout), [buffer.fd])
         self.current = self.buffers[key][1]
         self.current.write(inputs)
         return self.current
 
-    def call(self, deadline: float, fn: str = "") -> Call:
+    def call(self, deadline: float, fn: str = "") -> CallRecord:
         """One call (of `fn`, where the callee serves several) on the inputs loaded last; CallFailed when the callee
         does not answer `done` in time."""
         assert self.current is not None, "load inputs first"
@@ -86,14 +87,17 @@ class Calls:
         if self.stopped_cpu is not None:
             self.outside_ns += cpu0 - self.stopped_cpu
         if self.outside_ns > OUTSIDE_LIMIT_NS:
-            raise CallFailed(f"call {k}: the candidate's processes ran while stopped ({self.outside_ns / 1e3:.0f} us of "
-                             "CPU between calls): all work must happen inside the calls")
+            raise CallFailed(f"call {k}: the candidate's processes ran while stopped "
+                             f"({self.outside_ns / 1e3:.0f} us of CPU between calls): all work must happen inside the "
+                             "calls")
         t0 = time.perf_counter_ns()
         self.freezer.resume()
         try:
-            send_message(self.sock, {"op": "call", "k": k, "inputs": ident, "fn": fn})
+            send(self.sock, Call(k, ident, fn))
             self.sock.settimeout(max(0.001, deadline - time.monotonic()))
-            reply, _ = receive_message(self.sock)
+            reply, _ = receive(self.sock)
+        except ProtocolError as exc:
+            reply = Failed(k, f"the candidate answered outside the protocol ({exc})")
         except socket.timeout:
             raise CallFailed(f"call {k} did not return in time", "timeout") from None
         except (ConnectionError, OSError) as exc:
@@ -113,11 +117,11 @@ class Calls:
         if started:
             raise CallFailed(f"call {k}: the candidate started a process ({started[0]}): all work must happen in its "
                              "own process, inside the call")
-        if reply.get("op") == "failed" and reply.get("k") == k:
-            raise CallFailed(str(reply.get("error"))[:2000])
-        if reply.get("op") != "done" or reply.get("k") != k:
+        if isinstance(reply, Failed) and reply.k == k:
+            raise CallFailed(reply.error[:2000])
+        if not isinstance(reply, Done) or reply.k != k:
             raise CallFailed(f"call {k}: the candidate answered out of turn ({str(reply)[:200]})")
-        return Call(k, (t1 - t0) / 1e3, (cpu1 - cpu0) / 1e3, reply.get("outputs") or [])
+        return CallRecord(k, (t1 - t0) / 1e3, (cpu1 - cpu0) / 1e3, reply.outputs)
 
     def prepare(self, fn: str, timeout_s: float) -> str | None:
         """Let the callee ready `fn` on the inputs loaded last, outside any timed call (torch.compile's
@@ -126,10 +130,10 @@ class Calls:
         self.freezer.resume()
         self.stopped_cpu = None
         try:
-            send_message(self.sock, {"op": "prepare", "fn": fn, "inputs": ident})
+            send(self.sock, Prepare(fn, ident))
             self.sock.settimeout(timeout_s)
-            reply, _ = receive_message(self.sock)
-        except (OSError, ConnectionError) as exc:
+            reply, _ = receive(self.sock)
+        except (OSError, ConnectionError, ProtocolError) as exc:
             raise CallFailed(f"preparing {fn} failed ({exc})", "ended") from None
         finally:
             try:
@@ -137,7 +141,7 @@ class Calls:
                 self.stopped_cpu = self.freezer.cpu_ns()
             except CandidateGone as exc:
                 raise CallFailed(f"preparing {fn}: the callee's process ended ({exc})", "ended") from None
-        return reply.get("error")
+        return reply.error if isinstance(reply, Prepared) else f"answered {str(reply)[:200]}"
 
     def _new_processes(self) -> list[int]:
         if self.cgroup is None:
@@ -148,7 +152,7 @@ class Calls:
         except OSError:
             return []
 
-    def outputs(self, call: Call) -> tuple[list[Leaf], str]:
+    def outputs(self, call: CallRecord) -> tuple[list[Leaf], str]:
         """The call's outputs as leaves to compare (read from the stopped candidate's memory when compared), and a
         short description of their structure. Raises ValueError (`readback.Unreadable`) for a bad description."""
         inputs = mapped_files(self.worker_pid, NAME)
@@ -175,14 +179,16 @@ class Calls:
         """Let the candidate's worker leave its call loop (resumed for good); what its in-process audits reported."""
         self.freezer.resume()
         try:
-            send_message(self.sock, {"op": "end", "canary": secrets.randbelow(32) + 1})
+            send(self.sock, End(secrets.randbelow(32) + 1))
             self.sock.settimeout(timeout_s)
-            reply, _ = receive_message(self.sock)
-        except (OSError, ConnectionError) as exc:
+            reply, _ = receive(self.sock)
+        except (OSError, ConnectionError, ProtocolError) as exc:
             raise CallFailed(f"the process did not end its calls ({exc})", "ended") from None
         finally:
             self.close()
-        return [str(v) for v in reply.get("violations") or []][:100]
+        if not isinstance(reply, Ended):
+            raise CallFailed(f"the process answered {str(reply)[:200]} to the end of its calls")
+        return [str(v) for v in reply.violations][:100]
 
     def close(self) -> None:
         for _, buffer in self.buffers.values():

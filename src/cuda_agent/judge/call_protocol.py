@@ -1,0 +1,149 @@
+"""The call socket between the trusted side (`trusted_calls.py`) and a callee (`callee.py`): its messages as typed
+records, one JSON object per SOCK_SEQPACKET message (`{"op": <name>, ...fields}`), file descriptors beside them.
+
+The trusted side sends `Inputs` (a buffer to map, its descriptor attached), `Call`, `Prepare` and `End`; the callee
+answers `Ready` (once, at start), `Done` or `Failed` per call, `Prepared`, `Ended`. What comes from a callee is
+decoded defensively: a message that is not one of these, or whose fields are not of their types, is a
+`ProtocolError` (the callee's failure, never the judge's).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import socket
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, Union, get_type_hints
+
+MAX_MESSAGE = 1 << 20
+
+
+class ProtocolError(ValueError):
+    """A message that is not one of the protocol's; str() says what was wrong."""
+
+
+@dataclass
+class Inputs:
+    """Map this buffer (the descriptor attached) as the inputs `id` (`input_buffers.map_inputs`)."""
+    id: int
+    layout: list
+
+
+@dataclass
+class Call:
+    """Run `fn` (where the callee serves several) on the inputs `inputs`: call number `k`."""
+    k: int
+    inputs: int
+    fn: str = ""
+
+
+@dataclass
+class Prepare:
+    """Ready `fn` on the inputs `inputs`, outside any timed call (torch.compile's compilation)."""
+    fn: str
+    inputs: int
+
+
+@dataclass
+class End:
+    """No more calls; the audits must have seen `canary` canary ops (the trusted side's challenge)."""
+    canary: int = 0
+
+
+@dataclass
+class Ready:
+    """The callee is set up (the baseline callee, once)."""
+
+
+@dataclass
+class Done:
+    """Call `k` returned; `outputs`: where each output leaf lies (`callee.describe`)."""
+    k: int
+    outputs: list = field(default_factory=list)
+
+
+@dataclass
+class Failed:
+    """Call `k` raised `error` (one line)."""
+    k: int
+    error: str
+
+
+@dataclass
+class Prepared:
+    error: str | None = None
+
+
+@dataclass
+class Ended:
+    """The answer to `End`: calls served, what the in-process audits saw."""
+    calls: int
+    violations: list = field(default_factory=list)
+
+
+Message = Union[Inputs, Call, Prepare, End, Ready, Done, Failed, Prepared, Ended]
+KINDS: dict[str, type] = {cls.__name__.lower(): cls for cls in (Inputs, Call, Prepare, End, Ready, Done, Failed,
+                                                                 Prepared, Ended)}
+
+
+def _fits(hint: Any, value: Any) -> bool:
+    if hint is int:
+        return type(value) is int
+    if hint in (str, list):
+        return isinstance(value, hint)
+    return value is None or isinstance(value, str)  # str | None
+
+
+def encode(message: Message) -> dict[str, Any]:
+    return {"op": type(message).__name__.lower(), **asdict(message)}
+
+
+def decode(data: dict[str, Any]) -> Message:
+    kind = KINDS.get(str(data.get("op"))) if isinstance(data, dict) else None
+    if kind is None:
+        raise ProtocolError(f"not a message of the call protocol: {str(data)[:200]}")
+    hints = get_type_hints(kind)
+    values = {}
+    for f in fields(kind):
+        if f.name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ProtocolError(f"{data['op']}: no {f.name}")
+            continue
+        if not _fits(hints[f.name], data[f.name]):
+            raise ProtocolError(f"{data['op']}: {f.name} is a {type(data[f.name]).__name__}")
+        values[f.name] = data[f.name]
+    return kind(**values)
+
+
+def send(sock: socket.socket, message: Message, fds: list[int] = ()) -> None:
+    send_message(sock, encode(message), fds)
+
+
+def receive(sock: socket.socket) -> tuple[Message, list[int]]:
+    data, fds = receive_message(sock)
+    return decode(data), fds
+
+
+def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
+    data = json.dumps(message, default=str).encode()
+    if len(data) > MAX_MESSAGE:
+        raise ValueError(f"a message of {len(data)} bytes (at most {MAX_MESSAGE})")
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([data], ancillary)
+
+
+def receive_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One JSON message and the descriptors sent with it; ConnectionError when the other side is gone."""
+    data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(16 * 4))
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    if not data:
+        raise ConnectionError("the other side closed the call socket")
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        raise ConnectionError("a message was cut off")
+    try:
+        return json.loads(data), list(fds)
+    except ValueError as exc:
+        raise ProtocolError(f"not JSON: {data[:100]!r}") from exc
