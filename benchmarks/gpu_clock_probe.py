@@ -69,6 +69,9 @@ def callee(sock: socket.socket) -> None:
     go, done = flags.ptr.value, flags.ptr.value + 64
     stream = torch.cuda.Stream()
     xs = {name: torch.ones(n, device="cuda") for name, n in SIZES.items()}
+    for x in xs.values():  # the kernel loaded now: CUDA loads modules lazily, and loading one synchronises the
+        x.mul_(1.0)        # context, which deadlocks behind a stream that waits for `go`
+    torch.cuda.synchronize()
     send_message(sock, {"op": "ready"})
     while True:
         msg, _ = receive_message(sock)

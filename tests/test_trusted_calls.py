@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from cuda_agent.judge.call_protocol import Ready, receive
 from cuda_agent.judge.freezer import CandidateGone, Freezer, process_cpu_ns
 from cuda_agent.judge.input_buffers import InputBuffer, InputError, layout_of, map_inputs
 from cuda_agent.judge.readback import Unreadable, read_outputs
@@ -17,12 +18,14 @@ from cuda_agent.judge.trusted_calls import CallFailed, Calls
 
 CALLEE = """
 import socket, sys, threading, time, torch
+from cuda_agent.judge.call_protocol import Ready, send
 from cuda_agent.judge.callee import Callee
 sock = socket.socket(fileno=int(sys.argv[1]))
 state = {{}}
 def forward(inputs, fn):
 {body}
 callee = Callee(sock, forward)
+send(sock, Ready())
 callee.ended(callee.serve()[0], [])
 """
 
@@ -32,7 +35,8 @@ def start(body: str) -> tuple[Calls, subprocess.Popen]:
     with theirs:
         proc = subprocess.Popen([sys.executable, "-c", CALLEE.format(body=textwrap.indent(body, "    ")),
                                  str(theirs.fileno())], pass_fds=[theirs.fileno()])
-    time.sleep(0.5)
+    ours.settimeout(300)
+    assert isinstance(receive(ours)[0], Ready)
     return Calls(ours, [proc.pid], proc.pid, 1 << 30), proc
 
 
@@ -86,12 +90,15 @@ def test_work_a_thread_does_after_forward_returned_is_not_in_the_outputs_read(ca
     assert float(read(calls, call)[0].sum()) == 0.0
 
 
+SPINNER = ("if not state:\n"
+           "    state['t'] = threading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True)\n"
+           "    state['t'].start()\n"
+           "return inputs[0] + 1")  # a thread spinning from the first call on
+
+
 def test_a_callee_is_held_still_between_calls_whatever_its_threads_do(callee):
-    # A thread spinning from the first call on: while stopped, the callee's CPU clock (the kernel's) does not move.
-    calls = callee("if not state:\n"
-                   "    state['t'] = threading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True)\n"
-                   "    state['t'].start()\n"
-                   "return inputs[0] + 1")
+    # While stopped, the callee's CPU clock (the kernel's) does not move.
+    calls = callee(SPINNER)
     calls.load([torch.zeros(4)])
     call = calls.call(time.monotonic() + 30)
     before = calls.freezer.cpu_ns()
@@ -107,10 +114,7 @@ def test_a_callee_is_held_still_between_calls_whatever_its_threads_do(callee):
 def test_a_callee_that_runs_between_calls_fails_the_next_call(callee):
     # Something resumed it behind the trusted side's back (here: the test itself): its CPU clock moved while it was
     # to be stopped.
-    calls = callee("if not state:\n"
-                   "    state['t'] = threading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True)\n"
-                   "    state['t'].start()\n"
-                   "return inputs[0] + 1")
+    calls = callee(SPINNER)
     calls.load([torch.zeros(4)])
     calls.call(time.monotonic() + 30)
     calls.freezer.resume()

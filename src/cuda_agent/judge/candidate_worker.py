@@ -314,17 +314,22 @@ class LoadedCandidate:
                                                     f"({', '.join(strays[:4])}): all work must happen in forward")
         return []
 
+    def audited(self, inputs: list) -> Any:
+        """ModelNew on `inputs` under the op audit (strict), its device work finished."""
+        with torch.no_grad():
+            if self.audit is None:
+                out = self.model(*inputs)
+            else:
+                with self.audit:
+                    out = self.model(*inputs)
+        self.backend.synchronize()
+        return out
+
     def forward(self, inputs: list, label: str) -> tuple[Any, float]:
         """One audited call; returns the outputs and its host time in microseconds."""
         t0 = time.perf_counter()
         try:
-            with torch.no_grad():
-                if self.audit is None:
-                    out = self.model(*inputs)
-                else:
-                    with self.audit:
-                        out = self.model(*inputs)
-            self.backend.synchronize()
+            out = self.audited(inputs)
         except Exception as exc:
             raise WorkerFailure("verify_error", f"ModelNew.forward failed on {label}: {one_line(exc)}") from exc
         return out, (time.perf_counter() - t0) * 1e6
@@ -365,18 +370,7 @@ class LoadedCandidate:
         """The trusted path: the reference worker drives every call (`callee.py`); inputs come from it, outputs are
         read by it. Timed and verified calls are one and the same kind of call, all under the same audits."""
         audited = self.audit is not None
-
-        def forward(inputs: list, fn: str) -> Any:
-            with torch.no_grad():
-                if self.audit is None:
-                    out = self.model(*inputs)
-                else:
-                    with self.audit:
-                        out = self.model(*inputs)
-            self.backend.synchronize()
-            return out
-
-        callee = Callee(sock, forward)
+        callee = Callee(sock, lambda inputs, fn: self.audited(inputs))
         with ThreadAudit(self.allowed_ops, enabled=audited, harness_too=True) as threads:
             calls, canary = callee.serve()
             threads.challenge(canary)
