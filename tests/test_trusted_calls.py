@@ -10,12 +10,15 @@ import time
 import pytest
 import torch
 
+from conftest import TASKS
+
 from cuda_agent.judge.call_protocol import Ready, receive
 from cuda_agent.judge.freezer import CandidateGone, Freezer, process_cpu_ns
 from cuda_agent.judge.input_buffers import InputBuffer, InputError, layout_of, map_inputs
 from cuda_agent.judge.readback import Unreadable, read_outputs
 from cuda_agent.judge.trusted_calls import CallFailed, Calls
 
+TASK = TASKS / "affine_relu.py"
 CALLEE = """
 import socket, sys, threading, time, torch
 from cuda_agent.judge.call_protocol import Ready, send
@@ -210,3 +213,21 @@ def test_input_buffers_carry_flat_cpu_inputs_and_see_changes():
     with pytest.raises(InputError, match="nested|only tensors"):
         layout_of([[torch.zeros(1)]])
     buffer.close()
+
+
+def test_the_baseline_callee_dies_with_its_reference_worker(tmp_path):
+    # A stopped callee left behind would hold its memory, and the pipes of whoever reads the reference worker's
+    # output, for good (a CI run once gathered 70 of them and was killed for memory).
+    script = tmp_path / "parent.py"
+    script.write_text("from cuda_agent.judge import baseline_callee\n"
+                      f"calls, proc = baseline_callee.start({{'task_path': {str(TASK)!r}, 'backend': 'cpu', "
+                      "'allow_tf32': False, 'compile_mode': 'default', 'seed': 1}, 0)\n"
+                      "print(proc.pid, flush=True)\nimport time\ntime.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while subprocess.os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not subprocess.os.path.exists(f"/proc/{child}")

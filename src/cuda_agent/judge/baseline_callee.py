@@ -11,7 +11,11 @@ Usage (by the reference worker, `start`): python -m cuda_agent.judge.baseline_ca
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,8 +37,10 @@ def start(request: dict[str, Any], read_limit: int) -> tuple[Calls, subprocess.P
     compile_mode, seed) and return its calls, once it has built the model and stopped."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with theirs:
-        proc = subprocess.Popen([sys.executable, "-m", __spec__.name, json.dumps({**request, "fd": theirs.fileno()})],
+        proc = subprocess.Popen([sys.executable, "-m", __spec__.name,
+                                 json.dumps({**request, "fd": theirs.fileno(), "parent": os.getpid()})],
                                 pass_fds=[theirs.fileno()])
+    atexit.register(proc.kill)  # (and it dies with this process in any case: `die_with`)
     ours.settimeout(READY_TIMEOUT_S)
     try:
         ready, _ = receive(ours)
@@ -47,8 +53,20 @@ def start(request: dict[str, Any], read_limit: int) -> tuple[Calls, subprocess.P
     return Calls(ours, [proc.pid], proc.pid, read_limit), proc
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with(parent: int) -> None:
+    """Be killed when the reference worker that started this process ends, however it ends (a stopped, orphaned
+    callee would hold memory, and the pipes of whoever reads the reference worker's output, for good)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it ended before the line above
+        os._exit(1)
+
+
 def main() -> None:
     req = json.loads(sys.argv[1])
+    die_with(int(req["parent"]))
     sock = socket.socket(fileno=int(req["fd"]))
     backend = get_backend(req["backend"])
     backend.precision_flags(req["allow_tf32"])
