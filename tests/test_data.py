@@ -231,10 +231,12 @@ def test_transformers_operators_are_crawled_built_standalone_and_judged(cache_di
     assert all(r["num_ops"] == 1 and json.loads(r["ops"])[0].startswith("transformers:") for r in rows)
     reference = tmp_path / "hf_row.py"
     reference.write_text(rows[0]["code"])
-    cheat = tmp_path / "hf_cheat.py"  # the block's own torch ops: refused, after the reference ran in the judge
+    cheat = tmp_path / "hf_cheat.py"  # the block itself: refused, after the reference ran in the judge
     cheat.write_text(rows[0]["code"].replace("class Model(", "class ModelNew("))
     verdict = Judge("cpu", fast_config(cache_dir)).evaluate(reference, cheat)
-    assert verdict.error.startswith("policy violation: torch op"), verdict.error
+    assert verdict.phases_s["reference_ready"] > 0 and verdict.reward == -1, verdict.error
+    # transformers imports numpy, which strict candidates do not get: the reason says so
+    assert "numpy is hidden from candidates under the strict policy" in verdict.error, verdict.error
 
 
 

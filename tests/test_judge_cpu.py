@@ -157,8 +157,7 @@ def test_torch_compute_in_python_forward_is_caught(cpu_judge, make_workspace):
 def test_torch_compute_in_a_background_thread_is_caught(cpu_judge):
     verdict = cpu_judge.evaluate(AFFINE, CANDIDATES / "background_thread.py")
     assert verdict.reward == -1
-    assert any("background thread" in v and "aten::mul" in v for v in verdict.policy_violations), \
-        verdict.policy_violations
+    assert any("aten::mul" in v for v in verdict.policy_violations), verdict.policy_violations
 
 
 BF16_STORE = ("uint32_t u; std::memcpy(&u, &x[i], 4); u &= 0xFFFF0000u; float v; std::memcpy(&v, &u, 4);\n"
@@ -358,8 +357,9 @@ def test_a_closed_form_for_the_input_distribution_fails_on_scaled_inputs(cache_d
     expectation.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
                            "        return torch.empty(x.shape[0], device=x.device).fill_(0.5)\n")
     task = TASKS / "row_mean.py"
-    unscaled = Judge("cpu", fast_config(cache_dir, scaled_inputs=False)).evaluate(task, expectation)
-    assert unscaled.correct, unscaled.error  # the hack would pass without scaled inputs
+    # The hack would pass without scaled inputs (and without the precision limit: its error is 2e-3 vs fp64).
+    unscaled = Judge("cpu", fast_config(cache_dir, scaled_inputs=False, max_error_ratio=None)).evaluate(task, expectation)
+    assert unscaled.correct, unscaled.error
     verdict = cpu_judge.evaluate(task, expectation)
     # Every input set but the first is scaled by a factor drawn for it (as every timed call is): the second fails.
     assert verdict.reward == -1 and verdict.error.startswith("incorrect: input set 1:"), verdict.error

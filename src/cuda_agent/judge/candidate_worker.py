@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 # Under the strict policy the compute packages are hidden from this process's view (policy.compute_packages); marked
-# missing here too, before torch looks for numpy, so that nothing imports what is left of them.
-for _name in filter(None, os.environ.pop("CUDA_AGENT_BLOCKED_PACKAGES", "").split(",")):
+# missing here too, before torch looks for numpy, so that nothing imports what is left of them (`hidden` says why).
+BLOCKED = tuple(n for n in os.environ.pop("CUDA_AGENT_BLOCKED_PACKAGES", "").split(",") if n)
+for _name in BLOCKED:
     sys.modules[_name] = None  # type: ignore[assignment]
 
 import torch  # noqa: E402
@@ -68,7 +69,7 @@ def route_load_inline(chan: Channel, allowed: Callable[[], bool]) -> None:
         chan.send("build", request=request_from_call(dict(bound.arguments)))
         reply = chan.receive()
         if "error" in reply:
-            raise RuntimeError(f"load_inline could not build {bound.arguments.get('name')!r}:\n{reply['error']}")
+            raise RuntimeError(f"load_inline could not build {bound.arguments.get('name')!r}: {reply['error']}")
         return load_published(Path(reply["path"]), reply["module"], reply["sha256"],
                               bound.arguments.get("is_python_module", True))
 
@@ -250,6 +251,15 @@ def start_harness_threads(backend) -> None:
     x.sum().item()
 
 
+def hidden(exc: BaseException) -> str | None:
+    """The reason, when an import failed at a package hidden by the strict policy."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    if isinstance(exc, ImportError) and name in BLOCKED:
+        return f"{exc.name} is hidden from candidates under the strict policy (compute must happen in the " \
+               "candidate's kernels)"
+    return None
+
+
 class LoadedCandidate:
     def __init__(self, req: dict, chan: Channel):
         self.req, self.chan = req, chan
@@ -277,7 +287,8 @@ class LoadedCandidate:
         try:
             model_cls = getattr(import_file(Path(req["build_dir"]) / "model_new.py", "model_new"), "ModelNew")
         except Exception as exc:
-            raise WorkerFailure("load_error", f"loading the candidate failed: {one_line(exc)}") from exc
+            reason = hidden(exc) or one_line(exc)
+            raise WorkerFailure("load_error", f"loading the candidate failed: {reason}") from exc
         self.model_cls = model_cls
         self.allowed_ops = tuple(req["allowed_ops"])
         self.audit = OpAudit(self.allowed_ops) if req["audit_ops"] else None
@@ -331,7 +342,8 @@ class LoadedCandidate:
         try:
             out = self.audited(inputs)
         except Exception as exc:
-            raise WorkerFailure("verify_error", f"ModelNew.forward failed on {label}: {one_line(exc)}") from exc
+            reason = hidden(exc) or one_line(exc)
+            raise WorkerFailure("verify_error", f"ModelNew.forward failed on {label}: {reason}") from exc
         return out, (time.perf_counter() - t0) * 1e6
 
     def check_integrity(self) -> None:

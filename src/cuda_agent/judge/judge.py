@@ -264,13 +264,8 @@ class Judge:
                     return
                 verdict.compiled = True
                 verdict.warnings += initialised.get("warnings", [])
-                baseline_key = self._baseline_key(task, verdict)
-                if self.store.get("baselines", baseline_key) is None:  # compile torch.compile's baseline meanwhile
-                    unlocked = self._compile_baseline(ref)
-                    phases.mark("baseline_compile")
-                    if unlocked:
-                        verdict.phases_s["baseline_compile_unlocked"] = round(unlocked, 3)
-                outcome = self._verify_and_time(task, ref, worker, seeds, baseline_key, verdict, phases)
+                outcome = self._verify_and_time(task, ref, worker, seeds, self._baseline_key(task, verdict), verdict,
+                                                phases)
                 if outcome is None:
                     return
             peaks = cfg.device_peaks or self.backend.peak_rates(str(verdict.device))
@@ -303,6 +298,13 @@ class Judge:
                 if not verified:
                     return None
                 phases.mark("verify")
+            if self.store.get("baselines", baseline_key) is None:  # torch.compile's baseline, for correct ones only
+                began = time.monotonic()
+                unlocked = self._compile_baseline(ref)
+                phases.mark("baseline_compile")
+                deadline += time.monotonic() - began
+                if unlocked:
+                    verdict.phases_s["baseline_compile_unlocked"] = round(unlocked, 3)
             waiting = time.monotonic()
             with self.device_lock.exclusive():
                 phases.mark("device_queued")
@@ -327,10 +329,11 @@ class Judge:
                 ref.call({"command": "detach"}, "detached", cfg.reference_timeout_s)
 
     def _compile_baseline(self, ref: ReferenceWorker) -> float:
-        """torch.compile's first run, before the device is this evaluation's: its kernels and inductor's benchmarks
-        use the device, so they hold it shared (never beside a timed run); while dynamo and inductor compile (CPU
-        seconds, up to minutes for a large model) the reference worker hands it back and timed runs go on. Returns
-        the seconds it was handed back (0 where compiling would disturb timing: on the cpu backend)."""
+        """torch.compile's first run, once the candidate is verified (one that fails never waits for it) and before
+        the device is this evaluation's: its kernels and inductor's benchmarks use the device, so they hold it
+        shared (never beside a timed run); while dynamo and inductor compile (CPU seconds, up to minutes for a large
+        model) the reference worker hands it back and timed runs go on. Returns the seconds it was handed back (0
+        where compiling would disturb timing: on the cpu backend)."""
         cfg = self.config
         gate = self.backend.compiles_beside_timing
         held = ExitStack()
@@ -470,13 +473,13 @@ class Judge:
             verdict.error_vs_fp64 = {"candidate": c, "eager_fp32": e, "ratio": ratio}
             limit = self.config.max_error_ratio
             finding = f"error vs fp64 is {ratio:.0f}x fp32 eager's ({c:.2e} vs {e:.2e})"
+            likely = "the candidate likely computes in lower precision (TF32/fp16/bf16)"
             if limit is not None and ratio > limit and c > 1e-6:
                 verdict.correct = False
-                verdict.error = f"precision: {finding}, above the limit of {limit:g}x"
+                verdict.error = f"precision: {finding}, above the limit of {limit:g}x: {likely}"
                 return False
             if ratio > PRECISION_WARN_RATIO and c > 1e-6:
-                verdict.warnings.append(f"precision: {finding}; the candidate likely computes in lower precision "
-                                        "(TF32/fp16/bf16)")
+                verdict.warnings.append(f"precision: {finding}; {likely}")
         return True
 
     def _trial(self, task: Task, ref: ReferenceWorker, worker: WorkerProcess, command: dict[str, Any], label: str,
