@@ -17,7 +17,7 @@ from _common import write
 
 import torch
 
-from cuda_agent.judge.audit import OpAudit
+from cuda_agent.judge.candidate.audit import OpAudit
 from cuda_agent.judge.config import DEFAULT_ALLOWED_OPS
 
 

@@ -30,7 +30,7 @@ def child(task: Path, device: str) -> None:
     """Compile `task`'s model and print the first run's seconds (one JSON line)."""
     import torch
 
-    from cuda_agent.judge.tensors import make_inputs
+    from cuda_agent.judge.wire.tensors import make_inputs
     from cuda_agent.task import import_file
 
     module = import_file(task, "reference")

@@ -20,9 +20,9 @@ from _common import ROOT, write
 import torch
 
 from cuda_agent.backend import get_backend
-from cuda_agent.judge.reference_worker import FreshInputs
-from cuda_agent.judge.tensors import make_inputs
-from cuda_agent.judge.timing import Hooks, time_callable
+from cuda_agent.judge.trusted.reference_worker import FreshInputs
+from cuda_agent.judge.wire.tensors import make_inputs
+from cuda_agent.judge.wire.timing import Hooks, time_callable
 from cuda_agent.task import import_file
 
 TASKS = [ROOT / "tests" / "data" / "tasks" / "affine_relu.py"]

@@ -2,7 +2,7 @@
 work with its own CUDA events, ordered with that work through stream memory operations on shared GPU memory?
 
 The timer (this process) shares a small GPU buffer of flags with a callee process (sandboxed as a candidate is, with
-`--sandbox`; the buffer crosses as a file descriptor, `judge/shared_memory.py`). Per call the callee enqueues on its
+`--sandbox`; the buffer crosses as a file descriptor, `judge/wire/shared_memory.py`). Per call the callee enqueues on its
 stream: wait until `go >= k`, the work, write `done = k`, and says it is armed; the timer then enqueues on its own
 stream: event E0, write `go = k`, wait until `done >= k`, event E1. E1 - E0 is a window on the GPU's clock that the
 callee cannot shorten: its work cannot start before `go`, and E1 cannot pass before `done`. The callee's own events
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from cuda_agent.judge.call_protocol import receive_message, send_message  # noqa: E402
-from cuda_agent.judge.process import receive_fds, send_fds  # noqa: E402
-from cuda_agent.judge.shared_memory import DeviceBuffer  # noqa: E402
+from cuda_agent.judge.wire.call_protocol import receive_message, send_message  # noqa: E402
+from cuda_agent.judge.wire.process import receive_fds, send_fds  # noqa: E402
+from cuda_agent.judge.wire.shared_memory import DeviceBuffer  # noqa: E402
 
 SIZES = {"10us": 1 << 21, "100us": 1 << 24, "1ms": 1 << 27}  # float32 elements of x.mul_(...) (read + write)
 GEQ = 0

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from cuda_agent.backend import get_backend
-from cuda_agent.judge.candidate_worker import Guard, TimedCalls
-from cuda_agent.judge.process import WorkerFailure
+from cuda_agent.judge.candidate.candidate_worker import Guard, TimedCalls
+from cuda_agent.judge.wire.process import WorkerFailure
 
 
 def burn(seconds: float) -> None:

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent.judge import Judge
-from cuda_agent.judge.reward import milestone_reward
+from cuda_agent.judge.scoring.reward import milestone_reward
 from cuda_agent.task import TaskError, load_task
 
 AFFINE = TASKS / "affine_relu.py"
@@ -95,7 +95,7 @@ def test_a_baseline_cached_in_a_noisy_moment_is_timed_again(cache_dir, cpu_judge
     # The case: eager cached at 20x its real time would make any correct kernel look 20x faster.
     judge = Judge("cpu", fast_config(cache_dir))
     honest = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
-    key = judge._baseline_key(load_task(AFFINE), honest)
+    key = judge.baseline_key(load_task(AFFINE), honest)
     cached = judge.store.get("baselines", key)
     slow = {k: v * 20 if k.endswith("_us") else v for k, v in cached["eager"].items()}
     judge.store.put("baselines", key, {**cached, "eager": slow})

@@ -45,8 +45,8 @@ def test_a_need_larger_than_the_device_is_admitted_alone():
 def test_a_task_never_judged_is_guessed_from_its_weights_and_inputs_drawn_without_memory():
     from pathlib import Path
 
-    from cuda_agent.judge.reference_worker import GUESS, Reference
-    from cuda_agent.judge.tensors import tensor_bytes
+    from cuda_agent.judge.trusted.reference_worker import GUESS, Reference
+    from cuda_agent.judge.wire.tensors import tensor_bytes
 
     task = Path(__file__).parent / "data" / "tasks" / "linear_gelu.py"  # a Linear: weights and inputs
     ref = Reference({"backend": "cpu", "allow_tf32": False, "task_path": str(task), "init_seed": 0})

@@ -221,8 +221,8 @@ def test_each_evaluation_in_flight_gets_its_share_of_the_cores_for_inductors_com
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     monkeypatch.setattr(pool.os, "cpu_count", lambda: 16)
     with JudgePool("cpu", fast_config(cache_dir), workers=4) as four, JudgePool("cpu", fast_config(cache_dir)) as one:
-        assert four.judges[0]._worker_env()["TORCHINDUCTOR_COMPILE_THREADS"] == "4"
-        assert one.judges[0]._worker_env()["TORCHINDUCTOR_COMPILE_THREADS"] == "16"  # alone: all of them
+        assert four.judges[0].worker_env()["TORCHINDUCTOR_COMPILE_THREADS"] == "4"
+        assert one.judges[0].worker_env()["TORCHINDUCTOR_COMPILE_THREADS"] == "16"  # alone: all of them
         monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")  # the user's setting wins
-        assert "TORCHINDUCTOR_COMPILE_THREADS" not in four.judges[0]._worker_env()
+        assert "TORCHINDUCTOR_COMPILE_THREADS" not in four.judges[0].worker_env()
     assert pool.compile_threads(32) == 1

@@ -1,4 +1,4 @@
-"""The trusted side's calls (judge/trusted_calls.py) against scripted callee processes: its clock, its freezer, what it
+"""The trusted side's calls (judge/trusted/trusted_calls.py) against scripted callee processes: its clock, its freezer, what it
 reads of the callee's memory. The callee's forward is scripted in each test (`CALLEE`); nothing here builds a kernel."""
 
 import socket
@@ -12,17 +12,17 @@ import torch
 
 from conftest import TASKS
 
-from cuda_agent.judge.call_protocol import Ready, receive
-from cuda_agent.judge.freezer import CandidateGone, Freezer, process_cpu_ns
-from cuda_agent.judge.input_buffers import InputBuffer, InputError, layout_of, map_inputs
-from cuda_agent.judge.readback import Unreadable, read_outputs
-from cuda_agent.judge.trusted_calls import CallFailed, Calls
+from cuda_agent.judge.wire.call_protocol import Ready, receive
+from cuda_agent.judge.trusted.freezer import CandidateGone, Freezer, process_cpu_ns
+from cuda_agent.judge.wire.input_buffers import InputBuffer, InputError, layout_of, map_inputs
+from cuda_agent.judge.trusted.readback import Unreadable, read_outputs
+from cuda_agent.judge.trusted.trusted_calls import CallFailed, Calls
 
 TASK = TASKS / "affine_relu.py"
 CALLEE = """
 import socket, sys, threading, time, torch
-from cuda_agent.judge.call_protocol import Ready, send
-from cuda_agent.judge.callee import Callee
+from cuda_agent.judge.wire.call_protocol import Ready, send
+from cuda_agent.judge.candidate.callee import Callee
 sock = socket.socket(fileno=int(sys.argv[1]))
 state = {{}}
 def forward(inputs, fn):

@@ -5,13 +5,13 @@ import os
 import pytest
 import torch
 
-from cuda_agent.judge.compare import compare_tensor, compare_trial
+from cuda_agent.judge.trusted.compare import compare_tensor, compare_trial
 from cuda_agent.judge.config import PolicyConfig
 from cuda_agent.gpu_timing import spans
-from cuda_agent.judge.policy import scan_sources
-from cuda_agent.judge.reward import milestone_reward
-from cuda_agent.judge.tensors import checksum
-from cuda_agent.judge.transfer import export_outputs
+from cuda_agent.judge.checks.policy import scan_sources
+from cuda_agent.judge.scoring.reward import milestone_reward
+from cuda_agent.judge.wire.tensors import checksum
+from cuda_agent.judge.wire.transfer import export_outputs
 from cuda_agent.task import TaskError, load_task
 from cuda_agent.workspace.candidate import CandidateError, load_candidate
 
@@ -242,7 +242,7 @@ def test_bounded_log_keeps_head_on_disk_and_tail_in_memory(tmp_path):
     import subprocess
     import sys
 
-    from cuda_agent.judge.process import BoundedLog
+    from cuda_agent.judge.wire.process import BoundedLog
 
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('a' * 3_000_000 + 'THE END')"],
                             stdout=subprocess.PIPE)
@@ -346,7 +346,7 @@ def test_settle_waits_for_a_thread_still_runnable_and_sees_it_work(monkeypatch):
     import time
 
     from cuda_agent.judge import candidate_worker
-    from cuda_agent.judge.process import WorkerFailure
+    from cuda_agent.judge.wire.process import WorkerFailure
 
     guard = candidate_worker.Guard()
     go, stop = threading.Event(), threading.Event()

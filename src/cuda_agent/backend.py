@@ -73,7 +73,7 @@ class Backend:
     # Whether the device is not the CPU: then torch.compile's compilation (CPU work) may run beside a timed run.
     compiles_beside_timing: bool = False
     # Whether the trusted side (the reference worker) draws the inputs, runs the clock and reads the outputs of every
-    # candidate call (judge/trusted_calls.py); else the candidate's worker does, as on the cuda backend for now.
+    # candidate call (judge/trusted/trusted_calls.py); else the candidate's worker does, as on the cuda backend for now.
     trusted_clock: bool = False
     cxx: str = field(default_factory=lambda: os.environ.get("CXX", "g++"))
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..backend import Backend, get_backend
-from ..judge.timing import time_callable
+from ..judge.wire.timing import time_callable
 from .taskfile import load, with_batch
 
 
@@ -249,7 +249,7 @@ def check_task_sandboxed(source: str, cfg: FilterConfig, workdir: Path, timeout_
     composer's): no network, no writes outside `workdir`, the judge's and the user's files out of sight, and the
     result sent on the worker's private channel (what the task prints cannot pose as a result)."""
     from .. import sandbox
-    from ..judge.process import WorkerDied, WorkerProcess
+    from ..judge.wire.process import WorkerDied, WorkerProcess
 
     def failed(detail: str) -> TaskResult:
         return TaskResult(source, [Check("runs_in_eager", False, detail=detail)])
@@ -280,7 +280,7 @@ def _start(request: dict, chan) -> dict:
 
 def main() -> None:
     """Sandboxed entry point: python -m cuda_agent.data.filters REQUEST.json (the judge's worker protocol)."""
-    from ..judge.process import run_worker
+    from ..judge.wire.process import run_worker
 
     run_worker(_start, "filter_error")
 

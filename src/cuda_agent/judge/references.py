@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..task import Task, TaskError
-from .process import WorkerDied, WorkerProcess
+from .wire.process import WorkerDied, WorkerProcess
 
 
 class ReferenceFailed(RuntimeError):
@@ -34,7 +34,7 @@ class ReferenceWorker:
     def __init__(self, task: Task, request: dict[str, Any], env: dict[str, str], root: Path):
         self.task = task
         self.folder = Path(tempfile.mkdtemp(prefix=f"ref-{task.name[:40]}-", dir=root))
-        self.process = WorkerProcess("cuda_agent.judge.reference_worker", {**request, "task_path": str(task.path),
+        self.process = WorkerProcess("cuda_agent.judge.trusted.reference_worker", {**request, "task_path": str(task.path),
                                                                            "init_seed": secrets.randbelow(2**31)},
                                      self.folder, env)
         self.lock = threading.Lock()  # one evaluation at a time

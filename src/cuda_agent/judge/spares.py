@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .process import WorkerProcess
+from .wire.process import WorkerProcess
 
 
 @dataclass

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .config import JudgeConfig
-from .process import WorkerProcess
-from .reward import milestone_reward
+from .wire.process import WorkerProcess
+from .scoring.reward import milestone_reward
 from .store import Store
-from .timing import spread
+from .wire.timing import spread
 
 RefCall = Callable[[dict, str], dict]  # (command, expected reply event) -> reply, raising if the reference fails
 CheckCall = Callable[[int, str, dict], bool]  # (seed, label, the worker's "exported" message) -> outputs correct

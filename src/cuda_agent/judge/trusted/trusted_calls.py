@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, ProtocolError, receive, send
+from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, ProtocolError, receive, send
 from .compare import Leaf
 from .freezer import CandidateGone, Freezer
-from .input_buffers import NAME, InputBuffer, layout_of
+from ..wire.input_buffers import NAME, InputBuffer, layout_of
 from .readback import mapped_files, read_outputs
 
 

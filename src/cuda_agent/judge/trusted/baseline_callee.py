@@ -6,7 +6,7 @@ baselines that handshake (hundreds of microseconds on a small virtual machine, w
 make every candidate look slower than it is. This process runs only the task's code: the reference worker starts
 it, writes its inputs into the same kind of buffer and stops it between calls, as it does the candidate's.
 
-Usage (by the reference worker, `start`): python -m cuda_agent.judge.baseline_callee REQUEST_JSON
+Usage (by the reference worker, `start`): python -m cuda_agent.judge.trusted.baseline_callee REQUEST_JSON
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from ..backend import get_backend
-from ..task import import_file
-from .call_protocol import Failed, Ready, receive, send
-from .callee import Callee
+from ...backend import get_backend
+from ...task import import_file
+from ..wire.call_protocol import Failed, Ready, receive, send
+from ..candidate.callee import Callee
 from .trusted_calls import Calls
 
 READY_TIMEOUT_S = 300.0

@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 import torch
 
-from .tensors import leaves, structure
-from .transfer import import_tensor
+from ..wire.tensors import leaves, structure
+from ..wire.transfer import import_tensor
 
 CHUNK = 1 << 25  # elements per comparison step: bounds the float64 temporaries
 

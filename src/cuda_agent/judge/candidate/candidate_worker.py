@@ -10,14 +10,13 @@ buffers; after a call the judge may ask for its outputs, which it then checks.
 Around the calls (`Guard`): once `ModelNew` is built no process may be started (a seccomp filter kills the worker),
 and no thread of the candidate may still be computing after `forward` returns or while the judge prepares a call.
 
-Usage (by the judge): python -m cuda_agent.judge.candidate_worker REQUEST.json
+Usage (by the judge): python -m cuda_agent.judge.candidate.candidate_worker REQUEST.json
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import os
 import socket
 import sys
@@ -35,18 +34,18 @@ for _name in BLOCKED:
 
 import torch  # noqa: E402
 
-from ..backend import get_backend
-from ..sandbox.seccomp import SeccompError, forbid_new_processes
-from ..task import enable_sizes, import_file
-from ..workspace.inline import load_published, request_from_call
+from ...backend import get_backend
+from ...sandbox.seccomp import SeccompError, forbid_new_processes
+from ...task import enable_sizes, import_file
+from ...workspace.inline import load_published, request_from_call
 from .audit import Introspection, OpAudit, ThreadAudit
 from .callee import Callee
 from .integrity import Integrity
-from .process import Channel, Handler, WorkerFailure, one_line, run_worker
-from .symbols import NativeAudit
-from .tensors import checksum, leaves, make_inputs, refill
-from .timing import Hooks, time_callable
-from .transfer import export_outputs
+from ..wire.process import Channel, Handler, WorkerFailure, one_line, run_worker
+from ..checks.symbols import NativeAudit
+from ..wire.tensors import checksum, leaves, make_inputs, refill
+from ..wire.timing import Hooks, time_callable
+from ..wire.transfer import export_outputs
 
 SETTLE_S = 0.002  # how long the worker watches the other threads after each call ...
 SETTLE_MAX_S = 0.25  # ... and at most, while one of them is still runnable (not yet scheduled on a busy machine)

@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 import torch
 
-from .call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, receive, send
-from .input_buffers import map_inputs
-from .process import one_line
-from .tensors import leaves
+from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, receive, send
+from ..wire.input_buffers import map_inputs
+from ..wire.process import one_line
+from ..wire.tensors import leaves
 
 def describe(out: Any) -> list[dict[str, Any]]:
     """Where each output leaf lies in this process's memory (tensors) or its value."""

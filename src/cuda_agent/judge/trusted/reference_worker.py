@@ -7,7 +7,7 @@ candidate worker can read them; `trial` draws one input set from a seed and comp
 on the device; `time` measures eager and torch.compile (compiled once per worker), `time_eager` a short eager
 timing. Reference outputs never leave this process.
 
-Usage (by the judge): python -m cuda_agent.judge.reference_worker REQUEST.json
+Usage (by the judge): python -m cuda_agent.judge.trusted.reference_worker REQUEST.json
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from typing import Any, Iterator
 
 import torch
 
-from ..backend import get_backend
-from ..task import enable_sizes, import_file
+from ...backend import get_backend
+from ...task import enable_sizes, import_file
 from . import baseline_callee
 from .compare import compare_leaves, compare_trial
-from .process import Channel, WorkerFailure, close_fds, one_line, run_worker
-from .tensors import checksum, clone, leaves, make_inputs, refill, tensor_bytes, to_double
+from ..wire.process import Channel, WorkerFailure, close_fds, one_line, run_worker
+from ..wire.tensors import checksum, clone, leaves, make_inputs, refill, tensor_bytes, to_double
 from .readback import Unreadable
-from .timing import Hooks, summarize, time_callable
+from ..wire.timing import Hooks, summarize, time_callable
 from .trusted_calls import CallFailed, Calls
-from .speed_of_light import count_work
+from ..scoring.speed_of_light import count_work
 
 
 def _step(what: str, fn, *args):

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .tensors import leaves, tensor_bytes
+from ..wire.tensors import leaves, tensor_bytes
 
 OUTPUT_MARGIN = 2.0
 _PRECISION = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from ..sandbox import Sandbox
+from ...sandbox import Sandbox
 
 SIGNAL_HINTS = {
     signal.SIGSEGV: "segmentation fault",
@@ -33,7 +33,7 @@ SIGNAL_HINTS = {
     signal.SIGKILL: "killed (out of memory?)",
     signal.SIGSYS: "a forbidden system call: it tried to start a process once ModelNew was built",
 }
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds cuda_agent/
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds cuda_agent/
 FD_SOCKET = "CUDA_AGENT_FD_SOCKET"  # the worker's end of its descriptor socket (a number, in its environment)
 MAX_FDS = 200  # descriptors per message (the kernel allows 253)
 

@@ -11,7 +11,7 @@ import importlib.util
 import os
 import re
 
-from .config import PolicyConfig
+from ..config import PolicyConfig
 
 # Python packages that compute (array libraries, their BLAS): under the strict policy the candidate's process cannot
 # import them at all, since the op audit sees only torch's dispatcher (`compute_packages` hides them from its view).

@@ -13,7 +13,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from ..backend import Backend
+from ...backend import Backend
 
 
 class Hooks:

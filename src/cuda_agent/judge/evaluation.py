@@ -1,0 +1,310 @@
+"""One evaluation, phase by phase: the state of one (task, candidate) on its way to a verdict.
+
+    build -> reference ready -> load -> begin -> verify -> baseline compile -> time -> score
+
+The candidate is built (from copies, with cached objects, compilers sandboxed) while a reference worker starts and
+builds `Model`; the candidate's worker loads it; both construct their modules with fresh weights; the candidate
+is verified on every input set and timed beside eager and torch.compile along one of two paths
+(`verification.py`); the verdict is scored (`scoring/`). Each phase's wall time is recorded in the verdict.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from ..task import Task, TaskError
+from ..workspace.build import BuildResult
+from ..workspace.candidate import Candidate
+from ..workspace.inline import InlineError
+from .checks.policy import scan_sources
+from .checks.symbols import library_problems
+from .in_process_path import InProcessPath
+from .references import ReferenceFailed, ReferenceWorker
+from .scoring.score import score
+from .spares import Slot
+from .timekeeper import TimingFailed, TimingOutcome
+from .trusted_path import TrustedPath
+from .verdict import Verdict
+from .verification import CandidatePath
+from .wire.process import WorkerDied, WorkerProcess
+
+if TYPE_CHECKING:
+    from .judge import Judge
+
+
+class Phases:
+    """Wall time of each evaluation phase, recorded in the verdict (where an evaluation spends its time)."""
+
+    def __init__(self, verdict: Verdict, notify: Callable[[str, float], None] | None = None):
+        self.verdict, self.notify = verdict, notify
+        self.last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.verdict.phases_s[name] = round(now - self.last, 3)
+        self.last = now
+        if self.notify:
+            self.notify(name, self.verdict.phases_s[name])
+
+
+class Evaluation:
+    def __init__(self, judge: Judge, task: Task, cand: Candidate, seeds: list[int], verdict: Verdict, slot: Slot,
+                 alone: bool):
+        """`alone`: nothing else runs on the device from the moment the reference is this evaluation's to the
+        verdict."""
+        self.judge, self.cfg = judge, judge.config
+        self.task, self.cand, self.seeds, self.verdict, self.slot, self.alone = task, cand, seeds, verdict, slot, alone
+        self.phases = Phases(verdict, judge.on_phase)
+        self.ref: ReferenceWorker
+        self.worker: WorkerProcess | None = None
+        self.build: BuildResult | None = None
+
+    def run(self) -> None:
+        """The evaluation under the judge's memory budget: what this task is known to need is held throughout; a
+        task never judged here holds its reference's guess from its first device phase (`_guessed`)."""
+        judge, cfg = self.judge, self.cfg
+        request = {"backend": judge.backend.name, "allow_tf32": cfg.allow_tf32, "atol": cfg.atol, "rtol": cfg.rtol,
+                   "max_relative_error": cfg.max_relative_error, "compile_mode": cfg.compile_mode,
+                   "timing": judge.timing(), "trusted_clock": judge.backend.trusted_clock,
+                   "scaled_inputs": cfg.scaled_inputs}
+        key = "|".join([self.task.hash, judge.backend.name, self.verdict.torch_version])
+        known = judge.store.get("memory", key) or {}
+        if known:
+            judge.memory.learn(known["total"])
+        waiting = time.perf_counter()
+        need = known.get("peak", 0) + known.get("candidate", known.get("peak", 0))  # candidates seen, or as much
+        with judge.memory.hold(need):
+            if known:
+                self.verdict.phases_s["memory_queued"] = round(time.perf_counter() - waiting, 3)
+            with judge.references.reserve(self.task, request, judge.worker_env()) as self.ref:  # a cold one starts
+                self._phases(guess=not need and not self.alone)
+        said = min((self.verdict.timing.get("baselines") or {}).get("candidate_memory_peak", 0), self.ref.device_total)
+        learnt = {"peak": max(self.ref.peak, known.get("peak", 0)),
+                  "total": self.ref.device_total or known.get("total", 0),
+                  **({"candidate": max(said, known.get("candidate", 0))} if said or "candidate" in known else {})}
+        if self.ref.peak and learnt != known:
+            judge.store.put("memory", key, learnt)
+            judge.memory.learn(learnt["total"])
+
+    def _phases(self, guess: bool) -> None:
+        try:
+            self.build_candidate()
+            ready = self.reference_ready()
+            if not self.load():
+                return
+            if ready.get("memory_total"):
+                self.judge.memory.learn(ready["memory_total"])
+            # from here on its guessed memory, the reference and then the device are this evaluation's (always in
+            # this order: no evaluation waits for one while it holds one after it)
+            with self._guessed(ready.get("memory_guess", 0) if guess else 0), self.ref.lease(), self._alone():
+                self.phases.mark("reference_queued")
+                begun = self.begin()
+                outcome = self.verify_and_time() if begun is not None else None
+            if outcome is not None:
+                self.score(outcome, begun["work"])
+        except WorkerDied as exc:
+            self.verdict.correct = False
+            self.verdict.error = f"candidate process {exc}"
+        except ReferenceFailed as exc:  # the reference ran before, so the candidate may be the cause (e.g. OOM)
+            self.verdict.correct = False
+            self.verdict.error = f"evaluation aborted: {exc}"
+
+    # ---- the phases --------------------------------------------------------------------------------------
+    def build_candidate(self) -> None:
+        """Scan the sources (strict), build (meanwhile the reference worker builds `Model`), and send the spare
+        worker its candidate, which then loads while the reference worker is still busy."""
+        verdict, cfg = self.verdict, self.cfg
+        verdict.policy_violations = scan_sources(self.cand.text(), cfg.rules) if cfg.policy == "strict" else []
+        run_dir = self.slot.run_dir
+        build = self.build = self._build(run_dir / "build")
+        self.phases.mark("build")
+        verdict.compiled = build.ok
+        verdict.build = {"seconds": round(build.seconds, 3), "log": build.log[-20000:],
+                         "steps": [{"source": s.source, "cached": s.cached, "seconds": round(s.seconds, 3)}
+                                   for s in build.steps]}
+        if not build.ok or verdict.policy_violations:
+            return
+        task_file = run_dir / "task" / self.task.path.name  # the candidate's view holds this folder
+        task_file.write_text(self.task.source)
+        judge = self.judge
+        self.worker = self.slot.worker
+        self.worker.send({"request": {
+            "build_dir": str(build.build_dir), "kind": self.cand.kind, "backend": judge.backend.name,
+            "task_path": str(task_file), "allow_tf32": cfg.allow_tf32, "allowed_ops": list(cfg.rules.allowed_ops),
+            "audit_ops": cfg.policy == "strict", "timing": judge.timing(), "sandboxed": judge.sandboxed,
+            "trusted_inputs": judge.backend.trusted_clock}})
+        if self.worker.sandbox:
+            verdict.sandbox = self.worker.sandbox.describe()
+
+    def reference_ready(self) -> dict[str, Any]:
+        ready = self.ref.wait_ready(self.cfg.reference_timeout_s)
+        self.phases.mark("reference_ready")
+        self.verdict.device, self.verdict.torch_version, self.verdict.precision = \
+            ready["device"], ready["torch_version"], ready["precision"]
+        return ready
+
+    def load(self) -> bool:
+        verdict = self.verdict
+        if not self.build.ok:
+            verdict.error = self.build.error
+            return False
+        if verdict.policy_violations or self.worker is None:
+            verdict.error = f"policy violation: {verdict.policy_violations[0]}"
+            return False
+        loaded = self._candidate_step("loaded")
+        self.phases.mark("candidate_load")
+        return loaded is not None
+
+    def begin(self) -> dict[str, Any] | None:
+        """Both sides construct their modules, with the same fresh weights; None when the candidate failed."""
+        with self.judge.device_lock.shared():  # its first one runs Model on the device
+            self.phases.mark("begin_queued")
+            begun = self.ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31),
+                                   "public_dir": str(self.slot.run_dir / "public")}, "begun",
+                                  self.cfg.reference_timeout_s, TaskError)
+            self.phases.mark("reference_begin")
+        self.worker.send({"command": "init", "public_dir": str(self.slot.run_dir / "public")})
+        initialised = self._candidate_step("initialised")
+        self.phases.mark("candidate_init")
+        if initialised is None:
+            return None
+        self.verdict.compiled = True
+        self.verdict.warnings += initialised.get("warnings", [])
+        return begun
+
+    def verify_and_time(self) -> TimingOutcome | None:
+        """Verification beside other evaluations' shared device work (their compiles' runs, their verifications),
+        never beside a timed run; then timing, with the device to itself. None when the candidate failed (the
+        verdict says why)."""
+        judge, cfg, verdict = self.judge, self.cfg, self.verdict
+        path: CandidatePath = TrustedPath(self) if judge.backend.trusted_clock else InProcessPath(self)
+        baseline_key = judge.baseline_key(self.task, verdict)
+        try:
+            if not path.attach():
+                return None
+            with judge.device_lock.shared():
+                self.phases.mark("verify_queued")
+                deadline = time.monotonic() + cfg.run_timeout_s
+                if not path.verify(deadline):
+                    return None
+                self.phases.mark("verify")
+            if judge.store.get("baselines", baseline_key) is None:  # torch.compile's baseline, for correct ones only
+                began = time.monotonic()
+                unlocked = judge.compile_baseline(self.ref)
+                self.phases.mark("baseline_compile")
+                deadline += time.monotonic() - began
+                if unlocked:
+                    verdict.phases_s["baseline_compile_unlocked"] = round(unlocked, 3)
+            waiting = time.monotonic()
+            with judge.device_lock.exclusive():
+                self.phases.mark("device_queued")
+                deadline += time.monotonic() - waiting  # the candidate's time does not run while it waits
+                try:
+                    outcome = judge.timekeeper.run(
+                        baseline_key, lambda command, event: self.ref.call(command, event, cfg.reference_timeout_s),
+                        path.time_candidate(deadline))
+                    path.finish()
+                except TimingFailed as exc:
+                    verdict.correct = False
+                    verdict.policy_violations += exc.violations
+                    verdict.error = verdict.error or str(exc)
+                    return None
+                self.phases.mark("timing")
+            return outcome
+        finally:
+            path.close()
+
+    def score(self, outcome: TimingOutcome, work: Any) -> None:
+        judge = self.judge
+        peaks = self.cfg.device_peaks or judge.backend.peak_rates(str(self.verdict.device))
+        score(self.cfg, judge.backend.timing_method, outcome, work, peaks, self.verdict)
+
+    # ---- helpers -----------------------------------------------------------------------------------------
+    @contextmanager
+    def _alone(self) -> Iterator[None]:
+        if not self.alone:
+            yield
+            return
+        with self.judge.device_lock.exclusive():
+            self.judge.references.drop_idle()  # their device memory too
+            yield
+
+    @contextmanager
+    def _guessed(self, need: int) -> Iterator[None]:
+        """A task never judged here: its reference's guess held in the memory budget (the wait: memory_queued)."""
+        with self.judge.memory.hold(need):
+            if need:
+                self.phases.mark("memory_queued")
+            yield
+
+    def _build(self, build_dir: Path) -> BuildResult:
+        """A workspace is built here, and its library's symbols checked (strict); a single file's `load_inline`
+        calls are built when its worker asks (`_serve_builds`)."""
+        if self.cand.kind == "single_file":
+            build_dir.mkdir(parents=True, exist_ok=True)
+            self.cand.write_to(build_dir)
+            return BuildResult(True, build_dir, 0.0)
+        build = self.judge.builder.build(self.cand, build_dir)
+        if build.ok and self.cfg.policy == "strict":
+            self.verdict.policy_violations += [f"native code: {p}" for p in library_problems(build.module_path)]
+        return build
+
+    def _candidate_step(self, expected: str) -> dict[str, Any] | None:
+        """The candidate's next message (its load_inline builds served on the way); None when it failed or broke the
+        policy there (the verdict says which)."""
+        verdict = self.verdict
+        msg = self._serve_builds()
+        verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
+        if verdict.policy_violations:
+            verdict.error = f"policy violation: {verdict.policy_violations[0]}"
+        elif msg["event"] != expected:
+            verdict.compiled = msg["event"] != "load_error"
+            verdict.error = msg.get("error", f"unexpected message {str(msg)[:200]}")
+        else:
+            return msg
+        return None
+
+    def _serve_builds(self) -> dict[str, Any]:
+        """The worker's next message, building the `load_inline` calls it asks for on the way (workspace/inline.py).
+        The evaluation's builds share one budget: at most `max_builds` calls and `build_budget_s` seconds with the
+        workspace's build, each call's build stopped when the budget is spent. The worker has `run_timeout_s` plus
+        the build budget from now, builds included: nothing is added back."""
+        cfg, verdict, worker = self.cfg, self.verdict, self.worker
+        deadline = time.monotonic() + cfg.run_timeout_s + cfg.build_budget_s
+        while True:
+            msg = worker.receive(deadline)
+            if msg.get("event") != "build":
+                return msg
+            inline = verdict.build.setdefault("inline", [])
+            spent = verdict.build.get("seconds", 0.0) + sum(b.get("seconds", 0.0) for b in inline)
+            left = min(cfg.build_budget_s - spent, deadline - time.monotonic())
+            if len(inline) >= cfg.max_builds or left <= 0:
+                error = (f"load_inline: the evaluation's build budget is spent ({len(inline)} builds, {spent:.0f} s; "
+                         f"at most {cfg.max_builds} builds and {cfg.build_budget_s:.0f} s)")
+                inline.append({"error": error, "seconds": 0.0})
+                worker.send({"error": error})
+                continue
+            worker.send(self._inline_build(msg.get("request"), left, inline))
+
+    def _inline_build(self, request: Any, left: float, inline: list[dict]) -> dict[str, Any]:
+        """One `load_inline` call built (its record added to `inline`): the reply the worker gets."""
+        began = time.monotonic()
+        cand = self.cand
+        try:
+            origin = cand.origin.name if cand.kind == "single_file" else "model_new.py"
+            built = self.judge.inline.build(request, (origin, cand.text().get("model_new.py", "")),
+                                            timeout=min(self.cfg.build_timeout_s, left))
+        except (InlineError, RuntimeError) as exc:
+            inline.append({"error": str(exc), "seconds": round(time.monotonic() - began, 3)})
+            return {"error": str(exc)}
+        inline.append({"module": built.module, "cached": built.cached, "seconds": round(built.seconds, 3),
+                       "log": built.log[-5000:]})
+        problems = library_problems(built.path) if self.cfg.policy == "strict" else []
+        if problems:  # it is not loaded at all
+            self.verdict.policy_violations += [f"native code: {p}" for p in problems]
+            return {"error": f"policy violation: {problems[0]}"}
+        return {"path": str(built.path), "module": built.module, "sha256": built.sha256}

@@ -1,0 +1,124 @@
+"""The trusted path (`backend.trusted_clock`): the reference worker drives and measures every call.
+
+The candidate's worker is connected to the reference worker by a socket of their own; the reference worker stops
+the candidate's process at once and resumes it only inside its calls, draws every call's inputs into the
+candidate's buffers, keeps the clock and reads the outputs back from the candidate's memory (`trusted/`). Every
+check and every timed call is the same kind of call; which timed calls are checked is drawn after they ran.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import socket
+import time
+from typing import Callable
+
+from .timekeeper import TimingFailed
+from .trusted.freezer import split_worker
+from .trusted.reference_worker import SCALE_MAX
+from .verification import Errors, Verification
+from .wire.process import WorkerDied
+
+READ_LIMIT = 16 << 30  # bytes the trusted side reads of one output at most
+
+
+class TrustedPath(Verification):
+    def attach(self) -> bool:
+        """Hand the candidate's worker to the reference worker; False when the candidate left processes running."""
+        worker = self.ev.worker
+        found, launchers, strays = split_worker(worker.proc.pid, worker.sandbox is not None)
+        if strays:
+            self.verdict.error = "the candidate left processes running after ModelNew was built: all work must " \
+                                 "happen in forward"
+            return False
+        cgroup = worker.sandbox.cgroup.procs[0] if worker.sandbox and worker.sandbox.cgroup else None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with ours, theirs:
+            worker.send_fds([theirs.fileno()])
+            worker.send({"command": "serve"})
+            self.ev.ref.send_fds([ours.fileno()])
+            reply = self.ev.ref.call({"command": "attach", "worker_pid": found, "others": launchers,
+                                      "cgroup": str(cgroup) if cgroup else None, "read_limit": READ_LIMIT},
+                                     "attached", self.cfg.reference_timeout_s)
+        self.scales = bool(reply["scales"])  # whether every call's inputs are scaled by a factor drawn for it
+        return True
+
+    def verify(self, deadline: float) -> bool:
+        """Every input set, drawn, run and compared by the reference worker: the first at the task's own scale, the
+        others (where the task holds there) scaled by a factor drawn for each, like every timed call's."""
+        verdict = self.verdict
+        errors: Errors = {"candidate": [], "eager": []}
+        verdict.max_abs_error = verdict.max_rel_error = 0.0
+        plan = [(f"input set {k}", seed, None, self._scale() if self.scales and k else None)
+                for k, seed in enumerate(self.ev.seeds)]
+        shapes = self.extra_shape()
+        if shapes:
+            plan.append((self.extra_label(shapes), secrets.randbelow(2**31), shapes, None))
+        if self.cfg.scaled_inputs:
+            label, seed, scale = self.scaled_check()
+            plan.append((label, seed, None, scale))
+        for label, seed, sizes, scale in plan:
+            reply = self.ev.ref.call({"command": "check", "seed": seed, "shapes": sizes, "scale": scale,
+                                      "label": label, "budget_s": max(0.0, deadline - time.monotonic())},
+                                     "candidate_checked", self.cfg.reference_timeout_s)
+            if "skipped" in reply:
+                verdict.warnings.append(f"{label} skipped: the reference fails there ({reply['skipped']})")
+                continue
+            verdict.phases_s["verify_candidate"] = round(verdict.phases_s.get("verify_candidate", 0.0)
+                                                         + reply.get("call_us", 0.0) / 1e6, 3)
+            if not reply["ok"]:
+                verdict.error = self.call_failure(reply)
+                return False
+            verdict.max_abs_error = max(verdict.max_abs_error or 0.0, reply["max_abs"])
+            verdict.max_rel_error = max(verdict.max_rel_error or 0.0, reply["rel"])
+            errors["candidate"] += reply["rel64"]
+            errors["eager"] += reply["eager_rel64"]
+        return self.precision(errors)
+
+    def time_candidate(self, deadline: float) -> Callable[[dict], dict]:
+        def time_candidate(record: dict) -> dict:
+            reply = self.ev.ref.call({"command": "time_candidate", "timing": self.ev.judge.timing(),
+                                      "checks": self.cfg.timed_checks,
+                                      "budget_s": max(0.0, deadline - time.monotonic())},
+                                     "candidate_checked", self.cfg.reference_timeout_s)
+            if not reply["ok"]:
+                self.verdict.correct = False
+                raise TimingFailed(self.call_failure(reply))
+            record["checked_calls"] += reply["stats"].pop("checked_calls")
+            record["candidate_memory_peak"] = reply["stats"].pop("memory_peak")  # the kernel's, for scheduling
+            return reply["stats"]
+
+        return time_candidate
+
+    def finish(self) -> None:
+        reply = self.ev.ref.call({"command": "detach", "end": True}, "detached", self.cfg.reference_timeout_s)
+        if reply.get("error"):
+            raise TimingFailed(self.call_failure({"reason": reply["error"], "failed": reply.get("failed")}))
+        if reply["violations"]:
+            raise TimingFailed(f"policy violation: {reply['violations'][0]}", reply["violations"])
+
+    def close(self) -> None:
+        """A candidate that failed stays stopped until it is killed (a no-op after `finish`)."""
+        self.ev.ref.call({"command": "detach"}, "detached", self.cfg.reference_timeout_s)
+
+    def call_failure(self, reply: dict) -> str:
+        """The reason for a failed call: how the candidate's process died or that it was killed at its deadline, or
+        what the trusted side found."""
+        worker = self.ev.worker
+        how = reply.get("failed")
+        if how == "timeout":
+            worker.kill()
+            return f"candidate process timed out after {time.monotonic() - worker.started:.0f}s (killed)"
+        if how == "ended":
+            try:
+                worker.receive(time.monotonic() + 10)
+            except WorkerDied as exc:
+                return f"candidate process {exc}"
+        reason = str(reply.get("reason"))
+        return f"ModelNew.forward failed: {reason}" if how and not reason.startswith(("incorrect", "invalid")) \
+            else reason
+
+    @staticmethod
+    def _scale() -> float:
+        return math.exp(secrets.randbelow(10**6) / 10**6 * math.log(SCALE_MAX))
