@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..task import Task, load_task
-from ..workspace.candidate import Candidate, load_candidate
 from ..workspace.build import BuildResult
+from ..workspace.candidate import Candidate, load_candidate
 from .config import JudgeConfig
 from .verdict import Verdict
 

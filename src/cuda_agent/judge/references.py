@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 from ..task import Task, TaskError
 from .wire.process import WorkerDied, WorkerProcess
+from .wire.trusted_commands import REPLIES, decode, encode
 
 
 class ReferenceFailed(RuntimeError):
@@ -61,6 +62,11 @@ class ReferenceWorker:
              error: type[Exception] = ReferenceFailed) -> dict[str, Any]:
         self.process.send(command)
         return self.receive(expected, timeout_s, error)
+
+    def ask(self, command: Any, timeout_s: float) -> Any:
+        """A typed command (wire/trusted_commands.py) and its typed reply."""
+        reply = REPLIES[command.COMMAND]
+        return decode(reply, self.call(encode(command), reply.EVENT, timeout_s))
 
     def send(self, command: dict[str, Any]) -> None:
         self.process.send(command)

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .config import JudgeConfig
-from .wire.process import WorkerProcess
 from .scoring.reward import milestone_reward
 from .store import Store
+from .wire.process import WorkerProcess
 from .wire.timing import spread
 
 RefCall = Callable[[dict, str], dict]  # (command, expected reply event) -> reply, raising if the reference fails

@@ -19,6 +19,7 @@ from .trusted.freezer import split_worker
 from .trusted.reference_worker import SCALE_MAX
 from .verification import Errors, Verification
 from .wire.process import WorkerDied
+from .wire.trusted_commands import Attach, Check, Detach, TimeCandidate
 
 READ_LIMIT = 16 << 30  # bytes the trusted side reads of one output at most
 
@@ -38,10 +39,9 @@ class TrustedPath(Verification):
             worker.send_fds([theirs.fileno()])
             worker.send({"command": "serve"})
             self.ev.ref.send_fds([ours.fileno()])
-            reply = self.ev.ref.call({"command": "attach", "worker_pid": found, "others": launchers,
-                                      "cgroup": str(cgroup) if cgroup else None, "read_limit": READ_LIMIT},
-                                     "attached", self.cfg.reference_timeout_s)
-        self.scales = bool(reply["scales"])  # whether every call's inputs are scaled by a factor drawn for it
+            attached = self.ev.ref.ask(Attach(found, launchers, str(cgroup) if cgroup else None, READ_LIMIT),
+                                       self.cfg.reference_timeout_s)
+        self.scales = attached.scales  # whether every call's inputs are scaled by a factor drawn for it
         return True
 
     def verify(self, deadline: float) -> bool:
@@ -59,54 +59,50 @@ class TrustedPath(Verification):
             label, seed, scale = self.scaled_check()
             plan.append((label, seed, None, scale))
         for label, seed, sizes, scale in plan:
-            reply = self.ev.ref.call({"command": "check", "seed": seed, "shapes": sizes, "scale": scale,
-                                      "label": label, "budget_s": max(0.0, deadline - time.monotonic())},
-                                     "candidate_checked", self.cfg.reference_timeout_s)
-            if "skipped" in reply:
-                verdict.warnings.append(f"{label} skipped: the reference fails there ({reply['skipped']})")
+            reply = self.ev.ref.ask(Check(seed, sizes, scale, label, max(0.0, deadline - time.monotonic())),
+                                    self.cfg.reference_timeout_s)
+            if reply.skipped is not None:
+                verdict.warnings.append(f"{label} skipped: the reference fails there ({reply.skipped})")
                 continue
             verdict.phases_s["verify_candidate"] = round(verdict.phases_s.get("verify_candidate", 0.0)
-                                                         + reply.get("call_us", 0.0) / 1e6, 3)
-            if not reply["ok"]:
-                verdict.error = self.call_failure(reply)
+                                                         + reply.call_us / 1e6, 3)
+            if not reply.ok:
+                verdict.error = self.call_failure(reply.failed, reply.reason)
                 return False
-            verdict.max_abs_error = max(verdict.max_abs_error or 0.0, reply["max_abs"])
-            verdict.max_rel_error = max(verdict.max_rel_error or 0.0, reply["rel"])
-            errors["candidate"] += reply["rel64"]
-            errors["eager"] += reply["eager_rel64"]
+            verdict.max_abs_error = max(verdict.max_abs_error or 0.0, reply.max_abs)
+            verdict.max_rel_error = max(verdict.max_rel_error or 0.0, reply.rel)
+            errors["candidate"] += reply.rel64
+            errors["eager"] += reply.eager_rel64
         return self.precision(errors)
 
     def time_candidate(self, deadline: float) -> Callable[[dict], dict]:
         def time_candidate(record: dict) -> dict:
-            reply = self.ev.ref.call({"command": "time_candidate", "timing": self.ev.judge.timing(),
-                                      "checks": self.cfg.timed_checks,
-                                      "budget_s": max(0.0, deadline - time.monotonic())},
-                                     "candidate_checked", self.cfg.reference_timeout_s)
-            if not reply["ok"]:
+            reply = self.ev.ref.ask(TimeCandidate(self.ev.judge.timing(), self.cfg.timed_checks,
+                                                  max(0.0, deadline - time.monotonic())), self.cfg.reference_timeout_s)
+            if not reply.ok or reply.stats is None:
                 self.verdict.correct = False
-                raise TimingFailed(self.call_failure(reply))
-            record["checked_calls"] += reply["stats"].pop("checked_calls")
-            record["candidate_memory_peak"] = reply["stats"].pop("memory_peak")  # the kernel's, for scheduling
-            return reply["stats"]
+                raise TimingFailed(self.call_failure(reply.failed, reply.reason))
+            record["checked_calls"] += reply.stats.pop("checked_calls")
+            record["candidate_memory_peak"] = reply.stats.pop("memory_peak")  # the kernel's, for scheduling
+            return reply.stats
 
         return time_candidate
 
     def finish(self) -> None:
-        reply = self.ev.ref.call({"command": "detach", "end": True}, "detached", self.cfg.reference_timeout_s)
-        if reply.get("error"):
-            raise TimingFailed(self.call_failure({"reason": reply["error"], "failed": reply.get("failed")}))
-        if reply["violations"]:
-            raise TimingFailed(f"policy violation: {reply['violations'][0]}", reply["violations"])
+        reply = self.ev.ref.ask(Detach(end=True), self.cfg.reference_timeout_s)
+        if reply.error:
+            raise TimingFailed(self.call_failure(reply.failed, reply.error))
+        if reply.violations:
+            raise TimingFailed(f"policy violation: {reply.violations[0]}", reply.violations)
 
     def close(self) -> None:
         """A candidate that failed stays stopped until it is killed (a no-op after `finish`)."""
-        self.ev.ref.call({"command": "detach"}, "detached", self.cfg.reference_timeout_s)
+        self.ev.ref.ask(Detach(), self.cfg.reference_timeout_s)
 
-    def call_failure(self, reply: dict) -> str:
+    def call_failure(self, how: str | None, reason: str) -> str:
         """The reason for a failed call: how the candidate's process died or that it was killed at its deadline, or
         what the trusted side found."""
         worker = self.ev.worker
-        how = reply.get("failed")
         if how == "timeout":
             worker.kill()
             return f"candidate process timed out after {time.monotonic() - worker.started:.0f}s (killed)"
@@ -115,7 +111,6 @@ class TrustedPath(Verification):
                 worker.receive(time.monotonic() + 10)
             except WorkerDied as exc:
                 return f"candidate process {exc}"
-        reason = str(reply.get("reason"))
         return f"ModelNew.forward failed: {reason}" if how and not reason.startswith(("incorrect", "invalid")) \
             else reason
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..task import describe_sizes, extra_shape, shape_constants
 from .scoring.score import PRECISION_WARN_RATIO
+from .wire.trusted_commands import FitSizes
 
 if TYPE_CHECKING:
     from .evaluation import Evaluation
@@ -55,11 +56,11 @@ class Verification:
                                          "(module-level integers it alone uses, or literal sizes of the tensors it "
                                          "builds)")
             return {}
-        fitted = self.ev.ref.call({"command": "fit_sizes", "shapes": shapes}, "sizes", self.cfg.reference_timeout_s)
-        if not fitted["shapes"]:
+        fitted = self.ev.ref.ask(FitSizes(shapes), self.cfg.reference_timeout_s)
+        if not fitted.shapes:
             self.verdict.warnings.append(f"extra shape not checked: the task does not run at other sizes of its "
-                                         f"inputs ({describe_sizes(shapes, task.source)}: {fitted['reason']})")
-        return fitted["shapes"]
+                                         f"inputs ({describe_sizes(shapes, task.source)}: {fitted.reason})")
+        return fitted.shapes
 
     def extra_label(self, shapes: dict[str, int]) -> str:
         return f"extra shape ({describe_sizes(shapes, self.ev.task.source)})"

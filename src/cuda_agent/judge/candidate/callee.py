@@ -19,6 +19,7 @@ from ..wire.input_buffers import map_inputs
 from ..wire.process import one_line
 from ..wire.tensors import leaves
 
+
 def describe(out: Any) -> list[dict[str, Any]]:
     """Where each output leaf lies in this process's memory (tensors) or its value."""
     found = []

@@ -38,14 +38,14 @@ from ...backend import get_backend
 from ...sandbox.seccomp import SeccompError, forbid_new_processes
 from ...task import enable_sizes, import_file
 from ...workspace.inline import load_published, request_from_call
-from .audit import Introspection, OpAudit, ThreadAudit
-from .callee import Callee
-from .integrity import Integrity
-from ..wire.process import Channel, Handler, WorkerFailure, one_line, run_worker
 from ..checks.symbols import NativeAudit
+from ..wire.process import Channel, Handler, WorkerFailure, one_line, run_worker
 from ..wire.tensors import checksum, leaves, make_inputs, refill
 from ..wire.timing import Hooks, time_callable
 from ..wire.transfer import export_outputs
+from .audit import Introspection, OpAudit, ThreadAudit
+from .callee import Callee
+from .integrity import Integrity
 
 SETTLE_S = 0.002  # how long the worker watches the other threads after each call ...
 SETTLE_MAX_S = 0.25  # ... and at most, while one of them is still runnable (not yet scheduled on a busy machine)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import JudgeConfig
-from .reward import milestone_reward
 from ..timekeeper import TimingOutcome
 from ..verdict import Verdict
+from .reward import milestone_reward
 from .speed_of_light import bounds, hard_problem
 
 PRECISION_WARN_RATIO = 10.0  # error vs fp64 this many times fp32 eager's: a lower precision is likely

@@ -25,8 +25,8 @@ import torch
 
 from ...backend import get_backend
 from ...task import import_file
-from ..wire.call_protocol import Failed, Ready, receive, send
 from ..candidate.callee import Callee
+from ..wire.call_protocol import Failed, Ready, receive, send
 from .trusted_calls import Calls
 
 READY_TIMEOUT_S = 300.0

@@ -20,6 +20,7 @@ import socket
 import statistics
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,14 +28,26 @@ import torch
 
 from ...backend import get_backend
 from ...task import enable_sizes, import_file
-from . import baseline_callee
-from .compare import compare_leaves, compare_trial
+from ..scoring.speed_of_light import count_work
 from ..wire.process import Channel, WorkerFailure, close_fds, one_line, run_worker
 from ..wire.tensors import checksum, clone, leaves, make_inputs, refill, tensor_bytes, to_double
-from .readback import Unreadable
 from ..wire.timing import Hooks, summarize, time_callable
+from ..wire.trusted_commands import (
+    Attach,
+    Attached,
+    CandidateChecked,
+    Check,
+    Detach,
+    Detached,
+    FitSizes,
+    Sizes,
+    TimeCandidate,
+    decode,
+)
+from . import baseline_callee
+from .compare import compare_leaves, compare_trial
+from .readback import Unreadable
 from .trusted_calls import CallFailed, Calls
-from ..scoring.speed_of_light import count_work
 
 
 def _step(what: str, fn, *args):
@@ -461,43 +474,51 @@ def start(req: dict, chan: Channel) -> dict:
 
     side: dict[str, Calls] = {}  # the candidate attached for the trusted path's calls
 
-    def attach(cmd: dict) -> tuple[str, dict]:
+    def attach(cmd: Attach) -> Attached:
         sock = socket.socket(fileno=chan.receive_fds(1)[0])
         if "calls" in side:  # the last evaluation's candidate (it is killed by the judge)
             side.pop("calls").close()
-        side["calls"] = Calls(sock, [int(cmd["worker_pid"])], int(cmd["worker_pid"]), int(cmd["read_limit"]),
-                              cgroup=cmd.get("cgroup"), others=[int(p) for p in cmd.get("others") or []])
-        return "attached", {"scales": bool(ref.req.get("scaled_inputs")) and ref.scale_holds()}
+        side["calls"] = Calls(sock, [cmd.worker_pid], cmd.worker_pid, cmd.read_limit, cgroup=cmd.cgroup,
+                              others=list(cmd.others))
+        return Attached(scales=bool(ref.req.get("scaled_inputs")) and ref.scale_holds())
 
     def on_candidate(fn):
         """A command on the attached candidate's calls: its failures are verdicts, not the reference's."""
-        def run(cmd: dict) -> tuple[str, dict]:
-            deadline = time.monotonic() + float(cmd["budget_s"])
+        def run(cmd: Check | TimeCandidate) -> CandidateChecked:
+            deadline = time.monotonic() + cmd.budget_s
             try:
-                return "candidate_checked", fn(side["calls"], cmd, deadline)
+                return decode(CandidateChecked, fn(side["calls"], cmd, deadline))
             except CallFailed as exc:
-                return "candidate_checked", {"ok": False, "reason": str(exc), "failed": exc.how}
+                return CandidateChecked(ok=False, reason=str(exc), failed=exc.how)
         return run
 
-    def detach(cmd: dict) -> tuple[str, dict]:
+    def detach(cmd: Detach) -> Detached:
         calls = side.pop("calls", None)
-        if calls is None or not cmd.get("end"):  # (a candidate that failed stays stopped until it is killed)
+        if calls is None or not cmd.end:  # (a candidate that failed stays stopped until it is killed)
             if calls is not None:
                 calls.close()
-            return "detached", {"violations": []}
+            return Detached()
         try:
-            return "detached", {"violations": calls.end()}
+            return Detached(violations=calls.end())
         except CallFailed as exc:
-            return "detached", {"violations": [], "error": str(exc), "failed": exc.how}
+            return Detached(error=str(exc), failed=exc.how)
+
+    def typed(cls, fn):
+        """A handler of the typed commands (wire/trusted_commands.py)."""
+        def handle(cmd: dict) -> tuple[str, dict]:
+            reply = fn(decode(cls, cmd))
+            return reply.EVENT, asdict(reply)
+        return handle
 
     return {
-        "attach": attach,
-        "check": on_candidate(lambda calls, cmd, deadline: ref.check_candidate(
-            calls, int(cmd["seed"]), cmd.get("shapes"), cmd.get("scale"), str(cmd["label"]), deadline)),
-        "time_candidate": on_candidate(lambda calls, cmd, deadline: {"ok": True, "stats": ref.time_calls(
-            calls, cmd["timing"], deadline, checks=int(cmd["checks"]), inputs_checked=True)}),
-        "detach": detach,
-        "fit_sizes": lambda cmd: ("sizes", ref.fit_sizes({str(k): int(v) for k, v in cmd["shapes"].items()})),
+        "attach": typed(Attach, attach),
+        "check": typed(Check, on_candidate(lambda calls, cmd, deadline: ref.check_candidate(
+            calls, cmd.seed, cmd.shapes, cmd.scale, cmd.label, deadline))),
+        "time_candidate": typed(TimeCandidate, on_candidate(lambda calls, cmd, deadline: {
+            "ok": True, "stats": ref.time_calls(calls, cmd.timing, deadline, checks=cmd.checks, inputs_checked=True)})),
+        "detach": typed(Detach, detach),
+        "fit_sizes": typed(FitSizes, lambda cmd: decode(Sizes, ref.fit_sizes(
+            {str(k): int(v) for k, v in cmd.shapes.items()}))),
         "begin": begin,
         "trial": lambda cmd: ("trial_ready", ref.run_trial(int(cmd["seed"]), cmd.get("shapes"), cmd.get("scale"),
                                                            cmd.get("fp64", True))),

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, ProtocolError, receive, send
+from ..wire.input_buffers import NAME, InputBuffer, layout_of
 from .compare import Leaf
 from .freezer import CandidateGone, Freezer
-from ..wire.input_buffers import NAME, InputBuffer, layout_of
 from .readback import mapped_files, read_outputs
-
 
 OUTSIDE_LIMIT_NS = 1_000_000  # CPU time a stopped callee may show between calls, all calls together (it shows 0)
 
