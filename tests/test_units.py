@@ -379,3 +379,45 @@ def test_settle_waits_for_a_thread_still_runnable_and_sees_it_work(monkeypatch):
     assert calls and calls[0], "the worker thread was not among the candidate's threads"
     quiet = candidate_worker.Guard()
     quiet.settle("timed call 8", 50.0)  # no thread of the candidate: returns after one watch
+
+
+def test_the_judge_is_laid_out_by_the_process_each_file_runs_in():
+    """Code of the candidate's process never imports the trusted side's, nor the trusted side the candidate's (but
+    the callee, which the baseline callee shares so that baselines are served exactly as the candidate is)."""
+    import ast
+    from pathlib import Path
+
+    import cuda_agent.judge as judge
+
+    root = Path(judge.__file__).parent
+    allowed = {("trusted", "candidate.callee")}
+
+    def rooms_imported(path: Path) -> set[str]:
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                parts = list(path.relative_to(root).parent.parts)[: len(path.relative_to(root).parent.parts)
+                                                                   - (node.level - 1)] + (node.module or "").split(".")
+                found.add(".".join(p for p in parts if p))
+        return found
+
+    crossings = []
+    for room, other in (("candidate", "trusted"), ("trusted", "candidate"), ("wire", "trusted"),
+                        ("wire", "candidate")):
+        for path in (root / room).glob("*.py"):
+            crossings += [(room, m, path.name) for m in rooms_imported(path)
+                          if m.startswith(other) and (room, m) not in allowed]
+    assert not crossings
+
+
+def test_the_trusted_paths_commands_are_typed_and_malformed_ones_refused():
+    from cuda_agent.judge.wire.trusted_commands import (REPLIES, CandidateChecked, Check, MalformedMessage, decode,
+                                                        encode)
+
+    check = Check(seed=7, shapes=None, scale=1.5, label="input set 1", budget_s=3.0)
+    message = encode(check)
+    assert message["command"] == "check" and decode(Check, message) == check
+    assert REPLIES["check"] is CandidateChecked
+    assert decode(CandidateChecked, {"event": "candidate_checked", "ok": True, "unknown": 1}).ok
+    with pytest.raises(MalformedMessage, match="without 'seed'"):
+        decode(Check, {"command": "check", "label": "x", "shapes": None, "scale": None, "budget_s": 1.0})
