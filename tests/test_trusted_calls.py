@@ -219,7 +219,7 @@ def test_the_baseline_callee_dies_with_its_reference_worker(tmp_path):
     # A stopped callee left behind would hold its memory, and the pipes of whoever reads the reference worker's
     # output, for good (a CI run once gathered 70 of them and was killed for memory).
     script = tmp_path / "parent.py"
-    script.write_text("from cuda_agent.judge import baseline_callee\n"
+    script.write_text("from cuda_agent.judge.trusted import baseline_callee\n"
                       f"calls, proc = baseline_callee.start({{'task_path': {str(TASK)!r}, 'backend': 'cpu', "
                       "'allow_tf32': False, 'compile_mode': 'default', 'seed': 1}, 0)\n"
                       "print(proc.pid, flush=True)\nimport time\ntime.sleep(60)\n")

@@ -345,7 +345,7 @@ def test_settle_waits_for_a_thread_still_runnable_and_sees_it_work(monkeypatch):
     import threading
     import time
 
-    from cuda_agent.judge import candidate_worker
+    from cuda_agent.judge.candidate import candidate_worker
     from cuda_agent.judge.wire.process import WorkerFailure
 
     guard = candidate_worker.Guard()
