@@ -128,6 +128,14 @@ def test_wrong_result_gets_minus_one(cpu_judge, make_workspace):
     assert_judge_still_works(cpu_judge, CANDIDATES / "affine_relu_ok")
 
 
+def test_a_candidate_that_fails_never_waits_for_torch_compile(cpu_judge, make_workspace, tmp_path):
+    task = tmp_path / "affine_relu_again.py"  # a task judged nowhere before: no baseline cached for it
+    task.write_text(AFFINE.read_text() + "\n# the same task, another hash\n")
+    ws = make_workspace(edits={KERNEL: [(STORE, STORE.replace("0.5f", "0.55f"))]})
+    verdict = cpu_judge.evaluate(task, ws)
+    assert verdict.error.startswith("incorrect:") and "baseline_compile" not in verdict.phases_s, verdict.phases_s
+
+
 def test_torch_compute_in_cxx_binding_is_caught_by_source_scan(cpu_judge, make_workspace):
     ws = make_workspace(edits={BINDING: [("return out;", "return torch::relu(x * scale + shift) * 0.5;")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)
