@@ -3,12 +3,11 @@
     judge = Judge("cuda")
     verdict = judge.evaluate("level1/19_ReLU.py", "my_workspace/")
 
-One evaluation: scan the candidate's sources; build it (from copies, with cached objects, compilers sandboxed)
-while a reference worker draws fresh inputs and computes reference outputs; run the candidate in its own
-sandboxed process under the op audit, comparing its outputs in the reference worker; time it beside eager and
-torch.compile (timekeeper.py); score it (scoring.py). Every abnormal end is a verdict, not an exception; only a
-broken reference (`TaskError`) or an unusable backend (`BackendError`) raises. The policy (`strict`, CUDA Agent's
-rules, or `kernelbench`) decides whether torch compute is allowed; every other check applies to both.
+The Judge holds what evaluations share (builders, the store, warm reference workers, spare candidate workers, the
+device lock and memory budget); one evaluation, phase by phase, is an `Evaluation` (evaluation.py). Every abnormal
+end is a verdict, not an exception; only a broken reference (`TaskError`) or an unusable backend (`BackendError`)
+raises. The policy (`strict`, CUDA Agent's rules, or `kernelbench`) decides whether torch compute is allowed; every
+other check applies to both.
 """
 
 from __future__ import annotations
@@ -180,7 +179,8 @@ class Judge:
 
     def _start_candidate(self, run_dir: Path) -> WorkerProcess:
         """A candidate worker for a run folder, started before its candidate is known (`spares.py`)."""
-        return WorkerProcess("cuda_agent.judge.candidate.candidate_worker", {"spare": True, "backend": self.backend.name},
+        return WorkerProcess("cuda_agent.judge.candidate.candidate_worker",
+                             {"spare": True, "backend": self.backend.name},
                              run_dir / "candidate", self._candidate_env(run_dir),
                              self._candidate_sandbox(run_dir))
 

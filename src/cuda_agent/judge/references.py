@@ -35,8 +35,8 @@ class ReferenceWorker:
     def __init__(self, task: Task, request: dict[str, Any], env: dict[str, str], root: Path):
         self.task = task
         self.folder = Path(tempfile.mkdtemp(prefix=f"ref-{task.name[:40]}-", dir=root))
-        self.process = WorkerProcess("cuda_agent.judge.trusted.reference_worker", {**request, "task_path": str(task.path),
-                                                                           "init_seed": secrets.randbelow(2**31)},
+        self.process = WorkerProcess("cuda_agent.judge.trusted.reference_worker",
+                                     {**request, "task_path": str(task.path), "init_seed": secrets.randbelow(2**31)},
                                      self.folder, env)
         self.lock = threading.Lock()  # one evaluation at a time
         self.users = 0  # evaluations that reserved it
