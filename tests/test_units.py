@@ -421,3 +421,38 @@ def test_the_trusted_paths_commands_are_typed_and_malformed_ones_refused():
     assert decode(CandidateChecked, {"event": "candidate_checked", "ok": True, "unknown": 1}).ok
     with pytest.raises(MalformedMessage, match="without 'seed'"):
         decode(Check, {"command": "check", "label": "x", "shapes": None, "scale": None, "budget_s": 1.0})
+
+
+def test_frames_asked_for_by_packages_on_the_import_path_are_not_the_candidates(tmp_path, monkeypatch):
+    """Held out on the H200: typing_extensions, installed in a PYTHONPATH folder under /tmp, asked for its caller's
+    frame at import, and the introspection audit called it the candidate's (every /tmp file was). Code in a folder
+    the interpreter imports from before the candidate runs (read-only in the sandbox) is not the candidate's; code
+    in the candidate's folders, or written anywhere else it may write, still is."""
+    import importlib.util
+
+    from cuda_agent.judge.candidate.audit import Introspection
+    from cuda_agent.judge.candidate.candidate_worker import import_path
+
+    site, workspace = tmp_path / "site", tmp_path / "workspace"
+    for folder in (site, workspace, workspace / "lib"):
+        folder.mkdir()
+        (folder / "frames.py").write_text("import sys\n\ndef caller():\n    return sys._getframe(1)\n")
+    monkeypatch.chdir(workspace)
+    monkeypatch.setattr("sys.path", [str(site), "", str(workspace / "lib"), str(tmp_path)])
+    assert import_path([str(tmp_path)], [str(workspace)]) == [str(site)]
+
+    def load(path):
+        spec = importlib.util.spec_from_file_location(f"frames_{path.parent.name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    audit = Introspection([str(tmp_path)], [str(site)])
+    audit.arm()
+    try:
+        load(site / "frames.py").caller()
+        assert audit.messages() == []
+        load(workspace / "frames.py").caller()
+        assert len(audit.messages()) == 1 and "sys._getframe (1x)" in audit.messages()[0]
+    finally:
+        audit.armed = False

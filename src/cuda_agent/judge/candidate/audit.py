@@ -118,8 +118,11 @@ class Introspection:
                   "sys.setprofile")
     FRAMES = ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back")
 
-    def __init__(self, candidate_dirs: list[str]):
+    def __init__(self, candidate_dirs: list[str], installed: list[str] = ()):
+        """`candidate_dirs`: where the candidate's code may lie; `installed`: folders inside them whose code is
+        not the candidate's (packages on the import path, read-only to it)."""
         self.dirs = tuple(d.rstrip("/") + "/" for d in candidate_dirs)
+        self.installed = tuple(d.rstrip("/") + "/" for d in installed)
         self.found: dict[str, int] = {}
         self.armed = False
         self._inside = threading.local()
@@ -137,7 +140,8 @@ class Introspection:
             self._inside.busy = True
             try:
                 caller = sys._getframe(1)  # the code that asked (the hook is called from C, in its frame)
-                if caller.f_code.co_filename.startswith(self.dirs):
+                where = caller.f_code.co_filename
+                if where.startswith(self.dirs) and not where.startswith(self.installed):
                     self._note(event if event == "sys._getframe" else f"{type(args[0]).__name__}.{args[1]}")
             finally:
                 self._inside.busy = False

@@ -240,6 +240,15 @@ def installed_folders() -> list[str]:
     return sorted({os.path.realpath(r) for r in roots if r and os.path.isdir(r)})
 
 
+def import_path(candidate_dirs: list[str], own: list[str]) -> list[str]:
+    """The folders this interpreter imports from before any candidate code runs (PYTHONPATH's included, also where
+    it lies in /tmp): bound read-only into the candidate's sandbox, so their code is not the candidate's. Neither a
+    folder the candidate may write (`candidate_dirs`) nor anything inside its own folders (`own`) is among them."""
+    found = {os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)}
+    inside = tuple(os.path.realpath(d).rstrip("/") + "/" for d in own)
+    return sorted(p for p in found if p not in candidate_dirs and not (p + "/").startswith(inside))
+
+
 def start_harness_threads(backend) -> None:
     """Whatever threads torch's pool, the CUDA context and the profilers start, they start now (the Guard)."""
     torch.ones(1 << 22).mul_(2)  # enough chunks for torch's whole CPU thread pool
@@ -280,7 +289,8 @@ class LoadedCandidate:
         installed = (os.path.realpath(torch.__file__), os.path.realpath(__file__))
         candidate_dirs = [d for d in map(os.path.realpath, writable)
                           if not any(i.startswith(d.rstrip("/") + "/") for i in installed)]  # (a venv in /tmp)
-        self.introspection = Introspection(candidate_dirs) if req["audit_ops"] else None
+        self.introspection = Introspection(
+            candidate_dirs, import_path(candidate_dirs, [os.getcwd(), req["build_dir"]])) if req["audit_ops"] else None
         if self.introspection:
             self.introspection.arm()
         try:
