@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -40,13 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from gpu_clock_probe import GEQ, check, driver, wait  # noqa: E402
-
 from cuda_agent.judge.wire.call_protocol import receive_message, send_message  # noqa: E402
 from cuda_agent.judge.wire.process import receive_fds, send_fds  # noqa: E402
+from cuda_agent.judge.wire.gpu_order import (DONE, CalleeOrder, Flags, OrderTimeout, TrustedOrder,  # noqa: E402
+                                              write_value)
 from cuda_agent.judge.wire.shared_memory import DeviceBuffer  # noqa: E402
 
-GO, DONE, FINISHED, GEN, SEEN = 0, 16, 32, 48, 64  # int32 slots of the flag buffer (64 bytes apart)
+FINISHED, GEN, SEEN = 32, 48, 64  # int32 slots of the flag buffer beside `go` and `done` (64 bytes apart)
+WAIT_S = 30.0
 WORK_US = [0, 10, 100, 1000, 10000]
 CASES = ["empty", "honest", "after_done", "before_go", "spinning", "copy_only", "big_stack"]
 COPY_MB = {0: 1, 10: 1, 100: 64, 1000: 512, 10000: 2048}  # copy_only: bytes copied (MB) in place of each work length
@@ -63,11 +65,9 @@ def cycles_per_us() -> float:
 
 
 def callee(sock: socket.socket, pool_lib: str | None) -> None:
-    cuda = driver()
-    fd = receive_fds(sock, 1)[0]
-    flags = DeviceBuffer.open(fd, 4096, 0)
-    words = flags.tensor().view(torch.int32)
-    addr = lambda slot: flags.ptr.value + 4 * slot  # noqa: E731
+    flags = Flags(receive_fds(sock, 1)[0])
+    order = CalleeOrder(flags)
+    words = flags.buffer.tensor().view(torch.int32)
     a, b = torch.cuda.Stream(), torch.cuda.Stream()
     rate = cycles_per_us()
     copies = {mb: (torch.empty(mb << 18, device="cuda"), torch.empty(mb << 18, device="cuda"))
@@ -84,12 +84,11 @@ def callee(sock: socket.socket, pool_lib: str | None) -> None:
             break
         k, case, cycles = msg["k"], msg["case"], int(msg["work_us"] * rate)
         if case == "big_stack" and not getattr(callee, "stack_raised", False):
-            check(cuda.cuCtxSetLimit(0, ctypes.c_size_t(65536)), "cuCtxSetLimit")  # CU_LIMIT_STACK_SIZE
+            rc = ctypes.CDLL("libcuda.so.1").cuCtxSetLimit(0, ctypes.c_size_t(65536))  # CU_LIMIT_STACK_SIZE
+            assert rc == 0, f"cuCtxSetLimit: CUDA error {rc}"
             callee.stack_raised = True
-        write = lambda stream, slot: check(cuda.cuStreamWriteValue32_v2(stream.cuda_stream, addr(slot), k, 0),  # noqa
-                                           "write")
-        wait_go = lambda stream: check(cuda.cuStreamWaitValue32_v2(stream.cuda_stream, addr(GO), k, GEQ),  # noqa
-                                       "wait")
+        write = lambda stream, slot: write_value(stream, flags.address(slot), k)  # noqa: E731
+        wait_go = lambda stream: order.arm(k, stream)  # noqa: E731
         if case == "copy_only":
             src, dst = copies[COPY_MB[msg["work_us"]]]
             c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -161,12 +160,9 @@ def pool_check(lib_path: str, sock: socket.socket) -> None:
 
 
 def timer(args) -> dict:
-    cuda = driver()
-    flags = DeviceBuffer(4096, 0)
-    words = flags.tensor().view(torch.int32)
-    words.zero_()
-    torch.cuda.synchronize()
-    addr = lambda slot: flags.ptr.value + 4 * slot  # noqa: E731
+    flags = Flags()
+    order = TrustedOrder(flags)
+    words = flags.buffer.tensor().view(torch.int32)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     command = [sys.executable, __file__, "--callee", str(theirs.fileno())]
     if args.pool_lib:
@@ -182,7 +178,6 @@ def timer(args) -> dict:
     send_fds(ours, [flags.fd])
     ours.settimeout(120)
     ready = receive_message(ours)[0]
-    stream = torch.cuda.Stream()
     finished_seen = torch.zeros(1, dtype=torch.int32, device="cuda")
     results, k = {"cycles_per_us": ready["cycles_per_us"]}, 0
     for case in args.cases:
@@ -192,20 +187,14 @@ def timer(args) -> dict:
                 k += 1
                 send_message(ours, {"op": "arm", "k": k, "case": case, "work_us": work})
                 receive_message(ours)
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                with torch.cuda.stream(stream):
-                    check(cuda.cuStreamWriteValue32_v2(stream.cuda_stream, addr(GEN), k, 0), "write gen")
-                    e0.record()
-                    check(cuda.cuStreamWriteValue32_v2(stream.cuda_stream, addr(GO), k, 0), "write go")
-                    check(cuda.cuStreamWaitValue32_v2(stream.cuda_stream, addr(DONE), k, GEQ), "wait done")
-                    e1.record()
-                    finished_seen.copy_(words[FINISHED:FINISHED + 1])
-                wait(e1, f"call {k} ({case}, {work} us)")
-                stream.synchronize()
+                window = order.open(k, before=lambda: write_value(order.stream, flags.address(GEN), k),
+                                    after=lambda: finished_seen.copy_(words[FINISHED:FINISHED + 1]))
+                window_us = window.elapsed_us(time.monotonic() + WAIT_S)
+                order.stream.synchronize()
                 send_message(ours, {"op": "settled?"})
                 receive_message(ours)
                 if i >= 5:
-                    rows["window_us"].append(e0.elapsed_time(e1) * 1e3)
+                    rows["window_us"].append(window_us)
                     rows["finished_by_e1"].append(int(finished_seen.item()) == k)
                     rows["saw_this_call"].append(int(words[SEEN].item()) == k)
             row = {"window_us_median": round(statistics.median(rows["window_us"]), 1),
@@ -244,10 +233,14 @@ def main() -> None:
     parser.add_argument("--pool-lib", type=Path, help="the exportable-memory allocator (benchmarks/exportable_pool.c)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if args.callee is not None:
-        callee(socket.socket(fileno=args.callee), str(args.pool_lib) if args.pool_lib else None)
-        return
-    result = timer(args)
+    try:
+        if args.callee is not None:
+            callee(socket.socket(fileno=args.callee), str(args.pool_lib) if args.pool_lib else None)
+            return
+        result = timer(args)
+    except OrderTimeout as exc:  # a stream still waits for a flag: leave without the driver's teardown
+        print(f"TIMEOUT: {exc}", file=sys.stderr, flush=True)
+        os._exit(3)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
 

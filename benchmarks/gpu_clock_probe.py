@@ -16,7 +16,6 @@ hops on the GPU). For comparison, the host handshake a CPU-side clock would use:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import socket
@@ -32,41 +31,15 @@ import torch  # noqa: E402
 
 from cuda_agent.judge.wire.call_protocol import receive_message, send_message  # noqa: E402
 from cuda_agent.judge.wire.process import receive_fds, send_fds  # noqa: E402
-from cuda_agent.judge.wire.shared_memory import DeviceBuffer  # noqa: E402
+from cuda_agent.judge.wire.gpu_order import CalleeOrder, Flags, OrderTimeout, TrustedOrder, poll  # noqa: E402
 
 SIZES = {"10us": 1 << 21, "100us": 1 << 24, "1ms": 1 << 27}  # float32 elements of x.mul_(...) (read + write)
-GEQ = 0
 WAIT_S = 5.0  # a call whose GPU work has not ended by then means the ordering does not work: give up, say so
-
-
-def wait(event, what: str) -> None:
-    """Poll `event` (never block in the driver on a wait that may never be satisfied)."""
-    deadline = time.monotonic() + WAIT_S
-    while not event.query():
-        if time.monotonic() > deadline:
-            print(f"TIMEOUT: {what} did not complete within {WAIT_S} s", file=sys.stderr, flush=True)
-            os._exit(3)
-        time.sleep(0.0001)
-
-
-def driver() -> ctypes.CDLL:
-    cuda = ctypes.CDLL("libcuda.so.1")
-    for name in ("cuStreamWaitValue32_v2", "cuStreamWriteValue32_v2"):
-        getattr(cuda, name).argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
-    return cuda
-
-
-def check(rc: int, what: str) -> None:
-    if rc != 0:
-        raise RuntimeError(f"{what} failed: CUDA error {rc}")
 
 
 def callee(sock: socket.socket) -> None:
     """The callee's side: arm the stream, do the work, report its own events."""
-    cuda = driver()
-    fd = receive_fds(sock, 1)[0]
-    flags = DeviceBuffer.open(fd, 4096, 0)
-    go, done = flags.ptr.value, flags.ptr.value + 64
+    order = CalleeOrder(Flags(receive_fds(sock, 1)[0]))
     stream = torch.cuda.Stream()
     xs = {name: torch.ones(n, device="cuda") for name, n in SIZES.items()}
     for x in xs.values():  # the kernel loaded now: CUDA loads modules lazily, and loading one synchronises the
@@ -81,30 +54,27 @@ def callee(sock: socket.socket) -> None:
         b0, b1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if msg["op"] == "arm":
             with torch.cuda.stream(stream):
-                check(cuda.cuStreamWaitValue32_v2(stream.cuda_stream, go, msg["k"], GEQ), "cuStreamWaitValue32")
+                order.arm(msg["k"], stream)
                 b0.record()
                 x.mul_(1.0000001)
                 b1.record()
-                check(cuda.cuStreamWriteValue32_v2(stream.cuda_stream, done, msg["k"], 0), "cuStreamWriteValue32")
+                order.release(msg["k"], stream)
             send_message(sock, {"op": "armed"})
-            wait(b1, "the callee's work after `go`")
+            poll(b1, time.monotonic() + WAIT_S, "the callee's work after `go`")
         else:  # "run": the host handshake
             with torch.cuda.stream(stream):
                 b0.record()
                 x.mul_(1.0000001)
                 b1.record()
-            wait(b1, "the callee's work")
+            poll(b1, time.monotonic() + WAIT_S, "the callee's work")
             send_message(sock, {"op": "done"})
         receive_message(sock)  # "report?"
         send_message(sock, {"op": "report", "work_ms": b0.elapsed_time(b1)})
 
 
 def timer(args) -> dict:
-    cuda = driver()
-    flags = DeviceBuffer(4096, 0)
-    flags.tensor().zero_()
-    torch.cuda.synchronize()
-    go, done = flags.ptr.value, flags.ptr.value + 64
+    flags = Flags()
+    order = TrustedOrder(flags)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     command = [sys.executable, __file__, "--callee", str(theirs.fileno())]
     box = None
@@ -119,7 +89,6 @@ def timer(args) -> dict:
     ours.settimeout(120)
     assert receive_message(ours)[0]["op"] == "ready"
     print("callee ready", flush=True)
-    stream = torch.cuda.Stream()
     results, k = {}, 0
     for size in SIZES:
         rows = {"gpu_window_us": [], "host_window_us": [], "work_us": []}
@@ -127,13 +96,7 @@ def timer(args) -> dict:
             k += 1
             send_message(ours, {"op": "arm", "k": k, "size": size})
             receive_message(ours)
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            with torch.cuda.stream(stream):
-                e0.record()
-                check(cuda.cuStreamWriteValue32_v2(stream.cuda_stream, go, k, 0), "cuStreamWriteValue32")
-                check(cuda.cuStreamWaitValue32_v2(stream.cuda_stream, done, k, GEQ), "cuStreamWaitValue32")
-                e1.record()
-            wait(e1, f"the timer's window of call {k} ({size})")
+            window_us = order.open(k).elapsed_us(time.monotonic() + WAIT_S)
             send_message(ours, {"op": "report?"})
             work = receive_message(ours)[0]["work_ms"] * 1e3
             t0 = time.perf_counter()
@@ -143,7 +106,7 @@ def timer(args) -> dict:
             send_message(ours, {"op": "report?"})
             receive_message(ours)
             if i >= 10:  # warm-up calls
-                rows["gpu_window_us"].append(e0.elapsed_time(e1) * 1e3)
+                rows["gpu_window_us"].append(window_us)
                 rows["host_window_us"].append(host)
                 rows["work_us"].append(work)
         med = {key: statistics.median(v) for key, v in rows.items()}
@@ -170,10 +133,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if args.callee is not None:
-        callee(socket.socket(fileno=args.callee))
-        return
-    result = timer(args)
+    try:
+        if args.callee is not None:
+            callee(socket.socket(fileno=args.callee))
+            return
+        result = timer(args)
+    except OrderTimeout as exc:  # a stream still waits for a flag: leave without the driver's teardown
+        print(f"TIMEOUT: {exc}", file=sys.stderr, flush=True)
+        os._exit(3)
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
 

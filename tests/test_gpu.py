@@ -405,3 +405,31 @@ def test_the_pool_uses_every_gpu_one_device_phase_at_a_time_and_keeps_references
     # never two timed runs on one device; only the verified ones are timed (verification holds the device shared)
     assert all(lock.most == 1 for lock in locks) and sum(lock.entries for lock in locks) == 4
     assert all(lock.entries for lock in locks) and started == [1] * len(devices)  # every GPU; one warm reference
+
+
+def test_the_ordered_gpu_window_holds_a_sandboxed_callees_work_wherever_it_queues_it(tmp_path):
+    """The cuda backend's trusted clock (`judge/wire/gpu_order.py`) attacked by a sandboxed callee that knows it
+    (`benchmarks/gpu_clock_attacks.py`): the window minus its constant overhead is the work; work queued after
+    `done` on another stream stays inside the window up to the GPU's time slice, and past it the work is
+    unfinished when the window closes (so outputs read then are wrong); work before `go` never sees the call's
+    inputs; a call with no GPU work in the window falls below the overhead (so it can be refused)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "attacks.json"
+    probe = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_clock_attacks.py"
+    run = subprocess.run([sys.executable, str(probe), "--sandbox", "--calls", "15", "--cases", "empty", "honest",
+                          "after_done", "before_go", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    window = {name: row["window_us_median"] for name, row in rows.items()
+              if isinstance(row, dict) and "window_us_median" in row}
+    overhead = window["honest 0us"]
+    for work in (100, 1000):
+        assert abs(window[f"honest {work}us"] - overhead - work) < 0.1 * work, window
+        assert abs(window[f"after_done {work}us"] - window[f"honest {work}us"]) < 0.03 * work + 5, window
+        assert rows[f"after_done {work}us"]["finished_by_e1"].startswith("10/"), rows
+        assert rows[f"before_go {work}us"]["saw_this_calls_gen"].startswith("0/"), rows
+        assert window[f"before_go {work}us"] < overhead - 100, window
+    assert rows["after_done 10000us"]["finished_by_e1"].startswith("0/"), rows  # cut at the time slice
+    assert window["empty 0us"] < overhead - 100, window

@@ -1,0 +1,130 @@
+"""Calls ordered across two processes' GPU streams: the cuda backend's trusted clock (docs/threat-model.md).
+
+A small buffer of flags (GPU memory of CUDA's VMM API, shared as a file descriptor) orders the callee's GPU work
+between two events the trusted process records on its own stream:
+
+    trusted stream:  [before: inputs written, L2 flushed]  E0  write go=k  wait done>=k  E1  [after: outputs read]
+    callee stream:   wait go>=k   ...the call's work...   write done=k
+
+The callee's work cannot start before E0 (its stream waits for `go`) and holds the GPU until E1 (the scheduler runs
+one context at a time: work queued after `done` is still inside the window, up to a time slice of about 2.1 ms on
+the H200). Waits are never left to the driver: a `done` that never comes would hold the process for good, so
+`Window.elapsed_us` polls E1 against a deadline.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import torch
+
+from .shared_memory import DeviceBuffer
+
+GO, DONE = 0, 16  # int32 slots of the flag buffer, 64 bytes apart
+FLAGS_BYTES = 4096
+GEQ = 0  # CU_STREAM_WAIT_VALUE_GEQ
+
+_driver: ctypes.CDLL | None = None
+
+
+class OrderTimeout(RuntimeError):
+    """The callee's `done` did not come before the deadline."""
+
+
+def _cu() -> ctypes.CDLL:
+    global _driver
+    if _driver is None:
+        _driver = ctypes.CDLL("libcuda.so.1")
+        for name in ("cuStreamWaitValue32_v2", "cuStreamWriteValue32_v2"):
+            getattr(_driver, name).argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+    return _driver
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"{what} failed: CUDA error {rc}")
+
+
+def wait_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
+    """`stream` waits until the int32 at `address` is >= `value`."""
+    _check(_cu().cuStreamWaitValue32_v2(stream.cuda_stream, address, value, GEQ), "cuStreamWaitValue32")
+
+
+def write_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
+    """`stream` writes `value` to the int32 at `address` once its earlier work is done."""
+    _check(_cu().cuStreamWriteValue32_v2(stream.cuda_stream, address, value, 0), "cuStreamWriteValue32")
+
+
+class Flags:
+    """The shared flag buffer: `Flags()` creates it (its `fd` goes to the callee), `Flags(fd)` maps the other side's."""
+
+    def __init__(self, fd: int | None = None, device: int = 0):
+        self.buffer = DeviceBuffer(FLAGS_BYTES, device) if fd is None else DeviceBuffer.open(fd, FLAGS_BYTES, device)
+        if fd is None:
+            self.buffer.tensor().zero_()
+            torch.cuda.synchronize(device)
+
+    @property
+    def fd(self) -> int:
+        return self.buffer.fd
+
+    def address(self, slot: int) -> int:
+        return self.buffer.ptr.value + 4 * slot
+
+
+class Window:
+    """One ordered call, as the trusted process recorded it."""
+
+    def __init__(self, k: int, start: torch.cuda.Event, end: torch.cuda.Event):
+        self.k, self.start, self.end = k, start, end
+
+    def elapsed_us(self, deadline: float) -> float:
+        """E1 - E0 once E1 has passed; OrderTimeout at `deadline` (time.monotonic) if it has not."""
+        poll(self.end, deadline, f"call {self.k}: the callee's GPU work")
+        return self.start.elapsed_time(self.end) * 1e3
+
+
+def poll(event: torch.cuda.Event, deadline: float, what: str) -> None:
+    """Return once `event` has passed; OrderTimeout at `deadline` (time.monotonic) if it has not."""
+    while not event.query():
+        if time.monotonic() > deadline:
+            raise OrderTimeout(f"{what} did not end in time")
+        time.sleep(0.0001)
+
+
+class TrustedOrder:
+    """The trusted side: opens each call's window on its own stream."""
+
+    def __init__(self, flags: Flags, stream: torch.cuda.Stream | None = None):
+        self.flags = flags
+        self.stream = stream or torch.cuda.Stream()
+
+    def open(self, k: int, before=None, after=None) -> Window:
+        """Enqueue call `k`'s window (k grows by at least 1 every call): `before()` and `after()` enqueue work of
+        this side around it (they run with this side's stream current)."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self.stream):
+            if before is not None:
+                before()
+            start.record()
+            write_value(self.stream, self.flags.address(GO), k)
+            wait_value(self.stream, self.flags.address(DONE), k)
+            end.record()
+            if after is not None:
+                after()
+        return Window(k, start, end)
+
+
+class CalleeOrder:
+    """The callee's side: its stream waits for `go` before the call's work and writes `done` after it. (Code in the
+    callee's process is the candidate's: nothing here is believed; the window is the trusted side's.)"""
+
+    def __init__(self, flags: Flags):
+        self.flags = flags
+
+    def arm(self, k: int, stream: torch.cuda.Stream) -> None:
+        wait_value(stream, self.flags.address(GO), k)
+
+    def release(self, k: int, stream: torch.cuda.Stream) -> None:
+        write_value(stream, self.flags.address(DONE), k)
