@@ -16,6 +16,8 @@ length). Cases, each timed over `--calls` calls:
 - copy_only: its stream waits for `go`, copies a buffer (copy engine, no kernel), writes `done`: does work without
   a kernel skip the context switch the overhead is calibrated with? (work: MB copied; its own events say how long)
 - big_stack: honest, after raising the context's stack limit to 64 KiB per thread (a larger context to switch).
+- null_stream: honest on the legacy default stream (where kernels launched without a stream go), then it copies
+  `gen` to `seen`: is work there ordered after `go` too?
 
 Also checks the output path: a pluggable allocator (`--pool-lib`, built by the caller) whose memory is exported as
 file descriptors; the callee allocates a tensor under `torch.cuda.use_mem_pool`, fills it, and the timer maps and
@@ -50,7 +52,7 @@ from cuda_agent.judge.wire.shared_memory import DeviceBuffer  # noqa: E402
 FINISHED, GEN, SEEN = 32, 48, 64  # int32 slots of the flag buffer beside `go` and `done` (64 bytes apart)
 WAIT_S = 30.0
 WORK_US = [0, 10, 100, 1000, 10000]
-CASES = ["empty", "honest", "after_done", "before_go", "spinning", "copy_only", "big_stack"]
+CASES = ["empty", "honest", "after_done", "before_go", "spinning", "copy_only", "big_stack", "null_stream"]
 COPY_MB = {0: 1, 10: 1, 100: 64, 1000: 512, 10000: 2048}  # copy_only: bytes copied (MB) in place of each work length
 
 
@@ -117,6 +119,14 @@ def callee(sock: socket.socket, pool_lib: str | None) -> None:
             with torch.cuda.stream(a):
                 wait_go(a)
                 write(a, DONE)
+        elif case == "null_stream":
+            null = torch.cuda.default_stream()
+            with torch.cuda.stream(null):
+                wait_go(null)
+                torch.cuda._sleep(cycles)
+                words[SEEN:SEEN + 1].copy_(words[GEN:GEN + 1])
+                write(null, FINISHED)
+                write(null, DONE)
         elif case == "before_go":
             with torch.cuda.stream(b):
                 torch.cuda._sleep(cycles)
@@ -201,7 +211,7 @@ def timer(args) -> dict:
                    "window_us_min": round(min(rows["window_us"]), 1),
                    "window_us_max": round(max(rows["window_us"]), 1),
                    "finished_by_e1": f"{sum(rows['finished_by_e1'])}/{len(rows['finished_by_e1'])}"}
-            if case == "before_go":
+            if case in ("before_go", "null_stream"):
                 row["saw_this_calls_gen"] = f"{sum(rows['saw_this_call'])}/{len(rows['saw_this_call'])}"
             results[f"{case} {work}us"] = row
             print(case, work, row, flush=True)

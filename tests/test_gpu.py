@@ -433,3 +433,26 @@ def test_the_ordered_gpu_window_holds_a_sandboxed_callees_work_wherever_it_queue
         assert window[f"before_go {work}us"] < overhead - 100, window
     assert rows["after_done 10000us"]["finished_by_e1"].startswith("0/"), rows  # cut at the time slice
     assert window["empty 0us"] < overhead - 100, window
+
+
+def test_the_trusted_gpu_clock_judges_and_times_a_real_kernel(cache_dir, make_workspace, monkeypatch):
+    """The cuda backend's trusted path (`CUDA_AGENT_GPU_CLOCK=trusted`: inputs written, clock kept and outputs read
+    by the reference worker, `judge/trusted/gpu_calls.py`): a real kernel verified and timed; a forward that waits
+    for its own work is judged all the same (its window opens after a grace period)."""
+    from cuda_agent.judge import Judge
+
+    monkeypatch.setenv("CUDA_AGENT_GPU_CLOCK", "trusted")
+    judge = Judge("cuda", fast_config(cache_dir, spare_candidates=0))
+    try:
+        verdict = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
+        assert verdict.correct and verdict.reward >= 2, verdict.error
+        stats = verdict.timing["candidate"]
+        assert 150 < stats["clock_overhead_us"] < 600 and 0 < stats["median_us"] < 1000, stats
+        call = "return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)"
+        waits = make_workspace("affine_relu_cuda", {"model_new.py": [(call, (
+            "out = cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)\n"
+            "        torch.cuda.synchronize()\n        return out"))]})
+        verdict = judge.evaluate(AFFINE, waits)
+        assert verdict.correct, verdict.error
+    finally:
+        judge.close()

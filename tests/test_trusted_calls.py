@@ -15,7 +15,7 @@ from conftest import TASKS
 from cuda_agent.judge.wire.call_protocol import Ready, receive
 from cuda_agent.judge.trusted.freezer import CandidateGone, Freezer, process_cpu_ns
 from cuda_agent.judge.wire.input_buffers import InputBuffer, InputError, layout_of, map_inputs
-from cuda_agent.judge.trusted.readback import Unreadable, read_outputs
+from cuda_agent.judge.trusted.readback import Unreadable, process_reader, read_outputs
 from cuda_agent.judge.trusted.trusted_calls import CallFailed, Calls
 
 TASK = TASKS / "affine_relu.py"
@@ -165,10 +165,10 @@ def test_outputs_that_are_not_plain_tensors_are_refused(callee, body, message):
 def test_a_description_of_memory_the_callee_does_not_have_is_unreadable():
     here = [{"path": "output", "kind": "tensor", "dtype": "float32", "shape": [4], "strides": [1], "ptr": 16}]
     with pytest.raises(Unreadable, match="output"):
-        read_outputs(subprocess.os.getpid(), here, 1 << 20, [])
+        read_outputs(here, 1 << 20, [], process_reader(subprocess.os.getpid()))
     huge = [{**here[0], "shape": [1 << 40]}]
     with pytest.raises(Unreadable, match="more than"):
-        read_outputs(subprocess.os.getpid(), huge, 1 << 20, [])
+        read_outputs(huge, 1 << 20, [], process_reader(subprocess.os.getpid()))
 
 
 def test_a_call_that_does_not_return_in_time_fails_and_one_that_raises_says_why(callee):
@@ -205,7 +205,7 @@ def test_input_buffers_carry_flat_cpu_inputs_and_see_changes():
     inputs = [torch.arange(6, dtype=torch.float32).reshape(2, 3), 7, torch.tensor([True, False])]
     buffer = InputBuffer(layout_of(inputs))
     buffer.write(inputs)
-    views = map_inputs(subprocess.os.dup(buffer.fd), buffer.layout)
+    views, _ = map_inputs(subprocess.os.dup(buffer.fd), buffer.layout)
     assert torch.equal(views[0], inputs[0]) and views[1] == 7 and torch.equal(views[2], inputs[2])
     assert buffer.changed() == []
     views[0][1, 2] = -1.0

@@ -244,6 +244,14 @@ class CudaBackend(Backend):
 
     def __post_init__(self) -> None:
         self.nvcc = self.nvcc or _find_nvcc()
+        # The trusted clock on the GPU (judge/trusted/gpu_calls.py), not yet the default: it is being measured
+        # against the in-process clock on the H200 (docs/threat-model.md, issue 28).
+        if os.environ.get("CUDA_AGENT_GPU_CLOCK") == "trusted":
+            self.trusted_clock = True
+            self.kernel_timeline = False
+            self.timing_method = ("the trusted side's CUDA events around each call, ordered with the candidate's "
+                                  "stream through flags in shared GPU memory; inputs written and L2 flushed before "
+                                  "each; the clock's constant overhead, measured on empty calls, subtracted")
 
     @property
     def cuda_home(self) -> Path:

@@ -28,6 +28,7 @@ from ..task import Task, load_task
 from ..workspace.build import Builder, BuildResult
 from ..workspace.candidate import Candidate, load_candidate
 from ..workspace.inline import InlineBuilder
+from .candidate import output_pool
 from .checks.policy import COMPUTE_PACKAGES, compute_packages
 from .config import POLICIES, JudgeConfig
 from .device_lock import DeviceLock
@@ -70,6 +71,9 @@ class Judge:
         self.builder = Builder(self.backend, self.cache_dir / "build", confined=confined)
         self.inline = InlineBuilder(self.cache_dir / "extensions", self.backend.identity(), self.worker_env(),
                                     confined, self.config.build_timeout_s, getattr(self.backend, "arch", ""))
+        # the GPU's trusted path: outputs allocated where the trusted side reads them (in a folder candidates see)
+        self.output_pool = str(output_pool.build(self.inline.root / "output-pool")) \
+            if self.backend.trusted_clock and self.backend.device == "cuda" else None
         limit = self.config.memory_limit_gb
         # No CPU-seconds rlimit (the timeouts bound the candidate): it would make the process's CPU clock coarse,
         # and the worker reads that clock to see threads working outside the calls.

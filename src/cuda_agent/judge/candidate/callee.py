@@ -5,6 +5,11 @@ the input buffers to map (`inputs`), then, with the candidate's processes resume
 side runs `forward` on the mapped inputs and answers `done` with where the outputs lie (and what the in-process op
 audit saw, a second line of defence). The clock, the inputs' values, which outputs are read and the comparison
 are the trusted side's. Between calls the candidate's processes are stopped.
+
+On the GPU (after `order`) each call's work is queued between a wait for the trusted side's `go` and a write of
+`done` on the call's stream (`gpu_order.py`), its outputs allocated from a pool the trusted side maps
+(`output_pool.py`); `forward` must not wait for its own work (the trusted side opens the window once `done` is
+answered, or, for a forward that waits, after a grace period).
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, receive, send
+from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Order, Prepare, Prepared, receive, send
+from ..wire.gpu_order import CalleeOrder, Flags, flag_value
 from ..wire.input_buffers import map_inputs
-from ..wire.process import one_line
+from ..wire.process import close_fds, one_line
 from ..wire.tensors import leaves
 
 
@@ -45,10 +51,14 @@ class Callee:
     compilation)."""
 
     def __init__(self, sock: socket.socket, forward: Callable[[list, str], Any],
-                 prepare: Callable[[str, list], None] | None = None):
-        self.sock, self.forward, self.prepare = sock, forward, prepare
+                 prepare: Callable[[str, list], None] | None = None, pool_library: str | None = None):
+        """`pool_library`: the output pool's allocator (`output_pool.build`), for calls ordered on the GPU."""
+        self.sock, self.forward, self.prepare, self.pool_library = sock, forward, prepare, pool_library
         self.inputs: dict[int, list] = {}
+        self.mappings: dict[int, Any] = {}  # the memory the inputs lie in, kept while they are used
         self.last: Any = None  # the last call's outputs stay alive until the trusted side has read them
+        self.order: CalleeOrder | None = None
+        self.pool = None
 
     def serve(self) -> tuple[int, int]:
         """Returns the number of calls served, and how many canary ops the trusted side's `end` asks the audits to
@@ -57,10 +67,18 @@ class Callee:
         while True:
             msg, fds = receive(self.sock)
             if isinstance(msg, Inputs):
-                self.inputs[msg.id] = map_inputs(fds[0], msg.layout)
+                self.inputs[msg.id], self.mappings[msg.id] = map_inputs(fds[0], msg.layout)
+            elif isinstance(msg, Order):
+                from .output_pool import OutputPool
+
+                self.order, self.pool = CalleeOrder(Flags(fds[0])), OutputPool(str(self.pool_library))
+                close_fds(fds)
             elif isinstance(msg, Call):
                 calls += 1
-                send(self.sock, self._call(msg.k, self.inputs[msg.inputs], msg.fn))
+                reply, shared = self._ordered_call(msg.k, self.inputs[msg.inputs], msg.fn) if self.order else \
+                    (self._call(msg.k, self.inputs[msg.inputs], msg.fn), [])
+                send(self.sock, reply, shared)
+                close_fds(shared)
             elif isinstance(msg, Prepare) and self.prepare is not None:
                 try:
                     self.prepare(msg.fn, self.inputs[msg.inputs])
@@ -82,3 +100,18 @@ class Callee:
         except Exception as exc:  # the candidate's failure, reported as such
             return Failed(k, one_line(exc))
         return Done(k, describe(self.last))
+
+    def _ordered_call(self, k: int, inputs: list, fn: str) -> tuple[Done | Failed, list[int]]:
+        """The call's work queued between `go` and `done` on the current stream, its outputs in the pool (copied
+        there, inside the window, where `forward` made them elsewhere)."""
+        self.last = None
+        self.order.arm(flag_value(k))
+        try:
+            with torch.cuda.stream(self.order.stream), self.pool.allocating():
+                out = self.forward(inputs, fn)
+                found, fds, self.last = self.pool.describe(out)
+        except Exception as exc:  # the candidate's failure, reported as such
+            return Failed(k, one_line(exc)), []
+        finally:
+            self.order.release(flag_value(k))
+        return Done(k, found), fds

@@ -334,15 +334,17 @@ class LoadedCandidate:
                                                     f"({', '.join(strays[:4])}): all work must happen in forward")
         return []
 
-    def audited(self, inputs: list) -> Any:
-        """ModelNew on `inputs` under the op audit (strict), its device work finished."""
+    def audited(self, inputs: list, sync: bool = True) -> Any:
+        """ModelNew on `inputs` under the op audit (strict), its device work finished (unless `sync` is false: the
+        trusted path's GPU calls, whose work is ordered on the GPU instead)."""
         with torch.no_grad():
             if self.audit is None:
                 out = self.model(*inputs)
             else:
                 with self.audit:
                     out = self.model(*inputs)
-        self.backend.synchronize()
+        if sync:
+            self.backend.synchronize()
         return out
 
     def forward(self, inputs: list, label: str) -> tuple[Any, float]:
@@ -391,7 +393,8 @@ class LoadedCandidate:
         """The trusted path: the reference worker drives every call (`callee.py`); inputs come from it, outputs are
         read by it. Timed and verified calls are one and the same kind of call, all under the same audits."""
         audited = self.audit is not None
-        callee = Callee(sock, lambda inputs, fn: self.audited(inputs))
+        callee = Callee(sock, lambda inputs, fn: self.audited(inputs, sync=callee.order is None),
+                        pool_library=self.req.get("output_pool"))
         with ThreadAudit(self.allowed_ops, enabled=audited, harness_too=True) as threads:
             calls, canary = callee.serve()
             threads.challenge(canary)

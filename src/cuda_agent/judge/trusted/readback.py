@@ -3,7 +3,8 @@
 The candidate's process only says where its outputs lie (address, dtype, shape, strides): a description it cannot
 turn into a false result, since the bytes are read here (`process_vm_readv`) after every one of its threads has
 stopped, and then compared. Whatever it computes after that moment is never seen; whatever it did not compute
-before it is missing. CPU memory only (the cuda backend's outputs cross through GPU memory, `transfer.py`).
+before it is missing. The same descriptions, checked the same way, are read from GPU memory on the cuda backend
+(`gpu_calls.py`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -19,6 +20,9 @@ MAX_LEAVES = 4096
 DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16, torch.int32,
     torch.int64, torch.bool, torch.complex64, torch.complex128)}
+
+
+Reader = Callable[[dict, int], torch.Tensor]  # (a tensor leaf's description, its span in bytes) -> its bytes (uint8)
 
 
 class _IoVec(ctypes.Structure):
@@ -62,7 +66,7 @@ def mapped_files(pid: int, name: str) -> list[tuple[int, int]]:
     return ranges
 
 
-def _leaf_tensor(pid: int, leaf: dict[str, Any], limit: int) -> tuple[torch.Tensor, tuple[int, int]]:
+def _leaf_tensor(leaf: dict[str, Any], limit: int, read: Reader) -> tuple[torch.Tensor, tuple[int, int]]:
     dtype = DTYPES.get(str(leaf.get("dtype")))
     shape, strides, address = leaf.get("shape"), leaf.get("strides"), leaf.get("ptr")
     if dtype is None:
@@ -77,15 +81,21 @@ def _leaf_tensor(pid: int, leaf: dict[str, Any], limit: int) -> tuple[torch.Tens
     span = (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * size
     if span > limit:
         raise Unreadable(f"spans {span} bytes, more than the {limit} the judge reads")
-    raw = read_memory(pid, address, span)
+    raw = read(leaf, span)
     flat = raw.view(dtype) if span % size == 0 else raw[:span - span % size].view(dtype)
     return flat.as_strided(shape, strides).clone(), (address, address + span)
 
 
-def read_outputs(pid: int, leaves: Any, limit_bytes: int, forbidden: list[tuple[int, int]]) -> list[tuple[str, Any]]:
-    """The outputs a stopped candidate described, as (path, tensor or plain value) pairs read from its memory.
-    A tensor lying in `forbidden` ranges (the candidate's view of its inputs) is refused: an output aliasing an
-    input. Raises Unreadable with the reason."""
+def process_reader(pid: int) -> Reader:
+    """Reads a leaf's bytes at its address in the stopped process `pid`."""
+    return lambda leaf, span: read_memory(pid, leaf["ptr"], span)
+
+
+def read_outputs(leaves: Any, limit_bytes: int, forbidden: list[tuple[int, int]], read: Reader) -> list[tuple[str, Any]]:
+    """The outputs a stopped candidate described, as (path, tensor or plain value) pairs whose bytes `read` gets
+    (from its memory: `process_reader`; on the GPU from the blocks it shared, `gpu_calls.py`). A tensor lying in
+    `forbidden` ranges (the candidate's view of its inputs) is refused: an output aliasing an input. Raises
+    Unreadable with the reason."""
     if not isinstance(leaves, list) or len(leaves) > MAX_LEAVES or not all(isinstance(x, dict) for x in leaves):
         raise Unreadable("malformed output description")
     found: list[tuple[str, Any]] = []
@@ -102,7 +112,7 @@ def read_outputs(pid: int, leaves: Any, limit_bytes: int, forbidden: list[tuple[
             raise Unreadable(f"{path} is a {what}, not a plain torch.Tensor" if leaf.get("kind") == "subclass" else
                              f"{path} is a {what}, not a tensor or number")
         try:
-            tensor, (lo, hi) = _leaf_tensor(pid, leaf, limit_bytes)
+            tensor, (lo, hi) = _leaf_tensor(leaf, limit_bytes, read)
         except Unreadable as exc:
             raise Unreadable(f"{path}: {exc}") from None
         if hi > lo and any(lo < b and a < hi for a, b in forbidden):

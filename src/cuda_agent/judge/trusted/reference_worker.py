@@ -46,6 +46,7 @@ from ..wire.trusted_commands import (
 )
 from . import baseline_callee
 from .compare import compare_leaves, compare_trial
+from .gpu_calls import GpuCalls
 from .readback import Unreadable
 from .trusted_calls import CallFailed, Calls
 
@@ -234,8 +235,7 @@ class Reference:
         def one(label: str, picked: bool):
             inputs = make_inputs(self.module, rng.randrange(2**31), self.device, None, self.draw_scale(rng))
             calls.load(inputs)
-            flush()
-            call = calls.call(deadline, fn)
+            call = calls.call(deadline, fn, flush)
             expected = self.reference_outputs(inputs, fp64=False) if picked else None
             if expected is not None and not all(bool(torch.isfinite(x).all()) for _, x in leaves(expected[0])
                                                 if isinstance(x, torch.Tensor) and x.is_floating_point()):
@@ -251,15 +251,18 @@ class Reference:
         iters = int(min(timing["max_iters"], max(timing["min_iters"],
                                                   math.ceil(timing["target_time_s"] / max(per_call, 1e-6)))))
         picked = set(rng.sample(range(iters), min(iters, checks)))
-        windows, cpu = [], []
+        windows, cpu, host = [], [], []
         for i in range(iters):
             call = one(f"timed call {i} (fresh values in the timed buffers)", i in picked)
             windows.append(call.window_us)
             cpu.append(call.cpu_us)
+            host.append(call.host_us)
         self._release()
+        gpu = {"clock_overhead_us": calls.overhead_us, "host_us_median": statistics.median(host)} \
+            if isinstance(calls, GpuCalls) else {}
         return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
                 "cpu_outside_calls_us": calls.outside_ns / 1e3, "memory_peak": calls.memory_peak(),
-                "checked_calls": sorted(picked)}
+                "checked_calls": sorted(picked), **gpu}
 
     @staticmethod
     def _inputs_kept(calls: Calls, label: str) -> dict:
@@ -295,12 +298,20 @@ class Reference:
             return time_callable(lambda: fn_of_inputs(hooks.inputs), self.backend, **timing, hooks=hooks)
 
     def baseline_calls(self) -> Calls:
-        """The baseline callee (`baseline_callee.py`), started on first use and kept with this worker."""
+        """The baseline callee (`baseline_callee.py`), started on first use and kept with this worker (on the GPU,
+        its empty calls calibrate the clock's overhead first)."""
         if self.baseline is None:
             self.baseline, self.baseline_process = baseline_callee.start(
-                {key: self.req[key] for key in ("task_path", "backend", "allow_tf32", "compile_mode")}
-                | {"seed": self.req["init_seed"]}, BASELINE_READ_LIMIT)
+                {key: self.req.get(key) for key in ("task_path", "backend", "allow_tf32", "compile_mode", "output_pool")}
+                | {"seed": self.req["init_seed"]}, BASELINE_READ_LIMIT, self.calls_class())
+            if isinstance(self.baseline, GpuCalls):
+                self.baseline.calibrate(make_inputs(self.module, secrets.randbelow(2**31), self.device),
+                                        time.monotonic() + BASELINE_TIMEOUT_S)
         return self.baseline
+
+    def calls_class(self) -> type[Calls]:
+        """How calls are made: ordered on the GPU, or with the callee stopped and resumed on the CPU."""
+        return GpuCalls if self.device == "cuda" else Calls
 
     def _baseline_timing(self, fn: str, timing: dict) -> dict:
         """`fn` of the baseline callee, through the same calls and clock as the candidate (trusted path)."""
@@ -478,8 +489,10 @@ def start(req: dict, chan: Channel) -> dict:
         sock = socket.socket(fileno=chan.receive_fds(1)[0])
         if "calls" in side:  # the last evaluation's candidate (it is killed by the judge)
             side.pop("calls").close()
-        side["calls"] = Calls(sock, [cmd.worker_pid], cmd.worker_pid, cmd.read_limit, cgroup=cmd.cgroup,
-                              others=list(cmd.others))
+        side["calls"] = ref.calls_class()(sock, [cmd.worker_pid], cmd.worker_pid, cmd.read_limit, cgroup=cmd.cgroup,
+                                          others=list(cmd.others))
+        if isinstance(side["calls"], GpuCalls):  # the clock's overhead, measured on the baseline callee
+            side["calls"].overhead_us = ref.baseline_calls().overhead_us
         return Attached(scales=bool(ref.req.get("scaled_inputs")) and ref.scale_holds())
 
     def on_candidate(fn):

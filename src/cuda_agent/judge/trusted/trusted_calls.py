@@ -23,7 +23,7 @@ from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare
 from ..wire.input_buffers import NAME, InputBuffer, layout_of
 from .compare import Leaf
 from .freezer import CandidateGone, Freezer
-from .readback import mapped_files, read_outputs
+from .readback import mapped_files, process_reader, read_outputs
 
 OUTSIDE_LIMIT_NS = 1_000_000  # CPU time a stopped callee may show between calls, all calls together (it shows 0)
 
@@ -44,6 +44,8 @@ class CallRecord:
     window_us: float  # the trusted clock, from resuming the candidate to stopping it
     cpu_us: float  # its processes' CPU time over that window (the kernel's clocks)
     outputs: list[dict[str, Any]] = field(default_factory=list)  # where it says its outputs are
+    raw_us: float = 0.0  # on the GPU: the window as measured, its constant part included
+    host_us: float = 0.0  # on the GPU: from sending `call` to its answer (the host's part of the call)
 
 
 class Calls:
@@ -76,10 +78,12 @@ class Calls:
         self.current.write(inputs)
         return self.current
 
-    def call(self, deadline: float, fn: str = "") -> CallRecord:
-        """One call (of `fn`, where the callee serves several) on the inputs loaded last; CallFailed when the callee
-        does not answer `done` in time."""
+    def call(self, deadline: float, fn: str = "", flush=None) -> CallRecord:
+        """One call (of `fn`, where the callee serves several) on the inputs loaded last, after `flush()` (the
+        caches); CallFailed when the callee does not answer `done` in time."""
         assert self.current is not None, "load inputs first"
+        if flush is not None:
+            flush()
         ident = next(i for i, b in self.buffers.values() if b is self.current)
         k, self.calls = self.calls, self.calls + 1
         cpu0 = self.freezer.cpu_ns()
@@ -155,7 +159,7 @@ class Calls:
         """The call's outputs as leaves to compare (read from the stopped candidate's memory when compared), and a
         short description of their structure. Raises ValueError (`readback.Unreadable`) for a bad description."""
         inputs = mapped_files(self.worker_pid, NAME)
-        found = read_outputs(self.worker_pid, call.outputs, self.read_limit, inputs)
+        found = read_outputs(call.outputs, self.read_limit, inputs, process_reader(self.worker_pid))
         kinds = {item.get("path"): item.get("kind") for item in call.outputs}
         leaves = [(path, "tensor" if kinds.get(path) == "tensor" else "value", lambda v=value: v)
                   for path, value in found]

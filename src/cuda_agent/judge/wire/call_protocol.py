@@ -1,10 +1,10 @@
 """The call socket between the trusted side (`trusted_calls.py`) and a callee (`callee.py`): its messages as typed
 records, one JSON object per SOCK_SEQPACKET message (`{"op": <name>, ...fields}`), file descriptors beside them.
 
-The trusted side sends `Inputs` (a buffer to map, its descriptor attached), `Call`, `Prepare` and `End`; the callee
-answers `Ready` (once, at start), `Done` or `Failed` per call, `Prepared`, `Ended`. What comes from a callee is
-decoded defensively: a message that is not one of these, or whose fields are not of their types, is a
-`ProtocolError` (the callee's failure, never the judge's).
+The trusted side sends `Inputs` (a buffer to map, its descriptor attached), `Order` (the cuda backend's flags),
+`Call`, `Prepare` and `End`; the callee answers `Ready` (once, at start), `Done` or `Failed` per call, `Prepared`,
+`Ended`. What comes from a callee is decoded defensively: a message that is not one of these, or whose fields are
+not of their types, is a `ProtocolError` (the callee's failure, never the judge's).
 """
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ class Inputs:
     """Map this buffer (the descriptor attached) as the inputs `id` (`input_buffers.map_inputs`)."""
     id: int
     layout: list
+
+
+@dataclass
+class Order:
+    """Map this flag buffer (the descriptor attached): from now on every call is ordered on the GPU between the
+    trusted side's events (`gpu_order.py`): its stream waits for `go` before the call's work and writes `done`
+    after it; `Done` comes with the descriptors of output blocks not shared before."""
 
 
 @dataclass
@@ -81,9 +88,9 @@ class Ended:
     violations: list = field(default_factory=list)
 
 
-Message = Union[Inputs, Call, Prepare, End, Ready, Done, Failed, Prepared, Ended]
-KINDS: dict[str, type] = {cls.__name__.lower(): cls for cls in (Inputs, Call, Prepare, End, Ready, Done, Failed,
-                                                                 Prepared, Ended)}
+Message = Union[Inputs, Order, Call, Prepare, End, Ready, Done, Failed, Prepared, Ended]
+KINDS: dict[str, type] = {cls.__name__.lower(): cls for cls in (Inputs, Order, Call, Prepare, End, Ready, Done,
+                                                                 Failed, Prepared, Ended)}
 
 
 def _fits(hint: Any, value: Any) -> bool:

@@ -28,6 +28,11 @@ GEQ = 0  # CU_STREAM_WAIT_VALUE_GEQ
 _driver: ctypes.CDLL | None = None
 
 
+def flag_value(k: int) -> int:
+    """The flag value of call `k` (0, 1, ...): the flags start at 0, which would let call 0 through at once."""
+    return k + 1
+
+
 class OrderTimeout(RuntimeError):
     """The callee's `done` did not come before the deadline."""
 
@@ -74,7 +79,7 @@ class Flags:
 
 
 class Window:
-    """One ordered call, as the trusted process recorded it."""
+    """One ordered call, as the trusted process recorded it (`k`: its flag value)."""
 
     def __init__(self, k: int, start: torch.cuda.Event, end: torch.cuda.Event):
         self.k, self.start, self.end = k, start, end
@@ -96,24 +101,37 @@ def poll(event: torch.cuda.Event, deadline: float, what: str) -> None:
 class TrustedOrder:
     """The trusted side: opens each call's window on its own stream."""
 
-    def __init__(self, flags: Flags, stream: torch.cuda.Stream | None = None):
+    def __init__(self, flags: Flags):
         self.flags = flags
-        self.stream = stream or torch.cuda.Stream()
+        self.stream = torch.cuda.Stream()  # its own: work the caller queued before a window is waited for
 
-    def open(self, k: int, before=None, after=None) -> Window:
-        """Enqueue call `k`'s window (k grows by at least 1 every call): `before()` and `after()` enqueue work of
-        this side around it (they run with this side's stream current)."""
+    def open(self, value: int, before=None, after=None, close: bool = True) -> Window:
+        """Enqueue the window of the call whose flag value is `value` (it grows every call): `before()` and
+        `after()` enqueue work of this side around it (with this side's stream current). With `close` false the
+        window's end waits for `close(window)`."""
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
             if before is not None:
                 before()
             start.record()
-            write_value(self.stream, self.flags.address(GO), k)
-            wait_value(self.stream, self.flags.address(DONE), k)
-            end.record()
+            write_value(self.stream, self.flags.address(GO), value)
+            wait_value(self.stream, self.flags.address(DONE), value)
+        window = Window(value, start, end)
+        if close:
+            self.close(window, after)
+        return window
+
+    def close(self, window: Window, after=None) -> None:
+        """End `window` now (and no earlier than the callee's `done`), then enqueue `after()`."""
+        with torch.cuda.stream(self.stream):
+            window.end.record()
             if after is not None:
                 after()
-        return Window(k, start, end)
+
+    def abandon(self, window: Window) -> None:
+        """Write the `done` the callee never wrote, from a stream of its own: this side's stream no longer waits."""
+        write_value(torch.cuda.Stream(), self.flags.address(DONE), window.k)
 
 
 class CalleeOrder:
@@ -122,9 +140,17 @@ class CalleeOrder:
 
     def __init__(self, flags: Flags):
         self.flags = flags
+        self.stream = torch.cuda.Stream()  # the call's stream: made current for the call's work
 
-    def arm(self, k: int, stream: torch.cuda.Stream) -> None:
-        wait_value(stream, self.flags.address(GO), k)
+    def arm(self, k: int, stream: torch.cuda.Stream | None = None) -> None:
+        """The call's stream (and the legacy default stream, where kernels launched without a stream go) wait
+        for `go`."""
+        for s in ((stream,) if stream is not None else (self.stream, torch.cuda.default_stream())):
+            wait_value(s, self.flags.address(GO), k)
 
-    def release(self, k: int, stream: torch.cuda.Stream) -> None:
+    def release(self, k: int, stream: torch.cuda.Stream | None = None) -> None:
+        """`done`, once the call's stream (and the legacy default stream's work) is done."""
+        if stream is None:
+            stream = self.stream
+            stream.wait_stream(torch.cuda.default_stream())
         write_value(stream, self.flags.address(DONE), k)

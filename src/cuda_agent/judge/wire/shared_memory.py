@@ -87,13 +87,13 @@ class DeviceBuffer:
         """Map memory another process exported (the descriptor stays the caller's to close)."""
         return cls(nbytes, device, fd)
 
-    @property
-    def __cuda_array_interface__(self) -> dict:
-        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr.value, False), "version": 3}
-
     def tensor(self) -> torch.Tensor:
-        """The memory as a uint8 CUDA tensor (which keeps this buffer alive)."""
-        return torch.as_tensor(self, device=f"cuda:{self.device}")
+        """The memory as a uint8 CUDA tensor, valid while this buffer lives (keep the buffer: the tensor does not).
+        Made without numpy (which `torch.as_tensor` needs to read `__cuda_array_interface__`, and which strict
+        candidates lack)."""
+        device = torch.device("cuda", self.device)
+        storage = torch._C._construct_storage_from_data_pointer(self.ptr.value, device, self.nbytes)
+        return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (self.nbytes,), (1,))
 
     def __del__(self) -> None:
         if _driver is None:

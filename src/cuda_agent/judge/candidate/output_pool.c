@@ -1,14 +1,16 @@
 /* An allocator for torch's pluggable-allocator API whose every block is GPU memory of CUDA's virtual memory API,
- * exportable as a POSIX file descriptor (`ca_export`): a probe of the cuda backend's output path, where outputs
- * allocated in `forward` are read by the trusted side without a copy (benchmarks/gpu_clock_attacks.py).
- * Build: gcc -shared -fPIC -O2 -I$CUDA_HOME/include exportable_pool.c -o exportable_pool.so -lcuda */
+ * exportable as a POSIX file descriptor (`ca_export`): on the cuda backend's trusted path the callee allocates
+ * its outputs in `forward` from a `torch.cuda.MemPool` over it, and the trusted side maps the blocks and reads the
+ * outputs where they lie, with no copy in the timed window (`output_pool.py` builds and loads it). It runs in the
+ * callee's process: nothing it reports is believed; a descriptor that is no such memory fails to map. */
 #include <cuda.h>
 #include <stddef.h>
 #include <sys/types.h>
 
 #define MAX_BLOCKS 65536
-typedef struct { CUdeviceptr ptr; size_t size; CUmemGenericAllocationHandle handle; } Block;
+typedef struct { CUdeviceptr ptr; size_t size; CUmemGenericAllocationHandle handle; unsigned long long serial; } Block;
 static Block blocks[MAX_BLOCKS];
+static unsigned long long serials;
 
 static CUmemAllocationProp prop_for(int device) {
     CUmemAllocationProp prop = {0};
@@ -39,7 +41,7 @@ void *ca_alloc(ssize_t size, int device, void *stream) {
         cuMemRelease(handle);
         return NULL;
     }
-    blocks[slot] = (Block){ptr, bytes, handle};
+    blocks[slot] = (Block){ptr, bytes, handle, ++serials};
     return (void *)ptr;
 }
 
@@ -51,14 +53,15 @@ void ca_free(void *ptr, ssize_t size, int device, void *stream) {
             cuMemUnmap(blocks[i].ptr, blocks[i].size);
             cuMemAddressFree(blocks[i].ptr, blocks[i].size);
             cuMemRelease(blocks[i].handle);
-            blocks[i] = (Block){0, 0, 0};
+            blocks[i] = (Block){0, 0, 0, 0};
             return;
         }
     }
 }
 
-/* The descriptor of the block holding `ptr` (the caller closes it), its base and size; -1 if no block holds it. */
-int ca_export(void *ptr, unsigned long long *base, unsigned long long *size) {
+/* The descriptor of the block holding `ptr` (the caller closes it), its base, size and serial (blocks are never
+ * numbered twice, also where an address is reused); -1 if no block holds it. */
+int ca_export(void *ptr, unsigned long long *base, unsigned long long *size, unsigned long long *serial) {
     CUdeviceptr p = (CUdeviceptr)ptr;
     for (int i = 0; i < MAX_BLOCKS; i++) {
         if (blocks[i].ptr && blocks[i].ptr <= p && p < blocks[i].ptr + blocks[i].size) {
@@ -67,6 +70,7 @@ int ca_export(void *ptr, unsigned long long *base, unsigned long long *size) {
                 != CUDA_SUCCESS) return -1;
             *base = blocks[i].ptr;
             *size = blocks[i].size;
+            *serial = blocks[i].serial;
             return fd;
         }
     }

@@ -1,0 +1,207 @@
+"""Calls on the GPU, measured by the trusted side's own events (the cuda backend's trusted path).
+
+Per call: the callee's processes are resumed and told `call`; the callee queues the call's work behind a wait for
+`go` and a write of `done` on its stream, its outputs allocated from a pool whose blocks it shares (`output_pool.py`),
+and answers `done`; it is stopped again. Then, on this process's stream, in one burst: the call's inputs written
+into the buffer it maps, the L2 flushed, event E0, `go`, a wait for `done`, event E1, and the outputs copied out
+of its blocks (`gpu_order.py`). Its work cannot start before E0 and holds the GPU until E1; what it leaves
+unfinished past the GPU's time slice is missing from the copy. A `forward` that waits for its own work would wait
+for `go` for good: after `LATE_GO_S` the window opens anyway, and closes only once `done` has been answered.
+
+The window's constant part (two context switches, ~285 us on the H200) is measured on the baseline callee's empty
+calls and subtracted (`calibrate`); a candidate's call whose window is shorter than that ran its work outside it
+and fails.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from ..wire.call_protocol import Call, Done, Failed, Inputs, Order, ProtocolError, receive, send
+from ..wire.gpu_order import Flags, OrderTimeout, TrustedOrder, flag_value
+from ..wire.input_buffers import InputBuffer, layout_of
+from ..wire.process import close_fds
+from ..wire.shared_memory import DeviceBuffer
+from .compare import Leaf
+from .freezer import CandidateGone
+from .readback import Unreadable, read_outputs
+from .trusted_calls import CallFailed, CallRecord, Calls
+
+LATE_GO_S = 0.1  # how long a callee may take to queue a call before the window opens without its `done`
+BELOW_OVERHEAD_US = 20.0  # a window this far under the calibrated overhead ran its work outside the window
+MAX_BLOCKS = 4096
+
+
+class GpuCalls(Calls):
+    """`Calls` whose clock, inputs and output reads are on the GPU, ordered with the callee's stream."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.flags = Flags()
+        self.order = TrustedOrder(self.flags)
+        send(self.sock, Order(), [self.flags.fd])
+        self.blocks: dict[int, DeviceBuffer] = {}
+        self.staged: list | None = None
+        self.read: list[tuple[str, Any]] | Unreadable = []
+        self.overhead_us: float | None = None  # the window's constant part, once calibrated
+        self.checks_overhead = True  # (not while calibrating: empty calls are the overhead)
+
+    def load(self, inputs: list):
+        """Stage a call's inputs: they are written into the callee's buffer inside the call's window."""
+        layout = layout_of(inputs)
+        key = repr(layout)
+        if key not in self.buffers:
+            buffer = InputBuffer(layout)
+            self.buffers[key] = (len(self.buffers), buffer)
+            send(self.sock, Inputs(self.buffers[key][0], layout), [buffer.fd])
+        self.current = self.buffers[key][1]
+        self.staged = inputs
+        return self.current
+
+    def call(self, deadline: float, fn: str = "", flush=None) -> CallRecord:
+        assert self.current is not None and self.staged is not None, "load inputs first"
+        ident = next(i for i, b in self.buffers.values() if b is self.current)
+        k, self.calls = self.calls, self.calls + 1
+        cpu0 = self._cpu_before(k)
+        t0 = time.perf_counter_ns()
+        self.freezer.resume()
+        window = None
+        try:
+            send(self.sock, Call(k, ident, fn))
+            self.sock.settimeout(max(0.001, min(LATE_GO_S, deadline - time.monotonic())))
+            try:
+                reply, fds = receive(self.sock)
+            except socket.timeout:  # it waits for its own work: open the window, then wait for its answer
+                window = self._open(k, flush, close=False)
+                self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+                reply, fds = receive(self.sock)
+        except ProtocolError as exc:
+            reply, fds = Failed(k, f"the candidate answered outside the protocol ({exc})"), []
+        except socket.timeout:
+            self._abandon(window)
+            raise CallFailed(f"call {k} did not return in time", "timeout") from None
+        except (ConnectionError, OSError) as exc:
+            self._abandon(window)
+            raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
+        finally:
+            try:
+                self.freezer.signal_stop()
+            except CandidateGone:
+                pass
+        host_ns = time.perf_counter_ns() - t0
+        try:
+            self.freezer.settle()
+            cpu1 = self.stopped_cpu = self.freezer.cpu_ns()
+            reply = self._checked_reply(k, reply)
+            self._map_blocks(reply.outputs, fds)
+        except CandidateGone as exc:
+            self._abandon(window)
+            raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
+        except CallFailed:
+            self._abandon(window)
+            raise
+        finally:
+            close_fds(fds)
+        if window is None:
+            window = self._open(k, flush, close=True, outputs=reply.outputs)
+        else:
+            self.order.close(window, after=lambda: self._read(reply.outputs))
+        try:
+            elapsed = window.elapsed_us(deadline)
+        except OrderTimeout:
+            self.order.abandon(window)
+            raise CallFailed(f"call {k}: its GPU work did not end in time", "timeout") from None
+        self.order.stream.synchronize()  # (the outputs' copies)
+        if self.overhead_us is not None and self.checks_overhead and elapsed < self.overhead_us - BELOW_OVERHEAD_US:
+            raise CallFailed(f"call {k}: its window ({elapsed:.0f} us) is shorter than the GPU clock's own overhead "
+                             f"({self.overhead_us:.0f} us): its work ran outside the call")
+        return CallRecord(k, elapsed - (self.overhead_us or 0.0), (cpu1 - cpu0) / 1e3, reply.outputs, elapsed,
+                          host_ns / 1e3)
+
+    def _cpu_before(self, k: int) -> int:
+        cpu0 = self.freezer.cpu_ns()
+        if self.stopped_cpu is not None:
+            self.outside_ns += cpu0 - self.stopped_cpu
+        if self.outside_ns > 1_000_000:
+            raise CallFailed(f"call {k}: the candidate's processes ran while stopped ({self.outside_ns / 1e3:.0f} us "
+                             "of CPU between calls): all work must happen inside the calls")
+        return cpu0
+
+    def _abandon(self, window) -> None:
+        """A window opened for a call that failed: this side's stream must not wait for its `done` for good."""
+        if window is not None:
+            self.order.abandon(window)
+
+    def _checked_reply(self, k: int, reply) -> Done:
+        if isinstance(reply, Failed) and reply.k == k:
+            raise CallFailed(reply.error[:2000])
+        if not isinstance(reply, Done) or reply.k != k:
+            raise CallFailed(f"call {k}: the candidate answered out of turn ({str(reply)[:200]})")
+        return reply
+
+    def _open(self, k: int, flush, close: bool, outputs: list | None = None):
+        def before():
+            self.current.write(self.staged)
+            if flush is not None:
+                flush()
+        return self.order.open(flag_value(k), before=before, after=(lambda: self._read(outputs)) if close else None,
+                               close=close)
+
+    def _map_blocks(self, outputs: list, fds: list[int]) -> None:
+        """Map the output blocks it shared with this answer (in the order of its outputs' `new_block`s)."""
+        new = [leaf for leaf in outputs if isinstance(leaf, dict) and leaf.get("new_block")]
+        if len(new) != len(fds) or len(self.blocks) + len(fds) > MAX_BLOCKS:
+            raise CallFailed(f"invalid output: {len(fds)} memory blocks shared for {len(new)} new ones")
+        for leaf, fd in zip(new, fds):
+            serial, size = leaf.get("block"), leaf.get("block_size")
+            if type(serial) is not int or type(size) is not int or size <= 0 or serial in self.blocks:
+                raise CallFailed("invalid output: a malformed memory block")
+            try:
+                self.blocks[serial] = DeviceBuffer.open(fd, size, torch.cuda.current_device())
+            except RuntimeError as exc:
+                raise CallFailed(f"invalid output: its memory block could not be mapped ({exc})") from None
+
+    def _read(self, outputs: list) -> None:
+        """Copy the outputs out of its blocks, on this stream (queued before the window's end passes)."""
+        def read(leaf: dict, span: int) -> torch.Tensor:
+            block = self.blocks.get(leaf.get("block"))
+            if block is None or leaf["ptr"] + span > block.nbytes:
+                raise Unreadable("not in memory it shared")
+            return block.tensor()[leaf["ptr"]:leaf["ptr"] + span]
+        try:
+            self.read = read_outputs(outputs, self.read_limit, [], read)
+        except Unreadable as exc:
+            self.read = exc
+
+    def outputs(self, call: CallRecord) -> tuple[list[Leaf], str]:
+        """The last call's outputs as copied right after its window (Unreadable for a bad description)."""
+        if isinstance(self.read, Unreadable):
+            raise self.read
+        kinds = {item.get("path"): item.get("kind") for item in call.outputs if isinstance(item, dict)}
+        leaves = [(path, "tensor" if kinds.get(path) == "tensor" else "value", lambda v=value: v)
+                  for path, value in self.read]
+        return leaves, "(" + ", ".join(str(kinds.get(p)) for p, _ in self.read) + ")"
+
+    def changed_inputs(self) -> list[int]:
+        assert self.current is not None
+        return self.current.changed()
+
+    def calibrate(self, inputs: list, deadline: float, calls: int = 20) -> float:
+        """The window's constant part: the median window of empty calls (one empty kernel each)."""
+        self.load(inputs)
+        self.overhead_us, self.checks_overhead = None, False
+        try:
+            windows = [self.call(deadline, "null").raw_us for _ in range(calls)]
+        finally:
+            self.checks_overhead = True
+        self.overhead_us = statistics.median(windows[calls // 4:])
+        return self.overhead_us
+
+    def close(self) -> None:
+        self.blocks = {}
+        super().close()
