@@ -212,7 +212,18 @@ def test_input_buffers_carry_flat_cpu_inputs_and_see_changes():
     assert buffer.changed() == [0]
     with pytest.raises(InputError, match="nested|only tensors"):
         layout_of([[torch.zeros(1)]])
+    with pytest.raises(InputError, match="CPU or CUDA tensors"):  # (a GPU buffer carries CUDA ones, `gpu_calls`)
+        layout_of([torch.zeros(1, device="meta")])
+    assert [item.get("device") for item in buffer.layout] == ["cpu", None, "cpu"]
     buffer.close()
+
+
+def test_the_gpu_calls_order_message_is_part_of_the_protocol():
+    from cuda_agent.judge.wire.call_protocol import Order, decode, encode
+    from cuda_agent.judge.wire.gpu_order import flag_value
+
+    assert decode(encode(Order())) == Order()
+    assert [flag_value(k) for k in range(3)] == [1, 2, 3]  # flags start at 0: call 0 must not pass at once
 
 
 def test_the_baseline_callee_dies_with_its_reference_worker(tmp_path):
