@@ -30,7 +30,8 @@ def machine() -> dict:
     except (OSError, StopIteration):
         pass
     try:
-        info["nvcc"] = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+        info["nvcc"] = version.strip().splitlines()[-1]
     except (OSError, IndexError):
         pass
     return info

@@ -59,7 +59,7 @@ def main() -> None:
                     FreshInputs(module, backend.device, backend)
                 t0 = time.perf_counter()
                 with torch.no_grad():
-                    stats = time_callable(lambda: model(*hooks.inputs), backend, **TIMING, hooks=hooks)
+                    stats = time_callable(lambda: model(*hooks.inputs), backend, **TIMING, hooks=hooks)  # noqa: F821 (ruff 0.17)
                 results[kind].append((stats["median_us"], time.perf_counter() - t0, stats["iters"]))
         same = statistics.median(r[0] for r in results["same"])
         fresh = statistics.median(r[0] for r in results["fresh"])

@@ -2,8 +2,8 @@
 work with its own CUDA events, ordered with that work through stream memory operations on shared GPU memory?
 
 The timer (this process) shares a small GPU buffer of flags with a callee process (sandboxed as a candidate is, with
-`--sandbox`; the buffer crosses as a file descriptor, `judge/wire/shared_memory.py`). Per call the callee enqueues on its
-stream: wait until `go >= k`, the work, write `done = k`, and says it is armed; the timer then enqueues on its own
+`--sandbox`; the buffer crosses as a file descriptor, `judge/wire/shared_memory.py`). Per call the callee enqueues on
+its stream: wait until `go >= k`, the work, write `done = k`, and says it is armed; the timer then enqueues on its own
 stream: event E0, write `go = k`, wait until `done >= k`, event E1. E1 - E0 is a window on the GPU's clock that the
 callee cannot shorten: its work cannot start before `go`, and E1 cannot pass before `done`. The callee's own events
 around its work give the work's device time; the difference is the clock's overhead (two cross-process semaphore

@@ -13,7 +13,8 @@ build, verify + time), a sample spread over the levels; (b) distinct copies of a
     python benchmarks/judge_throughput.py --backend cuda --kernelbench DIR --tasks 12 --workspaces 12 \
         --modes serial,pool --out throughput.json     # add pool2 (--gpus 0,1) on a 2-GPU machine
     # all 250 references, half per call, cold then again with the baselines cached (as a second suite run):
-    python benchmarks/judge_throughput.py --kernelbench DIR --tasks 250 --part 1/2 --workspaces 0 --modes pool,pool-again
+    python benchmarks/judge_throughput.py --kernelbench DIR --tasks 250 --part 1/2 --workspaces 0 \
+        --modes pool,pool-again
     # the timing agreement with the baselines cached for the lone judge (no torch.compile to wait for):
     python benchmarks/judge_throughput.py --kernelbench DIR --tasks 16 --workspaces 0 --modes pool,serial --one-cache
 """
@@ -34,8 +35,10 @@ from _common import ROOT, write
 from cuda_agent.judge import Judge, JudgeConfig
 from cuda_agent.judge.pool import JudgePool
 
-WORKSPACE = {"cuda": ("affine_relu_cuda", "kernels/affine_relu.cu"), "cpu": ("affine_relu_ok", "kernels/affine_relu.cpp")}
-WARM_TASKS = "level2/12_Gemm_Multiply_LeakyReLU.py,level2/40_Matmul_Scaling_ResidualAdd.py,level2/52_Conv2d_Activation_BatchNorm.py"
+WORKSPACE = {"cuda": ("affine_relu_cuda", "kernels/affine_relu.cu"),
+             "cpu": ("affine_relu_ok", "kernels/affine_relu.cpp")}
+WARM_TASKS = ("level2/12_Gemm_Multiply_LeakyReLU.py,level2/40_Matmul_Scaling_ResidualAdd.py,"
+              "level2/52_Conv2d_Activation_BatchNorm.py")
 TASK = ROOT / "tests" / "data" / "tasks" / "affine_relu.py"
 
 
@@ -186,7 +189,8 @@ def main() -> None:
                          "timing_parts_s": timing_parts(verdicts), "cpu_busy_pct": usage["cpu_busy_pct"],
                          "device_lock_s": " | ".join(" ".join(f"{k}={t:.0f}" for k, t in lock.items())
                                                      for lock in usage["locks"]),
-                         "notes": "; ".join(f"{v.task['name']}: {(v.error or '')[:300]}" for v in verdicts if not v.correct)})
+                         "notes": "; ".join(f"{v.task['name']}: {(v.error or '')[:300]}" for v in verdicts
+                                            if not v.correct)})
             print(rows[-1], flush=True)
         base = rows[-len(modes)]
         for row in rows[-len(modes):]:

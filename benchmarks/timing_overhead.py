@@ -96,7 +96,7 @@ def task_row(path: Path, target_time_s: float, rounds: int) -> dict:
 
     def fn():
         with torch.no_grad():
-            return model(*inputs)
+            return model(*inputs)  # noqa: F821 (ruff 0.17: bound above)
 
     def prepare(_: int) -> None:
         flush()

@@ -146,7 +146,8 @@ def test_text_tools_put_the_schemas_in_the_system_message_and_results_in_user_tu
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     assert sent[0]["content"].startswith("Be fast.") and '"name": "verify"' in sent[0]["content"]
     assert "<tool_call>" in sent[0]["content"] and "tool_calls" not in sent[2]
-    assert sent[3]["content"] == "<tool_response>\nmodel.py\n</tool_response>\n<tool_response>\nSKILL.md\n</tool_response>"
+    assert sent[3]["content"] == ("<tool_response>\nmodel.py\n</tool_response>\n"
+                                  "<tool_response>\nSKILL.md\n</tool_response>")
     assert with_text_tools(conversation[1:2], SCHEMAS)[0]["role"] == "system"  # no system message: one is added
 
 

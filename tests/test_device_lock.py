@@ -7,7 +7,7 @@ from cuda_agent.judge.device_lock import DeviceLock
 
 
 def test_shared_holders_overlap_but_never_with_an_exclusive_one():
-    lock, events, guard = DeviceLock(), [], threading.Lock()
+    lock, guard = DeviceLock(), threading.Lock()
     active = {"shared": 0, "exclusive": 0, "max_shared": 0, "overlap": False}
 
     def use(kind: str) -> None:

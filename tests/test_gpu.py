@@ -86,10 +86,13 @@ def test_a_kernel_launched_by_a_thread_after_forward_returns_is_not_free(gpu_jud
     late = make_workspace("affine_relu_cuda", {KERNEL: [SLOW], BINDING: [
         ("#include <cuda_runtime.h>", "#include <cuda_runtime.h>\n#include <thread>"),
         ("    affine_relu_launcher(out.data_ptr<float>(), x.data_ptr<float>(), static_cast<float>(scale),\n"
-         "                         static_cast<float>(shift), x.numel(), config, c10::cuda::getCurrentCUDAStream().stream());",
-         "    float* o = out.data_ptr<float>();\n    const float* in = x.data_ptr<float>();\n    int64_t n = x.numel();\n"
+         "                         static_cast<float>(shift), x.numel(), config, "
+         "c10::cuda::getCurrentCUDAStream().stream());",
+         "    float* o = out.data_ptr<float>();\n    const float* in = x.data_ptr<float>();\n"
+         "    int64_t n = x.numel();\n"
          "    cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();\n"
-         "    std::thread([=] { affine_relu_launcher(o, in, (float)scale, (float)shift, n, config, stream); }).detach();")]})
+         "    std::thread([=] { affine_relu_launcher(o, in, (float)scale, (float)shift, n, config, stream); })"
+         ".detach();")]})
     verdict = gpu_judge.evaluate(AFFINE, late)
     timed_fairly = verdict.correct and verdict.times_us["candidate"] > 0.8 * normal.times_us["candidate"]
     assert verdict.reward == -1 or timed_fairly, (verdict.error, verdict.times_us, normal.times_us)
@@ -377,7 +380,8 @@ def test_host_memory_of_a_gpu_candidate_is_bounded(cache_dir, tmp_path):
     judge = Judge("cuda", fast_config(cache_dir, memory_limit_gb=4))
     hog = tmp_path / "hog.py"
     hog.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self, scale, shift):\n"
-                   "        super().__init__()\n        self.hog = torch.ones(8 << 30, dtype=torch.uint8, device='cpu')\n\n"
+                   "        super().__init__()\n"
+                   "        self.hog = torch.ones(8 << 30, dtype=torch.uint8, device='cpu')\n\n"
                    "    def forward(self, x):\n        return x * 1\n")
     verdict = judge.evaluate(AFFINE, hog)
     assert "cgroup" in verdict.sandbox, verdict.sandbox

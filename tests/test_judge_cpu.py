@@ -43,7 +43,8 @@ def test_a_correct_fused_kernel_is_rewarded_by_the_comparison_it_was_timed_in(cp
 
 def test_speed_of_light_bounds_are_reported_and_an_impossible_time_fails(cache_dir):
     fast_device = {"bytes": 1e15, "fp32": 1e18}
-    honest = Judge("cpu", fast_config(cache_dir, device_peaks=fast_device)).evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    honest = Judge("cpu", fast_config(cache_dir, device_peaks=fast_device)).evaluate(AFFINE,
+                                                                                      CANDIDATES / "affine_relu_ok")
     bound = honest.timing["speed_of_light_us"]
     assert honest.correct and 0 < bound["outputs"] < bound["full"] < honest.times_us["candidate"], bound
     assert not any("speed of light" in w for w in honest.warnings)
@@ -101,7 +102,8 @@ def test_a_baseline_cached_in_a_noisy_moment_is_timed_again(cache_dir, cpu_judge
     judge.store.put("baselines", key, {**cached, "eager": slow})
     verdict = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
     record = verdict.timing["baselines"]
-    assert record["source"] == "measured now" and "in the cached baseline timing" in record["remeasured_because"], record
+    assert record["source"] == "measured now", record
+    assert "in the cached baseline timing" in record["remeasured_because"], record
     assert verdict.times_us["eager"] < slow["median_us"] / 4, verdict.times_us
     assert judge.store.get("baselines", key)["eager"]["median_us"] < slow["median_us"] / 4  # the cache is mended
 
@@ -366,7 +368,8 @@ def test_a_closed_form_for_the_input_distribution_fails_on_scaled_inputs(cache_d
                            "        return torch.empty(x.shape[0], device=x.device).fill_(0.5)\n")
     task = TASKS / "row_mean.py"
     # The hack would pass without scaled inputs (and without the precision limit: its error is 2e-3 vs fp64).
-    unscaled = Judge("cpu", fast_config(cache_dir, scaled_inputs=False, max_error_ratio=None)).evaluate(task, expectation)
+    unscaled = Judge("cpu", fast_config(cache_dir, scaled_inputs=False, max_error_ratio=None)).evaluate(task,
+                                                                                                       expectation)
     assert unscaled.correct, unscaled.error
     verdict = cpu_judge.evaluate(task, expectation)
     # Every input set but the first is scaled by a factor drawn for it (as every timed call is): the second fails.
@@ -505,7 +508,8 @@ def test_a_library_the_candidate_builds_and_loads_itself_is_checked(cpu_judge, t
     probe.write_text("import ctypes\nimport subprocess\nimport tempfile\nimport torch\n\n"
                      "src = tempfile.mktemp(suffix='.c')\nopen(src, 'w').write('#include <dlfcn.h>\\n"
                      "void* find(void* h, const char* s) { return dlsym(h, s); }\\n')\n"
-                     "lib = src[:-2] + '.so'\nsubprocess.run(['gcc', '-shared', '-fPIC', src, '-o', lib, '-ldl'], check=True)\n"
+                     "lib = src[:-2] + '.so'\n"
+                     "subprocess.run(['gcc', '-shared', '-fPIC', src, '-o', lib, '-ldl'], check=True)\n"
                      "ctypes.CDLL(lib)\n\n\nclass ModelNew(torch.nn.Module):\n"
                      "    def __init__(self, scale, shift):\n        super().__init__()\n\n"
                      "    def forward(self, x):\n        return x.new_zeros(x.shape)\n")
@@ -519,7 +523,8 @@ def test_no_timed_call_sees_input_values_seen_before(cpu_judge, make_workspace):
     ws = make_workspace(edits={"model_new.py": [
         before_return("        key = tuple(x.view(-1)[::65536].tolist())\n"
                       "        if key in self.seen:\n"
-                      "            raise RuntimeError('these inputs were seen before: the answer could come from memory')\n"
+                      "            raise RuntimeError('these inputs were seen before: "
+                      "the answer could come from memory')\n"
                       "        self.seen.add(key)\n"),
         ("        self.shift = shift\n", "        self.shift = shift\n        self.seen = set()\n")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)
@@ -588,7 +593,8 @@ def test_an_input_set_the_reference_itself_fails_on_is_skipped_for_the_candidate
     task.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, predictions, targets):\n"
                     "        return torch.mean(torch.clamp(1 - predictions * targets, min=0))\n\n\n"
                     "batch_size = 8\ninput_shape = (8,)\n\n\ndef get_inputs():\n"
-                    "    return [torch.rand(batch_size, *input_shape), torch.randint(0, 2, (batch_size,)).float() * 2 - 1]"
+                    "    return [torch.rand(batch_size, *input_shape), "
+                    "torch.randint(0, 2, (batch_size,)).float() * 2 - 1]"
                     "\n\n\ndef get_init_inputs():\n    return []\n")
     candidate = tmp_path / "hinge_new.py"
     candidate.write_text(task.read_text() + "\n\nModelNew = Model\n")

@@ -117,7 +117,8 @@ def test_an_evaluation_judged_again_alone_waits_for_those_in_flight_and_none_sta
     alone_at = started.index(("oom", True, 1))  # nothing else in flight when it began
     assert {("a", "ended"), ("b", "ended")} <= set(started[:alone_at]), started
     assert started[alone_at + 1:] == [("oom", "ended"), ("late", False, 1), ("late", "ended")], started
-    assert "judged again alone" in verdicts[0].warnings[-1] and [v.correct for v in verdicts] == [False, True, True, True]
+    assert "judged again alone" in verdicts[0].warnings[-1]
+    assert [v.correct for v in verdicts] == [False, True, True, True]
 
 
 class SharedCountingLock(DeviceLock):

@@ -44,7 +44,8 @@ def test_network_is_unreachable_inside(judges, tmp_path):
     server.bind(("127.0.0.1", 0))
     server.listen()
     port = server.getsockname()[1]
-    probe = candidate(tmp_path, "pass", f"raise RuntimeError('connect=%d' % socket.socket().connect_ex(('127.0.0.1', {port})))")
+    probe = candidate(tmp_path, "pass",
+                      f"raise RuntimeError('connect=%d' % socket.socket().connect_ex(('127.0.0.1', {port})))")
     try:
         inside = judges["required"].evaluate(AFFINE, probe)
         outside = judges["none"].evaluate(AFFINE, probe)

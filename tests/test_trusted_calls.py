@@ -1,5 +1,6 @@
-"""The trusted side's calls (judge/trusted/trusted_calls.py) against scripted callee processes: its clock, its freezer, what it
-reads of the callee's memory. The callee's forward is scripted in each test (`CALLEE`); nothing here builds a kernel."""
+"""The trusted side's calls (judge/trusted/trusted_calls.py) against scripted callee processes: its clock, its freezer,
+what it reads of the callee's memory. The callee's forward is scripted in each test (`CALLEE`); nothing here builds a
+kernel."""
 
 import socket
 import subprocess

@@ -229,7 +229,8 @@ class Builder:
         return stats
 
     def _row(self, rec: dict) -> dict:
-        return {"code": rec["source"], "ops": json.dumps(rec["ops"]), "data_source": rec.get("data_source", f"torch#{rec['num_ops']}"),
+        return {"code": rec["source"], "ops": json.dumps(rec["ops"]),
+                "data_source": rec.get("data_source", f"torch#{rec['num_ops']}"),
                 "composer": "offline" if self.cfg.composer is None else type(self.cfg.composer).__name__,
                 "num_ops": rec["num_ops"], "eager_ms": rec["eager_ms"], "compile_ms": rec["compile_ms"],
                 "output_mean": rec["output_stats"].get("mean"), "output_std": rec["output_stats"].get("std"),
@@ -259,8 +260,8 @@ def write_parquet(rows: list[dict], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = ["code", "ops", "data_source", "composer", "num_ops", "eager_ms", "compile_ms", "output_mean", "output_std",
-               "output_abs_max", "max_kernelbench_similarity", "attempt"]
+    columns = ["code", "ops", "data_source", "composer", "num_ops", "eager_ms", "compile_ms", "output_mean",
+               "output_std", "output_abs_max", "max_kernelbench_similarity", "attempt"]
     table = pa.table({c: [r.get(c) for r in rows] for c in columns})
     pq.write_table(table, path)
 

@@ -30,4 +30,5 @@ class Store:
         return json.loads(rows[0][0]) if rows else None
 
     def put(self, namespace: str, key: str, value: Any) -> None:
-        self._sql("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)", (namespace, key, json.dumps(value), time.time()))
+        self._sql("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
+                  (namespace, key, json.dumps(value), time.time()))

@@ -7,10 +7,11 @@ checked on a sample of the timed calls.
 - After a timed call the judge may ask for its outputs (which calls is decided here, after they ran, so the
   candidate cannot behave only on checked calls); the reference recomputes them from the same seed and compares.
 - Eager and torch.compile timings are cached per (task, device, torch version, settings), but each evaluation
-  times eager briefly just before (unless the baselines were timed just now) and just after the candidate. When both disagree with the cached eager the same
-  way, the baselines were taken in other conditions: both are timed again (and the cache mended). When the eager
-  timings of this evaluation would give the candidate different rewards, or its own timings spread too widely,
-  the candidate is timed again, and after `timing_attempts` the result is "too noisy" rather than a speed claim.
+  times eager briefly just before (unless the baselines were timed just now) and just after the candidate. When
+  both disagree with the cached eager the same way, the baselines were taken in other conditions: both are timed
+  again (and the cache mended). When the eager timings of this evaluation would give the candidate different
+  rewards, or its own timings spread too widely, the candidate is timed again, and after `timing_attempts` the
+  result is "too noisy" rather than a speed claim.
   (Noise that cannot change the reward, common for launch-bound eager, is recorded but not held against it.)
 """
 

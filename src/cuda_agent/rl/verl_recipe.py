@@ -64,7 +64,8 @@ def ppo_overrides(r: Recipe, train_file: Path, agent_loops: Path) -> list[str]:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "critic.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.top_p=1.0", "actor_rollout_ref.rollout.top_k=-1",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.top_p=1.0",
+        "actor_rollout_ref.rollout.top_k=-1",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={'single_turn_agent' if single else 'cuda_agent'}",
         *(["reward.custom_reward_function.path=pkg://cuda_agent.rl.verl_reward",
@@ -131,8 +132,8 @@ def prepare(r: Recipe, tasks: list[Path] | None = None, runs: list[Path] | None 
                               r.out / "data" / "train.parquet")
         loops = r.out / "agent_loops.yaml"
         loops.write_text(OmegaConf.to_yaml([{
-            "name": "cuda_agent", "_target_": "cuda_agent.rl.verl_loop.CudaAgentLoop", "backend": r.backend, "judge": r.judge,
-            "max_turns": r.max_turns, "episodes_dir": str(r.out / "episodes")}]))
+            "name": "cuda_agent", "_target_": "cuda_agent.rl.verl_loop.CudaAgentLoop", "backend": r.backend,
+            "judge": r.judge, "max_turns": r.max_turns, "episodes_dir": str(r.out / "episodes")}]))
         config = compose("ppo_trainer", ppo_overrides(r, train, loops))
         try:
             validate_ppo(config)

@@ -320,8 +320,8 @@ class LoadedCandidate:
         try:
             self.model.load_state_dict(state, strict=True)
         except Exception as exc:
-            raise WorkerFailure("verify_error", f"ModelNew does not take Model's state dict (strict): {one_line(exc)}") \
-                from exc
+            raise WorkerFailure("verify_error",
+                                f"ModelNew does not take Model's state dict (strict): {one_line(exc)}") from exc
         self.building = False
         try:
             forbid_new_processes()

@@ -17,7 +17,8 @@ WATCHED_MODULES = (
     "builtins", "os", "time", "json", "statistics", "hashlib", "math",
     "torch", "torch._C", "torch.cuda", "torch.profiler", "torch.autograd.profiler", "torch.utils._python_dispatch",
     "cuda_agent.backend", "cuda_agent.judge.wire.timing", "cuda_agent.gpu_timing", "cuda_agent.judge.wire.tensors",
-    "cuda_agent.judge.wire.transfer", "cuda_agent.judge.wire.shared_memory", "cuda_agent.judge.candidate.audit", "cuda_agent.judge.wire.process", "cuda_agent.judge.candidate.integrity",
+    "cuda_agent.judge.wire.transfer", "cuda_agent.judge.wire.shared_memory", "cuda_agent.judge.candidate.audit",
+    "cuda_agent.judge.wire.process", "cuda_agent.judge.candidate.integrity",
     "cuda_agent.judge.checks.symbols", "cuda_agent.sandbox.seccomp", "cuda_agent.workspace.inline",
 )  # plus the worker's own module, passed as `extra` (it runs as __main__)
 WATCHED_CLASSES = ("Tensor", "TensorBase", "Event", "Stream", "profile")

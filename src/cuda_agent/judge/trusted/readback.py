@@ -91,7 +91,8 @@ def process_reader(pid: int) -> Reader:
     return lambda leaf, span: read_memory(pid, leaf["ptr"], span)
 
 
-def read_outputs(leaves: Any, limit_bytes: int, forbidden: list[tuple[int, int]], read: Reader) -> list[tuple[str, Any]]:
+def read_outputs(leaves: Any, limit_bytes: int, forbidden: list[tuple[int, int]],
+                 read: Reader) -> list[tuple[str, Any]]:
     """The outputs a stopped candidate described, as (path, tensor or plain value) pairs whose bytes `read` gets
     (from its memory: `process_reader`; on the GPU from the blocks it shared, `gpu_calls.py`). A tensor lying in
     `forbidden` ranges (the candidate's view of its inputs) is refused: an output aliasing an input. Raises

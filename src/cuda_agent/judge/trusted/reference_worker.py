@@ -302,7 +302,8 @@ class Reference:
         its empty calls calibrate the clock's overhead first)."""
         if self.baseline is None:
             self.baseline, self.baseline_process = baseline_callee.start(
-                {key: self.req.get(key) for key in ("task_path", "backend", "allow_tf32", "compile_mode", "output_pool")}
+                {key: self.req.get(key)
+                 for key in ("task_path", "backend", "allow_tf32", "compile_mode", "output_pool")}
                 | {"seed": self.req["init_seed"]}, BASELINE_READ_LIMIT, self.calls_class())
             if isinstance(self.baseline, GpuCalls):
                 self.baseline.calibrate(make_inputs(self.module, secrets.randbelow(2**31), self.device),

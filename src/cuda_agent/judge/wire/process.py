@@ -115,7 +115,8 @@ class BoundedLog:
         self._thread.join(timeout=10)
         with self._lock:
             if self.dropped and not self._file.closed:
-                self._file.write(b"\n[... %d bytes dropped; the last %d follow ...]\n" % (self.dropped, len(self._tail)))
+                note = b"\n[... %d bytes dropped; the last %d follow ...]\n" % (self.dropped, len(self._tail))
+                self._file.write(note)
                 self._file.write(bytes(self._tail))
             self._file.close()
 
