@@ -659,10 +659,6 @@ def data_build_cmd(
         out.print(f"  {out_dir / name}", highlight=False, soft_wrap=True)
 
 
-if __name__ == "__main__":
-    app()
-
-
 train_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Reinforcement learning on the environment (docs/training.md).")
 
@@ -873,3 +869,7 @@ def train_verl_cmd(
 
 
 app.add_typer(train_app, name="train")  # after its callback (the stages) is registered
+
+
+if __name__ == "__main__":  # (last: every command group registered)
+    app()
