@@ -10,7 +10,8 @@ for `go` for good: after `LATE_GO_S` the window opens anyway, and closes only on
 
 The window's constant part (two context switches, ~285 us on the H200) is measured on the baseline callee's empty
 calls and subtracted (`calibrate`); a candidate's call whose window is shorter than that ran its work outside it
-and fails.
+and fails. A call costs the larger of its window and the time it took to answer (less the handshake's own part):
+work done on the host before its window opens is not free.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class GpuCalls(Calls):
         self.staged: list | None = None
         self.read: list[tuple[str, Any]] | Unreadable = []
         self.overhead_us: float | None = None  # the window's constant part, once calibrated
+        self.host_overhead_us: float | None = None  # and the handshake's, from `call` to its answer
         self.checks_overhead = True  # (not while calibrating: empty calls are the overhead)
 
     def load(self, inputs: list):
@@ -120,8 +122,15 @@ class GpuCalls(Calls):
         if self.overhead_us is not None and self.checks_overhead and elapsed < self.overhead_us - BELOW_OVERHEAD_US:
             raise CallFailed(f"call {k}: its window ({elapsed:.0f} us) is shorter than the GPU clock's own overhead "
                              f"({self.overhead_us:.0f} us): its work ran outside the call")
-        return CallRecord(k, elapsed - (self.overhead_us or 0.0), (cpu1 - cpu0) / 1e3, reply.outputs, elapsed,
-                          host_ns / 1e3)
+        return CallRecord(k, self._cost_us(elapsed, host_ns / 1e3, late=window.late), (cpu1 - cpu0) / 1e3,
+                          reply.outputs, elapsed, host_ns / 1e3)
+
+    def _cost_us(self, window_us: float, host_us: float, late: bool) -> float:
+        """A call's time: its window past the clock's own part, or, where queueing the work took longer, that (less
+        the handshake's own part): work done on the host before the window opens is not free. (A call whose window
+        opened before it answered holds its host part already.)"""
+        device = window_us - (self.overhead_us or 0.0)
+        return device if late else max(device, host_us - (self.host_overhead_us or 0.0))
 
     def _cpu_before(self, k: int) -> int:
         cpu0 = self.freezer.cpu_ns()
@@ -196,10 +205,11 @@ class GpuCalls(Calls):
         self.load(inputs)
         self.overhead_us, self.checks_overhead = None, False
         try:
-            windows = [self.call(deadline, "null").raw_us for _ in range(calls)]
+            records = [self.call(deadline, "null") for _ in range(calls)][calls // 4:]
         finally:
             self.checks_overhead = True
-        self.overhead_us = statistics.median(windows[calls // 4:])
+        self.overhead_us = statistics.median(r.raw_us for r in records)
+        self.host_overhead_us = statistics.median(r.host_us for r in records)
         return self.overhead_us
 
     def close(self) -> None:

@@ -258,8 +258,8 @@ class Reference:
             cpu.append(call.cpu_us)
             host.append(call.host_us)
         self._release()
-        gpu = {"clock_overhead_us": calls.overhead_us, "host_us_median": statistics.median(host)} \
-            if isinstance(calls, GpuCalls) else {}
+        gpu = {"clock_overhead_us": calls.overhead_us, "host_overhead_us": calls.host_overhead_us,
+               "host_us_median": statistics.median(host)} if isinstance(calls, GpuCalls) else {}
         return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
                 "cpu_outside_calls_us": calls.outside_ns / 1e3, "memory_peak": calls.memory_peak(),
                 "checked_calls": sorted(picked), **gpu}
@@ -492,8 +492,9 @@ def start(req: dict, chan: Channel) -> dict:
             side.pop("calls").close()
         side["calls"] = ref.calls_class()(sock, [cmd.worker_pid], cmd.worker_pid, cmd.read_limit, cgroup=cmd.cgroup,
                                           others=list(cmd.others))
-        if isinstance(side["calls"], GpuCalls):  # the clock's overhead, measured on the baseline callee
-            side["calls"].overhead_us = ref.baseline_calls().overhead_us
+        if isinstance(side["calls"], GpuCalls):  # the clock's overheads, measured on the baseline callee
+            baseline = ref.baseline_calls()
+            side["calls"].overhead_us, side["calls"].host_overhead_us = baseline.overhead_us, baseline.host_overhead_us
         return Attached(scales=bool(ref.req.get("scaled_inputs")) and ref.scale_holds())
 
     def on_candidate(fn):
