@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from ..wire.call_protocol import Call, Done, Failed, Inputs, Order, ProtocolError, receive, send
+from ..wire.call_protocol import Call, Failed, Order, ProtocolError, receive, send
 from ..wire.gpu_order import Flags, OrderTimeout, TrustedOrder, flag_value
-from ..wire.input_buffers import InputBuffer, layout_of
+from ..wire.input_buffers import InputBuffer
 from ..wire.process import close_fds
 from ..wire.shared_memory import DeviceBuffer
 from .compare import Leaf
@@ -53,17 +53,10 @@ class GpuCalls(Calls):
         self.host_overhead_us: float | None = None  # and the handshake's, from `call` to its answer
         self.checks_overhead = True  # (not while calibrating: empty calls are the overhead)
 
-    def load(self, inputs: list):
+    def load(self, inputs: list) -> InputBuffer:
         """Stage a call's inputs: they are written into the callee's buffer inside the call's window."""
-        layout = layout_of(inputs)
-        key = repr(layout)
-        if key not in self.buffers:
-            buffer = InputBuffer(layout)
-            self.buffers[key] = (len(self.buffers), buffer)
-            send(self.sock, Inputs(self.buffers[key][0], layout), [buffer.fd])
-        self.current = self.buffers[key][1]
         self.staged = inputs
-        return self.current
+        return self._select(inputs)
 
     def call(self, deadline: float, fn: str = "", flush=None) -> CallRecord:
         assert self.current is not None and self.staged is not None, "load inputs first"
@@ -132,26 +125,10 @@ class GpuCalls(Calls):
         device = window_us - (self.overhead_us or 0.0)
         return device if late else max(device, host_us - (self.host_overhead_us or 0.0))
 
-    def _cpu_before(self, k: int) -> int:
-        cpu0 = self.freezer.cpu_ns()
-        if self.stopped_cpu is not None:
-            self.outside_ns += cpu0 - self.stopped_cpu
-        if self.outside_ns > 1_000_000:
-            raise CallFailed(f"call {k}: the candidate's processes ran while stopped ({self.outside_ns / 1e3:.0f} us "
-                             "of CPU between calls): all work must happen inside the calls")
-        return cpu0
-
     def _abandon(self, window) -> None:
         """A window opened for a call that failed: this side's stream must not wait for its `done` for good."""
         if window is not None:
             self.order.abandon(window)
-
-    def _checked_reply(self, k: int, reply) -> Done:
-        if isinstance(reply, Failed) and reply.k == k:
-            raise CallFailed(reply.error[:2000])
-        if not isinstance(reply, Done) or reply.k != k:
-            raise CallFailed(f"call {k}: the candidate answered out of turn ({str(reply)[:200]})")
-        return reply
 
     def _open(self, k: int, flush, close: bool, outputs: list | None = None):
         def before():

@@ -68,6 +68,11 @@ class Calls:
 
     def load(self, inputs: list) -> InputBuffer:
         """Write a call's inputs into the buffer of their layout (new layouts are sent to the candidate first)."""
+        self._select(inputs).write(inputs)
+        return self.current
+
+    def _select(self, inputs: list) -> InputBuffer:
+        """The buffer of the inputs' layout made current (a new layout is sent to the callee first)."""
         layout = layout_of(inputs)
         key = json.dumps(layout)
         if key not in self.buffers:
@@ -75,7 +80,6 @@ class Calls:
             self.buffers[key] = (len(self.buffers), buffer)
             send(self.sock, Inputs(self.buffers[key][0], layout), [buffer.fd])
         self.current = self.buffers[key][1]
-        self.current.write(inputs)
         return self.current
 
     def call(self, deadline: float, fn: str = "", flush=None) -> CallRecord:
@@ -86,13 +90,7 @@ class Calls:
             flush()
         ident = next(i for i, b in self.buffers.values() if b is self.current)
         k, self.calls = self.calls, self.calls + 1
-        cpu0 = self.freezer.cpu_ns()
-        if self.stopped_cpu is not None:
-            self.outside_ns += cpu0 - self.stopped_cpu
-        if self.outside_ns > OUTSIDE_LIMIT_NS:
-            raise CallFailed(f"call {k}: the candidate's processes ran while stopped "
-                             f"({self.outside_ns / 1e3:.0f} us of CPU between calls): all work must happen inside the "
-                             "calls")
+        cpu0 = self._cpu_before(k)
         t0 = time.perf_counter_ns()
         self.freezer.resume()
         try:
@@ -116,6 +114,22 @@ class Calls:
             cpu1 = self.stopped_cpu = self.freezer.cpu_ns()
         except CandidateGone as exc:
             raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
+        reply = self._checked_reply(k, reply)
+        return CallRecord(k, (t1 - t0) / 1e3, (cpu1 - cpu0) / 1e3, reply.outputs)
+
+    def _cpu_before(self, k: int) -> int:
+        """Its processes' CPU clock as call `k` starts, having checked they took none while stopped."""
+        cpu0 = self.freezer.cpu_ns()
+        if self.stopped_cpu is not None:
+            self.outside_ns += cpu0 - self.stopped_cpu
+        if self.outside_ns > OUTSIDE_LIMIT_NS:
+            raise CallFailed(f"call {k}: the candidate's processes ran while stopped "
+                             f"({self.outside_ns / 1e3:.0f} us of CPU between calls): all work must happen inside the "
+                             "calls")
+        return cpu0
+
+    def _checked_reply(self, k: int, reply) -> Done:
+        """Call `k`'s answer, once it is stopped: `done` for this call, and no process of its own started."""
         started = self._new_processes()
         if started:
             raise CallFailed(f"call {k}: the candidate started a process ({started[0]}): all work must happen in its "
@@ -124,7 +138,7 @@ class Calls:
             raise CallFailed(reply.error[:2000])
         if not isinstance(reply, Done) or reply.k != k:
             raise CallFailed(f"call {k}: the candidate answered out of turn ({str(reply)[:200]})")
-        return CallRecord(k, (t1 - t0) / 1e3, (cpu1 - cpu0) / 1e3, reply.outputs)
+        return reply
 
     def prepare(self, fn: str, timeout_s: float) -> str | None:
         """Let the callee ready `fn` on the inputs loaded last, outside any timed call (torch.compile's
