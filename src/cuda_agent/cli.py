@@ -7,7 +7,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -77,7 +77,24 @@ AGENT_SANDBOX = typer.Option("required", "--sandbox", help="the agent's commands
                              "(refuse without the sandbox), auto, none")
 
 
-def _config(cache_dir: Optional[Path], trials: int = 5, seed: Optional[int] = None, **settings):
+# The judge's options, declared once for eval and eval-suite; each takes its default from JudgeConfig.
+Atol = Annotated[float, typer.Option(min=0.0, help="absolute tolerance")]
+Rtol = Annotated[float, typer.Option(min=0.0, help="relative tolerance")]
+Trials = Annotated[int, typer.Option(min=1, help="random input sets to verify each candidate on")]
+AllowTf32 = Annotated[bool, typer.Option(help="allow TF32 in baselines and candidates alike")]
+CompileMode = Annotated[str, typer.Option(help="torch.compile mode of the baseline (default, reduce-overhead, "
+                                               "max-autotune, ...)")]
+Timeout = Annotated[float, typer.Option(min=1.0, help="seconds a candidate process may take to load, verify and time")]
+MaxErrorRatio = Annotated[float, typer.Option(min=1.0, help="strict precision: fail when the error vs fp64 exceeds "
+                                                            "this many times fp32 eager's own")]
+CacheDir = Annotated[Optional[Path], typer.Option(help="judge cache (default ~/.cache/cuda-agent or "
+                                                       "$CUDA_AGENT_CACHE)")]
+SandboxMode = Annotated[Literal["auto", "required", "none"], typer.Option("--sandbox", help=SANDBOX_HELP)]
+Policy = Annotated[Literal["strict", "kernelbench"], typer.Option(help=POLICY_HELP)]
+
+
+def _config(cache_dir: Optional[Path], trials: int = JudgeConfig.num_trials, seed: Optional[int] = None,
+            **settings):
     """A JudgeConfig from the command's options (`settings` are JudgeConfig fields)."""
     from .judge import JudgeConfig
 
@@ -100,7 +117,8 @@ def _warn_unsandboxed(judge) -> None:
                   "with your rights; --sandbox required refuses instead", highlight=False, soft_wrap=True)
 
 
-def _judge(backend: str, cache_dir: Optional[Path], trials: int = 5, seed: Optional[int] = None, **settings):
+def _judge(backend: str, cache_dir: Optional[Path], trials: int = JudgeConfig.num_trials, seed: Optional[int] = None,
+           **settings):
     from .judge import Judge
 
     judge = Judge(backend, _config(cache_dir, trials, seed, **settings))
@@ -181,20 +199,18 @@ def eval_cmd(
     solution: Path = typer.Option(..., "--solution", "-s", help="a single .py (ModelNew + load_inline) or a workspace"),
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
     as_json: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
-    atol: float = typer.Option(1e-2, min=0.0, help="absolute tolerance"),
-    rtol: float = typer.Option(1e-2, min=0.0, help="relative tolerance"),
-    trials: int = typer.Option(5, min=1, help="random input sets to verify on"),
+    atol: Atol = JudgeConfig.atol,
+    rtol: Rtol = JudgeConfig.rtol,
+    trials: Trials = JudgeConfig.num_trials,
     seed: Optional[int] = typer.Option(None, help="fix the input seeds (default: fresh random seeds)"),
-    allow_tf32: bool = typer.Option(False, help="allow TF32 in baselines and candidate alike"),
-    compile_mode: str = typer.Option("default", help="torch.compile mode of the baseline (default, "
-                                     "reduce-overhead, max-autotune, ...)"),
-    timeout: float = typer.Option(300.0, min=1.0, help="seconds the candidate process may take to load, verify and time"),
-    max_error_ratio: float = typer.Option(JudgeConfig.max_error_ratio, min=1.0, help="strict precision: fail when the "
-                                          "error vs fp64 exceeds this many times fp32 eager's own"),
-    cache_dir: Optional[Path] = typer.Option(None, help="judge cache (default ~/.cache/cuda-agent or $CUDA_AGENT_CACHE)"),
+    allow_tf32: AllowTf32 = JudgeConfig.allow_tf32,
+    compile_mode: CompileMode = JudgeConfig.compile_mode,
+    timeout: Timeout = JudgeConfig.run_timeout_s,
+    max_error_ratio: MaxErrorRatio = JudgeConfig.max_error_ratio,
+    cache_dir: CacheDir = None,
     keep: bool = typer.Option(False, help="keep the evaluation's working folder for debugging"),
-    sandbox_mode: Literal["auto", "required", "none"] = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
-    policy: Literal["strict", "kernelbench"] = typer.Option("strict", help=POLICY_HELP),
+    sandbox_mode: SandboxMode = JudgeConfig.sandbox,
+    policy: Policy = JudgeConfig.policy,
     fail_on_reject: bool = FAIL_ON_REJECT,
 ) -> None:
     """Judge one candidate against a reference: build, verify, audit, time, reward."""
@@ -229,16 +245,16 @@ def eval_suite_cmd(
     levels: Optional[str] = typer.Option(None, help="comma-separated levels (default: every levelN folder there)"),
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
-    atol: float = typer.Option(1e-2, min=0.0, help="absolute tolerance"),
-    rtol: float = typer.Option(1e-2, min=0.0, help="relative tolerance"),
-    trials: int = typer.Option(5, min=1, help="random input sets per task"),
-    allow_tf32: bool = typer.Option(False, help="allow TF32 in baselines and candidates alike"),
-    compile_mode: str = typer.Option("default", help="torch.compile mode of the baseline"),
-    timeout: float = typer.Option(300.0, min=1.0, help="seconds each candidate process may take to load, verify and time"),
-    max_error_ratio: float = typer.Option(JudgeConfig.max_error_ratio, min=1.0, help="strict precision limit (see eval)"),
-    cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
-    sandbox_mode: Literal["auto", "required", "none"] = typer.Option("auto", "--sandbox", help=SANDBOX_HELP),
-    policy: Literal["strict", "kernelbench"] = typer.Option("strict", help=POLICY_HELP),
+    atol: Atol = JudgeConfig.atol,
+    rtol: Rtol = JudgeConfig.rtol,
+    trials: Trials = JudgeConfig.num_trials,
+    allow_tf32: AllowTf32 = JudgeConfig.allow_tf32,
+    compile_mode: CompileMode = JudgeConfig.compile_mode,
+    timeout: Timeout = JudgeConfig.run_timeout_s,
+    max_error_ratio: MaxErrorRatio = JudgeConfig.max_error_ratio,
+    cache_dir: CacheDir = None,
+    sandbox_mode: SandboxMode = JudgeConfig.sandbox,
+    policy: Policy = JudgeConfig.policy,
     db: Optional[Path] = typer.Option(None, help="results database (default: in the cache); reruns resume from it"),
     workers: Optional[int] = typer.Option(None, min=1, help="evaluations in flight at once (default: enough for every "
                                           "core and GPU; 1: one at a time)"),

@@ -1,0 +1,43 @@
+"""The command line's structure: the three ways to start it list the same commands (`train` was once registered
+after `python -m cuda_agent.cli` had already run the app, so that form lacked it), and every judge option's default
+is the one JudgeConfig states (eval and eval-suite once restated them, and could disagree with the library)."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+def commands(argv: list[str]) -> set[str]:
+    run = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    section = run.stdout.split("Commands", 1)[1]
+    return set(re.findall(r"^[│|]\s+([a-z][a-z-]*)\s", section, re.MULTILINE))
+
+
+def test_every_entry_point_lists_the_same_commands():
+    script = shutil.which("cuda-agent")
+    assert script, "the cuda-agent script is not installed (pip install -e .)"
+    listed = [commands([sys.executable, "-m", "cuda_agent.cli"]), commands([sys.executable, "-m", "cuda_agent"]),
+              commands([script])]
+    assert listed[0] == listed[1] == listed[2], listed
+    assert {"eval", "eval-suite", "optimize", "data", "model", "report", "train"} <= listed[0], listed[0]
+
+
+def test_the_judges_options_take_their_defaults_from_its_config():
+    import typer
+
+    from cuda_agent.cli import app
+    from cuda_agent.judge.config import JudgeConfig
+
+    fields = {"atol": "atol", "rtol": "rtol", "trials": "num_trials", "allow_tf32": "allow_tf32",
+              "compile_mode": "compile_mode", "timeout": "run_timeout_s", "max_error_ratio": "max_error_ratio",
+              "sandbox_mode": "sandbox", "policy": "policy"}
+    defaults = JudgeConfig()
+    group = typer.main.get_command(app)
+    for name in ("eval", "eval-suite"):
+        params = {p.name: p for p in group.commands[name].params}
+        for option, field in fields.items():
+            assert params[option].default == getattr(defaults, field), (name, option)
