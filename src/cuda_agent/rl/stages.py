@@ -17,7 +17,7 @@ import random
 import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -33,30 +33,9 @@ from .models import Actor, Critic
 from .rft import RFTFilter, export
 from .rollout import actor_sampler, batch_of, play, response_logprob_fn
 from .tokens import TokenTrajectory, TurnTokenizer
-from .trainer import MetricsLog, PPOTrainer, TrainConfig, cut_after
+from .config import StageConfig
+from .trainer import MetricsLog, PPOTrainer, cut_after
 
-STAGES = ("warmup", "rft", "value", "agentic")
-
-
-@dataclass
-class StageConfig:
-    stage: str = "agentic"
-    steps: int = 10
-    batch: int = 4  # episodes (rft: conversations) per step
-    max_turns: int = 20
-    max_new_tokens: int = 1024  # per model turn
-    max_context: int = 8192  # tokens of an episode
-    temperature: float = 1.0
-    seed: int = 0
-    save_every: int = 5
-    time_limit_s: float | None = None
-    train: TrainConfig = field(default_factory=TrainConfig)
-
-    def __post_init__(self):
-        if self.stage not in STAGES:
-            raise ValueError(f"unknown stage {self.stage!r} (choose from {', '.join(STAGES)})")
-        if self.steps < 1 or self.batch < 1 or self.max_turns < 1 or self.max_new_tokens < 1:
-            raise ValueError("steps, batch, max_turns and max_new_tokens must be >= 1")
 
 
 def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, pool: JudgePool | None,

@@ -18,31 +18,12 @@ from typing import Callable
 
 import torch
 
-from .algorithm import PPOConfig, gae, masked_mean, masked_whiten, outcome_rewards, ppo_losses
+from .algorithm import gae, masked_mean, masked_whiten, outcome_rewards, ppo_losses
+from .config import TrainConfig
 from .models import Actor, Critic
 
 # logprob_fn(actor model, ids, attention) -> (log-probs [B, T], entropy [B, T]) over the response's T positions
 LogprobFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass
-class TrainConfig:
-    actor_lr: float = 3e-6  # the paper's
-    critic_lr: float = 6e-6
-    epochs: int = 2  # passes over each batch
-    minibatches: int = 2  # optimizer steps per pass
-    max_grad_norm: float = 1.0
-    gradient_checkpointing: bool = True  # recompute each layer's activations in backward: memory for time
-    ppo: PPOConfig = None  # type: ignore[assignment]
-
-    def __post_init__(self):
-        if self.ppo is None:
-            self.ppo = PPOConfig()
-        for name in ("actor_lr", "critic_lr"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0")
-        if self.epochs < 1 or self.minibatches < 1:
-            raise ValueError("epochs and minibatches must be >= 1")
 
 
 @dataclass

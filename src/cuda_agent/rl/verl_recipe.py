@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-STAGES = ("warmup", "rft", "value", "agentic")
+from .config import STAGES, TrainConfig
 
 
 @dataclass
@@ -59,7 +59,7 @@ def ppo_overrides(r: Recipe, train_file: Path, agent_loops: Path) -> list[str]:
         "algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=0.95", "algorithm.use_kl_in_reward=False",
         "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
         "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.optim.lr=3e-6", "critic.optim.lr=6e-6",
+        f"actor_rollout_ref.actor.optim.lr={TrainConfig.actor_lr}", f"critic.optim.lr={TrainConfig.critic_lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}", f"critic.ppo_mini_batch_size={mini}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "critic.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
@@ -83,7 +83,8 @@ def sft_overrides(r: Recipe, train_file: Path) -> list[str]:
         f"model.path={r.model}", f"data.train_files={train_file}", "data.val_files=null",
         f"data.train_batch_size={min(r.batch, 256)}", "data.micro_batch_size_per_gpu=1",
         f"data.max_length={r.max_prompt + r.max_response}", "data.truncation=right", "data.messages_key=messages",
-        "optim.lr=3e-6", f"trainer.total_training_steps={r.steps}", f"trainer.n_gpus_per_node={r.gpus_per_node}",
+        f"optim.lr={TrainConfig.actor_lr}", f"trainer.total_training_steps={r.steps}",
+        f"trainer.n_gpus_per_node={r.gpus_per_node}",
         f"trainer.nnodes={r.nodes}", "trainer.project_name=cuda-agent", "trainer.experiment_name=rft",
         f"trainer.default_local_dir={r.out / 'checkpoints'}", "trainer.logger=[console]",
     ]

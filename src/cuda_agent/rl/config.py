@@ -1,0 +1,88 @@
+"""What each training run is told: one dataclass per concern, every default stated here once (the command line
+reads its defaults from these). Light to import: no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STAGES = ("warmup", "rft", "value", "agentic")
+
+
+@dataclass
+class PPOConfig:
+    """The PPO update: GAE, the clipped objectives, their coefficients (algorithm.py)."""
+
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip_low: float = 0.2  # ratio >= 1 - clip_low ...
+    clip_high: float = 0.28  # ... and <= 1 + clip_high ("clip-higher": room for rare tokens to gain mass)
+    value_clip: float = 0.2  # the critic's new value stays within this of the rollout's
+    kl_coef: float = 0.0  # KL to the reference policy, in the loss (k3 estimator); 0: off
+    entropy_coef: float = 0.0
+    whiten_advantages: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """One optimisation step of actor and critic (trainer.py)."""
+
+    actor_lr: float = 3e-6  # the paper's
+    critic_lr: float = 6e-6
+    epochs: int = 2  # passes over each batch
+    minibatches: int = 2  # optimizer steps per pass
+    max_grad_norm: float = 1.0
+    gradient_checkpointing: bool = True  # recompute each layer's activations in backward: memory for time
+    ppo: PPOConfig = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.ppo is None:
+            self.ppo = PPOConfig()
+        for name in ("actor_lr", "critic_lr"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.epochs < 1 or self.minibatches < 1:
+            raise ValueError("epochs and minibatches must be >= 1")
+
+
+@dataclass
+class DemoConfig:
+    """The learning demo (demo.py): a reply picks a kernel, each pick judged."""
+
+    backend: str = "cuda"
+    steps: int = 40
+    batch: int = 32
+    seed: int = 0
+    temperature: float = 1.0
+    save_every: int = 5
+    time_limit_s: float | None = None  # stop (with a checkpoint) after the step that passes it
+    keep_episodes: bool = False  # keep each judged episode's folder (snapshots, verdicts)
+    train: TrainConfig = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.train is None:
+            self.train = TrainConfig()
+        if self.steps < 1 or self.batch < 2:
+            raise ValueError("steps must be >= 1 and batch >= 2")
+
+
+@dataclass
+class StageConfig:
+    """One of the paper's stages on one GPU (stages.py)."""
+
+    stage: str = "agentic"
+    steps: int = 10
+    batch: int = 4  # episodes (rft: conversations) per step
+    max_turns: int = 20
+    max_new_tokens: int = 1024  # per model turn
+    max_context: int = 8192  # tokens of an episode
+    temperature: float = 1.0
+    seed: int = 0
+    save_every: int = 5
+    time_limit_s: float | None = None
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self):
+        if self.stage not in STAGES:
+            raise ValueError(f"unknown stage {self.stage!r} (choose from {', '.join(STAGES)})")
+        if self.steps < 1 or self.batch < 1 or self.max_turns < 1 or self.max_new_tokens < 1:
+            raise ValueError("steps, batch, max_turns and max_new_tokens must be >= 1")
