@@ -10,15 +10,23 @@ from typing import Any
 
 
 class Store:
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    """JSON values by (namespace, key), each with the time it was last written. The schema is this class's alone:
+    other modules (reports, suites) read through it. `read_only` opens an existing store without changing it
+    (sqlite3.DatabaseError when the file is no such store)."""
+
+    def __init__(self, path: Path, read_only: bool = False):
+        self.path, self.read_only = Path(path), read_only
+        if read_only:
+            self._sql("SELECT count(*) FROM entries")
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._sql("PRAGMA journal_mode=WAL")
         self._sql("CREATE TABLE IF NOT EXISTS entries (namespace TEXT, key TEXT, value TEXT, updated REAL, "
                   "PRIMARY KEY (namespace, key))")
 
     def _sql(self, statement: str, args: tuple = ()) -> list[tuple]:
-        db = sqlite3.connect(self.path, timeout=60)
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=60) if self.read_only else \
+            sqlite3.connect(self.path, timeout=60)
         try:
             with db:
                 return db.execute(statement, args).fetchall()
@@ -32,3 +40,9 @@ class Store:
     def put(self, namespace: str, key: str, value: Any) -> None:
         self._sql("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
                   (namespace, key, json.dumps(value), time.time()))
+
+    def latest(self, namespace: str) -> tuple[str, Any] | None:
+        """The key and value last written in `namespace` (None if it holds none)."""
+        rows = self._sql("SELECT key, value FROM entries WHERE namespace=? ORDER BY updated DESC LIMIT 1",
+                         (namespace,))
+        return (rows[0][0], json.loads(rows[0][1])) if rows else None

@@ -13,6 +13,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from ..judge.store import Store
+
 
 class ReportInputError(ValueError):
     """The input is missing, unreadable, or not something the project writes."""
@@ -81,18 +83,13 @@ def _suite_json(path: Path) -> dict[str, Any]:
 
 def _suite_db(path: Path) -> dict[str, Any]:
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            rows = db.execute("SELECT key, value FROM entries WHERE namespace='reports' ORDER BY updated DESC "
-                              "LIMIT 1").fetchall()
-        finally:
-            db.close()
+        latest = Store(path, read_only=True).latest("reports")
     except sqlite3.DatabaseError as exc:
         raise ReportInputError(f"{path}: not an eval-suite database ({exc})") from None
-    if not rows:
+    if latest is None:
         raise ReportInputError(f"{path}: holds no suite report yet (eval-suite stores one when a run ends)")
-    suite = _suite(json.loads(rows[0][1]), path)
-    suite.setdefault("run", rows[0][0])
+    suite = _suite(latest[1], path)
+    suite.setdefault("run", latest[0])
     return suite
 
 
