@@ -33,11 +33,33 @@ def visible_dir():
     pytest.skip("no writable folder outside /tmp and the home directories")
 
 
+# Shorter timing than the defaults' (0.3 s per model, up to 100 calls): for tests of what is done with verdicts, not
+# of the timings themselves. Baselines are cached by these settings, so every test timing this way shares them.
+FAST_TIMING = {"target_time_s": 0.1, "min_iters": 10, "max_iters": 50}
+
+
 def fast_config(cache_dir: Path, **overrides) -> JudgeConfig:
-    cfg = JudgeConfig(cache_dir=cache_dir, run_timeout_s=90, target_time_s=0.1, min_iters=10, max_iters=50)
+    cfg = JudgeConfig(cache_dir=cache_dir, run_timeout_s=90, **FAST_TIMING)
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return cfg
+
+
+@pytest.fixture
+def fast_cli(monkeypatch):
+    """Commands run in-process (typer's CliRunner) judge with FAST_TIMING: every other setting is still the
+    command's own (its options and defaults), only the timing loop is shorter."""
+    from cuda_agent import cli
+
+    config = cli._config
+
+    def fast(*args, **kwargs):
+        cfg = config(*args, **kwargs)
+        for key, value in FAST_TIMING.items():
+            setattr(cfg, key, value)
+        return cfg
+
+    monkeypatch.setattr(cli, "_config", fast)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,8 @@ from cuda_agent.cli import app
 pytest.importorskip("transformers")
 
 
-def test_the_demo_learns_from_judged_picks_and_resumes(tiny_smollm2, cache_dir, tmp_path):
+def test_the_demo_learns_from_judged_picks_and_resumes(tiny_smollm2, cache_dir, fast_cli, tmp_path):
+    # the rewards asserted are -1 (wrong) and >= 1 (correct): whatever the speedups, so the judge times briefly
     out = tmp_path / "run"
     args = ["train", "demo", "--backend", "cpu", "--model", str(tiny_smollm2), "--random-init", "--batch", "8",
             "--actor-lr", "1e-3", "--critic-lr", "1e-3", "--save-every", "1", "--cache-dir", str(cache_dir),
