@@ -1,6 +1,7 @@
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,9 +46,9 @@ def fast_config(cache_dir: Path, **overrides) -> JudgeConfig:
     return cfg
 
 
-@pytest.fixture
-def fast_cli(monkeypatch):
-    """Commands run in-process (typer's CliRunner) judge with FAST_TIMING: every other setting is still the
+@contextmanager
+def fast_commands():
+    """Commands run in-process (typer's CliRunner) judge with FAST_TIMING meanwhile: every other setting is still the
     command's own (its options and defaults), only the timing loop is shorter."""
     from cuda_agent import cli
 
@@ -59,7 +60,16 @@ def fast_cli(monkeypatch):
             setattr(cfg, key, value)
         return cfg
 
-    monkeypatch.setattr(cli, "_config", fast)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "_config", fast)
+        yield
+
+
+@pytest.fixture
+def fast_cli():
+    """fast_commands() for one test."""
+    with fast_commands():
+        yield
 
 
 @pytest.fixture(scope="session")

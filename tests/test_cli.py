@@ -1,4 +1,5 @@
-"""The command line, end to end on the CPU backend."""
+"""The command line, end to end on the CPU backend. Tests of what a command does with verdicts judge with
+fast_config's timing (`fast_cli`): nothing here asserts a speed."""
 
 import json
 import shutil
@@ -13,7 +14,7 @@ from cuda_agent.cli import app
 runner = CliRunner()
 
 
-def test_eval_json_verdict_has_the_documented_keys(cache_dir):
+def test_eval_json_verdict_has_the_documented_keys(cache_dir, fast_cli):
     result = runner.invoke(app, ["eval", str(TASKS / "affine_relu.py"), "--solution",
                                  str(CANDIDATES / "affine_relu_ok"), "--backend", "cpu", "--json",
                                  "--cache-dir", str(cache_dir)])
@@ -26,7 +27,7 @@ def test_eval_json_verdict_has_the_documented_keys(cache_dir):
     assert verdict["correct"] and verdict["reward"] >= 1 and verdict["backend"] == "cpu"
 
 
-def test_eval_prints_a_readable_verdict(cache_dir):
+def test_eval_prints_a_readable_verdict(cache_dir, fast_cli):
     result = runner.invoke(app, ["eval", str(TASKS / "affine_relu.py"), "--solution",
                                  str(CANDIDATES / "affine_relu_ok"), "--backend", "cpu", "--cache-dir", str(cache_dir)])
     assert result.exit_code == 0, result.output
@@ -45,7 +46,7 @@ def test_bad_input_is_one_clear_error_line(cache_dir, tmp_path):
     assert result.exit_code == 2 and "Invalid value for '--backend'" in result.output
 
 
-def test_eval_suite_reports_levels_and_resumes(cache_dir, tmp_path):
+def test_eval_suite_reports_levels_and_resumes(cache_dir, fast_cli, tmp_path):
     suite, solutions = tmp_path / "suite", tmp_path / "solutions"
     (suite / "level1").mkdir(parents=True)
     (suite / "level2").mkdir()
@@ -132,7 +133,7 @@ def test_exit_codes_and_json_errors(cache_dir, tmp_path):
     assert error["exit_code"] == 2 and "no such file" in error["error"]
 
 
-def test_a_dataset_row_is_a_reference(cache_dir, tmp_path):
+def test_a_dataset_row_is_a_reference(cache_dir, fast_cli, tmp_path):
     from cuda_agent.data.build import write_parquet
 
     row = {"code": (TASKS / "affine_relu.py").read_text(), "ops": "[]", "data_source": "torch#2", "num_ops": 2}
