@@ -484,11 +484,13 @@ static torch::Tensor affine_relu_forward(torch::Tensor x, double scale, double s
 
 def test_work_left_to_a_thread_after_forward_returns_fails(cpu_judge, make_workspace):
     # The trusted side stops every thread of the candidate when `done` comes and reads the outputs then: what the
-    # thread had not written by that moment is missing.
+    # thread had not written by that moment is missing. (A thread may win the race on one call, when the answer is
+    # slow to go out, as on a busy CI machine where set 0 passed and set 1 failed: not on all of them.)
     ws = make_workspace()
     (ws / BINDING).write_text(LATE_THREAD)
     verdict = cpu_judge.evaluate(AFFINE, ws)
-    assert verdict.reward == -1 and verdict.error.startswith("incorrect: input set 0"), verdict.error
+    assert verdict.reward == -1 and verdict.error.startswith("incorrect: input set"), verdict.error
+    assert "elements outside" in verdict.error, verdict.error  # its outputs, read unfinished
 
 
 def test_every_call_is_audited_so_none_can_compute_differently(cpu_judge, make_workspace):
