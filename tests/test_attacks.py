@@ -89,13 +89,15 @@ def test_a_task_module_rebound_in_its_process_changes_no_input(cpu_judge, make_w
 
 def test_no_call_can_be_told_apart_by_its_values(cpu_judge, make_workspace):
     """A candidate that would compute honestly only where the inputs look scaled (and cheat elsewhere): every call
-    but the first draws a scale for its inputs, so it finds the task's own distribution in almost none of them."""
+    but the first draws a scale for its inputs, so it finds the task's own distribution in almost none of them
+    (about 1 in 8 at the 21st call: the first set and the extra shape, and a scale within ~5% of 1 about 1 time in
+    30; a limit of 1 in 5 failed about 1 run in 20, so it is 1 in 3; without scales it would be every call)."""
     ws = candidate(make_workspace, """
         import ctypes, struct
         sample = struct.unpack("4096f", ctypes.string_at(x.data_ptr(), 4 * 4096))
         self.calls += 1
         self.nominal += abs((sum(v * v for v in sample) / len(sample)) ** 0.5 - 1.0) < 0.04
-        if self.calls > 20 and self.nominal > self.calls // 5:
+        if self.calls > 20 and self.nominal > self.calls // 3:
             raise RuntimeError(f"{self.nominal} of {self.calls} calls had the task's own input distribution")
         return """ + KERNEL, init="self.calls = self.nominal = 0")
     verdict = cpu_judge.evaluate(AFFINE, ws)

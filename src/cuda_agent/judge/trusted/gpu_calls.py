@@ -64,7 +64,7 @@ class GpuCalls(Calls):
         k, self.calls = self.calls, self.calls + 1
         cpu0 = self._cpu_before(k)
         t0 = time.perf_counter_ns()
-        self.freezer.resume()
+        self._resume(f"call {k}")
         window = None
         try:
             send(self.sock, Call(k, ident, fn))

@@ -92,7 +92,7 @@ class Calls:
         k, self.calls = self.calls, self.calls + 1
         cpu0 = self._cpu_before(k)
         t0 = time.perf_counter_ns()
-        self.freezer.resume()
+        self._resume(f"call {k}")
         try:
             send(self.sock, Call(k, ident, fn))
             self.sock.settimeout(max(0.001, deadline - time.monotonic()))
@@ -117,9 +117,20 @@ class Calls:
         reply = self._checked_reply(k, reply)
         return CallRecord(k, (t1 - t0) / 1e3, (cpu1 - cpu0) / 1e3, reply.outputs)
 
+    def _resume(self, what: str) -> None:
+        try:
+            self.freezer.resume()
+        except CandidateGone as exc:
+            raise CallFailed(f"the process ended before {what} ({exc})", "ended") from None
+
     def _cpu_before(self, k: int) -> int:
-        """Its processes' CPU clock as call `k` starts, having checked they took none while stopped."""
-        cpu0 = self.freezer.cpu_ns()
+        """Its processes' CPU clock as call `k` starts, having checked they took none while stopped (CallFailed
+        where they have ended meanwhile: killed at the judge's deadline, say; a verdict, never the reference
+        worker's crash)."""
+        try:
+            cpu0 = self.freezer.cpu_ns()
+        except CandidateGone as exc:
+            raise CallFailed(f"the process ended before call {k} ({exc})", "ended") from None
         if self.stopped_cpu is not None:
             self.outside_ns += cpu0 - self.stopped_cpu
         if self.outside_ns > OUTSIDE_LIMIT_NS:
@@ -144,7 +155,7 @@ class Calls:
         """Let the callee ready `fn` on the inputs loaded last, outside any timed call (torch.compile's
         compilation); its error, if any."""
         ident = next(i for i, b in self.buffers.values() if b is self.current)
-        self.freezer.resume()
+        self._resume(f"preparing {fn}")
         self.stopped_cpu = None
         try:
             send(self.sock, Prepare(fn, ident))
@@ -194,8 +205,8 @@ class Calls:
 
     def end(self, timeout_s: float = 30.0) -> list[str]:
         """Let the candidate's worker leave its call loop (resumed for good); what its in-process audits reported."""
-        self.freezer.resume()
         try:
+            self._resume("the end of its calls")
             send(self.sock, End(secrets.randbelow(32) + 1))
             self.sock.settimeout(timeout_s)
             reply, _ = receive(self.sock)
