@@ -1,13 +1,18 @@
-"""The cpu backend's trusted clock beside the in-process clock it replaced, side by side in one run.
+"""The trusted clock beside the in-process clock it replaces, side by side in one run (either backend).
 
-One judge, one candidate (tests/data/candidates/affine_relu_ok, the fused C++/OpenMP kernel) on the affine_relu
-task at several sizes; each round judges it with the trusted clock (the reference worker times every call of a
-stopped-and-resumed candidate, baselines through the same calls in the baseline callee) and with the in-process
-clock (the candidate's worker times itself, baselines in the reference worker), in alternating order. The
-candidate's median, eager's, torch.compile's and the speedups are reported per clock: the trusted clock's handshake
-is paid by baselines and candidate alike, so speedups should agree while absolute times grow by its cost.
+One judge, one candidate (tests/data/candidates/affine_relu_ok, the fused C++/OpenMP kernel, on the cpu backend;
+affine_relu_cuda, one fused CUDA kernel, on cuda) on the affine_relu task at several sizes; each round judges it
+with the trusted clock (the reference worker times every call of a stopped-and-resumed candidate, baselines through
+the same calls in the baseline callee) and with the in-process clock (the candidate's worker times itself, baselines
+in the reference worker), in alternating order. The candidate's median, eager's, torch.compile's and the speedups
+are reported per clock: the trusted clock's handshake is paid by baselines and candidate alike, so speedups should
+agree while absolute times grow by its cost.
 
-    python3 benchmarks/trusted_clock_overhead.py --rounds 3 --out overhead.json
+On the GPU each trusted row also holds the clock's parts: the calibrated window overhead, the host part of a call
+(from `call` to its answer, not charged), for candidate and eager (`--policy kernelbench` runs the candidate without
+the op audit, which shows what the audit costs a call).
+
+    python3 benchmarks/trusted_clock_overhead.py [--backend cuda] [--policy strict] --rounds 3 --out overhead.json
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from cuda_agent.judge import Judge, JudgeConfig  # noqa: E402
 
 TASK = ROOT / "tests/data/tasks/affine_relu.py"
-CANDIDATE = ROOT / "tests/data/candidates/affine_relu_ok"
+CANDIDATES = {"cpu": ROOT / "tests/data/candidates/affine_relu_ok",
+              "cuda": ROOT / "tests/data/candidates/affine_relu_cuda"}
+PARTS = ("clock_overhead_us", "host_us_median", "p20_us", "p80_us")  # the GPU clock's, per timed callee
 
 
 def sized_task(folder: Path, log2: int) -> Path:
@@ -39,10 +46,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", default="14,18,21", help="log2 of the task's element counts")
+    parser.add_argument("--backend", choices=sorted(CANDIDATES), default="cpu")
+    parser.add_argument("--policy", default="strict")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="clock-overhead-"))
-    judge = Judge("cpu", JudgeConfig(cache_dir=folder / "cache"))
+    judge = Judge(args.backend, JudgeConfig(cache_dir=folder / "cache", policy=args.policy))
     rows: dict[str, dict[str, list]] = {}
     try:
         for log2 in map(int, args.sizes.split(",")):
@@ -51,7 +60,7 @@ def main() -> None:
                 for trusted in ((True, False) if r % 2 == 0 else (False, True)):
                     judge.backend.trusted_clock = trusted
                     began = time.perf_counter()
-                    v = judge.evaluate(task, CANDIDATE)
+                    v = judge.evaluate(task, CANDIDATES[args.backend])
                     key = f"2^{log2} {'trusted' if trusted else 'in-process'}"
                     row = rows.setdefault(key, {k: [] for k in ("candidate_us", "eager_us", "compile_us",
                                                                  "vs_eager", "vs_compile", "reward", "seconds")})
@@ -61,8 +70,8 @@ def main() -> None:
                     for name, value in (("candidate_us", v.times_us["candidate"]), ("eager_us", v.times_us["eager"]),
                                         ("compile_us", v.times_us["compile"]), ("vs_eager", v.speedup_vs_eager),
                                         ("vs_compile", v.speedup_vs_compile), ("reward", v.reward),
-                                        ("seconds", time.perf_counter() - began)):
-                        row[name].append(value)
+                                        ("seconds", time.perf_counter() - began), *parts(v.timing)):
+                        row.setdefault(name, []).append(value)
                     print(key, {k: round(vals[-1], 3) for k, vals in row.items()}, flush=True)
     finally:
         judge.close()
@@ -72,6 +81,12 @@ def main() -> None:
         print(f"{key:24s} " + "  ".join(f"{k} {v}" for k, v in row.items()))
     if args.out:
         args.out.write_text(json.dumps({"rounds": args.rounds, "median": summary, "all": rows}, indent=2))
+
+
+def parts(timing: dict) -> list[tuple[str, float]]:
+    """The GPU clock's parts for the candidate and eager, where the verdict's timing holds them."""
+    return [(f"{who}_{part}", timing[who][part]) for who in ("candidate", "eager")
+            for part in PARTS if isinstance(timing.get(who), dict) and timing[who].get(part) is not None]
 
 
 if __name__ == "__main__":

@@ -24,11 +24,17 @@ def gpu_judge(cache_dir):
     return Judge("cuda", fast_config(cache_dir))
 
 
+def trusted(judge) -> bool:
+    """Whether `judge` keeps the GPU clock on the trusted side (`CUDA_AGENT_GPU_CLOCK=trusted`): no kernel timeline
+    is then believed, and what the in-process clock had to catch cannot gain anything."""
+    return judge.backend.trusted_clock
+
+
 def test_cuda_workspace_is_built_verified_timed_and_rewarded(gpu_judge):
     verdict = gpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_cuda")
     assert verdict.compiled and verdict.correct, verdict.error
     assert verdict.reward >= 2, verdict.times_us
-    assert any("affine_relu_kernel" in k for k in verdict.timing["candidate"]["kernels"])
+    assert trusted(gpu_judge) or any("affine_relu_kernel" in k for k in verdict.timing["candidate"]["kernels"])
     assert verdict.device == torch.cuda.get_device_name(0)
     assert verdict.build["seconds"] < 60
     assert verdict.timing["status"] == "ok" and verdict.timing["baselines"]["checked_calls"], verdict.timing
@@ -75,7 +81,7 @@ def test_work_on_a_side_stream_is_still_timed(gpu_judge, make_workspace):
          "(cudaDeviceSynchronize(), c10::cuda::getStreamFromPool().stream())")]}))
     assert normal.correct and side.correct, (normal.error, side.error)
     assert normal.times_us["candidate"] > 1000, normal.times_us
-    assert any("affine_relu_kernel" in k for k in side.timing["candidate"]["kernels"])
+    assert trusted(gpu_judge) or any("affine_relu_kernel" in k for k in side.timing["candidate"]["kernels"])
     assert side.times_us["candidate"] > 0.8 * normal.times_us["candidate"], (side.times_us, normal.times_us)
 
 
@@ -108,6 +114,9 @@ NO_AUDIT_SWITCH = ("        return cuda_extension.affine_relu_forward(x, self.sc
 def test_torch_kernels_in_the_timed_calls_fail(gpu_judge, make_workspace):
     # Honest under the op audit (verification), torch's own kernels when timed: the timeline shows ATen's kernels.
     verdict = gpu_judge.evaluate(AFFINE, make_workspace("affine_relu_cuda", {"model_new.py": [NO_AUDIT_SWITCH]}))
+    if trusted(gpu_judge):  # every call is audited alike: the switch never flips, its own kernel runs throughout
+        assert verdict.correct and not verdict.policy_violations, verdict.error
+        return
     assert verdict.reward == -1 and "torch's kernel" in verdict.error and "timed calls" in verdict.error, \
         verdict.error
 
@@ -176,7 +185,11 @@ def test_a_range_named_like_the_harness_call_markers_fails(cache_dir, tmp_path):
 
     forged = tmp_path / "forged_marker.py"
     forged.write_text(AFFINE.read_text() + FORGED_MARKER)
-    verdict = Judge("cuda", fast_config(cache_dir, policy="kernelbench")).evaluate(AFFINE, forged)
+    judge = Judge("cuda", fast_config(cache_dir, policy="kernelbench"))
+    verdict = judge.evaluate(AFFINE, forged)
+    if trusted(judge):  # ranges mean nothing to the trusted clock: torch's kernels are timed as eager's are
+        assert verdict.correct and verdict.speedup_vs_eager < 1.5, (verdict.error, verdict.times_us)
+        return
     assert verdict.reward == -1 and "call markers" in verdict.error, (verdict.error, verdict.times_us)
 
 
@@ -252,6 +265,9 @@ def test_a_decoy_kernel_that_never_runs_fails(gpu_judge, make_workspace):
     ws = make_workspace("affine_relu_cuda", {KERNEL: [("#include <cstdint>", "#include <cstdint>\n#include <cstdlib>"),
                                                       (LAUNCH, HOST_COMPUTE)]})
     verdict = gpu_judge.evaluate(AFFINE, ws)
+    if trusted(gpu_judge):  # the host reads the inputs only once they are written: inside the (late) window
+        assert verdict.reward <= 1 and verdict.speedup_vs_eager < 1, (verdict.error, verdict.times_us)
+        return
     assert verdict.reward == -1 and "none of the candidate's own kernels ran" in verdict.error, verdict.error
 
 
@@ -262,6 +278,9 @@ def test_host_work_before_the_first_launch_fails(gpu_judge, make_workspace):
     ws = make_workspace("affine_relu_cuda", {KERNEL: [("#include <cstdint>", "#include <cstdint>\n#include <chrono>"),
                                                       (LAUNCH, spin + LAUNCH)]})
     verdict = gpu_judge.evaluate(AFFINE, ws)
+    if trusted(gpu_judge):  # before the window the inputs are not written yet: host work there can compute nothing
+        assert verdict.correct, verdict.error
+        return
     assert verdict.reward == -1 and verdict.error.startswith("host-side work"), verdict.error
 
 
@@ -288,11 +307,13 @@ def reserve_persisting_l2():
 def test_persisting_l2_lines_are_reset_between_timed_calls(gpu_judge, make_workspace):
     # The candidate reserves persisting L2 in every call (and fails if it cannot) and checks that it is gone at the
     # next timed one: the judge resets it before each (calls 8 on are warm-up and timed: 5 trials, extra shape and
-    # scaled inputs come first, and they flush nothing).
+    # scaled inputs come first, and they flush nothing). On the trusted path the reset is the reference worker's, in
+    # its own context, before every call: the candidate's context keeps its own limit, and must still be judged.
+    check = "False" if trusted(gpu_judge) else "self.calls >= 8 and persisting_limit() != 0"
     ws = make_workspace("affine_relu_cuda", {"model_new.py": [
         ("import cuda_extension\n", "import cuda_extension\n" + PERSIST),
         ("        return cuda_extension", "        self.calls = getattr(self, 'calls', 0) + 1\n"
-         "        if self.calls >= 8 and persisting_limit() != 0:\n"
+         f"        if {check}:\n"
          "            raise RuntimeError('persisting L2 survived from the previous call')\n"
          "        reserve_persisting_l2()\n"
          "        return cuda_extension")]})

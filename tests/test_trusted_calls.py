@@ -227,6 +227,19 @@ def test_the_gpu_calls_order_message_is_part_of_the_protocol():
     assert [flag_value(k) for k in range(3)] == [1, 2, 3]  # flags start at 0: call 0 must not pass at once
 
 
+def test_a_poll_is_answered_running_by_a_callee_whose_stream_has_not_failed():
+    # (On the GPU, `GpuCalls` polls while a window stays open: a context that died answers `Failed` instead.)
+    from cuda_agent.judge.candidate.callee import Callee
+    from cuda_agent.judge.wire.call_protocol import End, Poll, Running, send
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        send(ours, Poll(3))
+        send(ours, End())
+        assert Callee(theirs, lambda inputs, fn: None).serve() == (0, 0)
+        assert receive(ours)[0] == Running(3)
+
+
 def test_the_baseline_callee_dies_with_its_reference_worker(tmp_path):
     # A stopped callee left behind would hold its memory, and the pipes of whoever reads the reference worker's
     # output, for good (a CI run once gathered 70 of them and was killed for memory).

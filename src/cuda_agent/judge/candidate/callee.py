@@ -19,7 +19,21 @@ from typing import Any, Callable
 
 import torch
 
-from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Order, Prepare, Prepared, receive, send
+from ..wire.call_protocol import (
+    Call,
+    Done,
+    End,
+    Ended,
+    Failed,
+    Inputs,
+    Order,
+    Poll,
+    Prepare,
+    Prepared,
+    Running,
+    receive,
+    send,
+)
 from ..wire.gpu_order import CalleeOrder, Flags, flag_value
 from ..wire.input_buffers import map_inputs
 from ..wire.process import close_fds, one_line
@@ -79,6 +93,8 @@ class Callee:
                     (self._call(msg.k, self.inputs[msg.inputs], msg.fn), [])
                 send(self.sock, reply, shared)
                 close_fds(shared)
+            elif isinstance(msg, Poll):
+                send(self.sock, self._poll(msg.k))
             elif isinstance(msg, Prepare) and self.prepare is not None:
                 try:
                     self.prepare(msg.fn, self.inputs[msg.inputs])
@@ -100,6 +116,15 @@ class Callee:
         except Exception as exc:  # the candidate's failure, reported as such
             return Failed(k, one_line(exc))
         return Done(k, describe(self.last))
+
+    def _poll(self, k: int) -> Running | Failed:
+        """Whether the call's stream has failed (a sticky error of this context: an illegal memory access)."""
+        try:
+            if self.order is not None:
+                self.order.stream.query()
+        except RuntimeError as exc:
+            return Failed(k, one_line(exc))
+        return Running(k)
 
     def _ordered_call(self, k: int, inputs: list, fn: str) -> tuple[Done | Failed, list[int]]:
         """The call's work queued between `go` and `done` on the current stream, its outputs in the pool (copied

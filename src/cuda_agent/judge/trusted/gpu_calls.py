@@ -10,8 +10,11 @@ for `go` for good: after `LATE_GO_S` the window opens anyway, and closes only on
 
 The window's constant part (two context switches, ~285 us on the H200) is measured on the baseline callee's empty
 calls and subtracted (`calibrate`); a candidate's call whose window is shorter than that ran its work outside it
-and fails. A call costs the larger of its window and the time it took to answer (less the handshake's own part):
-work done on the host before its window opens is not free.
+and fails. A call costs its window, less that constant. The host's part of a call (from `call` to its answer, about
+1 ms with a jitter of hundreds of microseconds: the stopped processes resumed and stopped again) is recorded but
+not charged: work queued before the window cannot see the call's inputs, which are written inside it, so whatever
+depends on them runs inside the window (a `forward` that waits for its own work: on the host too, in a late
+window), as launches queued ahead do for eager and candidate alike.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..wire.call_protocol import Call, Failed, Order, ProtocolError, receive, send
+from ..wire.call_protocol import Call, Failed, Order, Poll, ProtocolError, Running, receive, send
 from ..wire.gpu_order import Flags, OrderTimeout, TrustedOrder, flag_value
 from ..wire.input_buffers import InputBuffer
 from ..wire.process import close_fds
@@ -34,7 +37,10 @@ from .readback import Unreadable, read_outputs
 from .trusted_calls import CallFailed, CallRecord, Calls
 
 LATE_GO_S = 0.1  # how long a callee may take to queue a call before the window opens without its `done`
+POLL_S = 1.0  # how often the callee is asked whether a call's GPU work that has not ended has failed
+POLL_ANSWER_S = 30.0
 BELOW_OVERHEAD_US = 20.0  # a window this far under the calibrated overhead ran its work outside the window
+SLICE_CHECKED_US = 1000.0  # a window this long may have cut work queued after `done` (the GPU's time slice, ~2.1 ms)
 MAX_BLOCKS = 4096
 
 
@@ -50,7 +56,6 @@ class GpuCalls(Calls):
         self.staged: list | None = None
         self.read: list[tuple[str, Any]] | Unreadable = []
         self.overhead_us: float | None = None  # the window's constant part, once calibrated
-        self.host_overhead_us: float | None = None  # and the handshake's, from `call` to its answer
         self.checks_overhead = True  # (not while calibrating: empty calls are the overhead)
 
     def load(self, inputs: list) -> InputBuffer:
@@ -107,23 +112,60 @@ class GpuCalls(Calls):
         else:
             self.order.close(window, after=lambda: self._read(reply.outputs))
         try:
-            elapsed = window.elapsed_us(deadline)
+            elapsed = self._elapsed(window, k, deadline)
         except OrderTimeout:
             self.order.abandon(window)
             raise CallFailed(f"call {k}: its GPU work did not end in time", "timeout") from None
+        except CallFailed:
+            self.order.abandon(window)
+            raise
         self.order.stream.synchronize()  # (the outputs' copies)
         if self.overhead_us is not None and self.checks_overhead and elapsed < self.overhead_us - BELOW_OVERHEAD_US:
             raise CallFailed(f"call {k}: its window ({elapsed:.0f} us) is shorter than the GPU clock's own overhead "
                              f"({self.overhead_us:.0f} us): its work ran outside the call")
-        return CallRecord(k, self._cost_us(elapsed, host_ns / 1e3, late=window.late), (cpu1 - cpu0) / 1e3,
-                          reply.outputs, elapsed, host_ns / 1e3)
+        return CallRecord(k, elapsed - (self.overhead_us or 0.0), (cpu1 - cpu0) / 1e3, reply.outputs, elapsed,
+                          host_ns / 1e3)
 
-    def _cost_us(self, window_us: float, host_us: float, late: bool) -> float:
-        """A call's time: its window past the clock's own part, or, where queueing the work took longer, that (less
-        the handshake's own part): work done on the host before the window opens is not free. (A call whose window
-        opened before it answered holds its host part already.)"""
-        device = window_us - (self.overhead_us or 0.0)
-        return device if late else max(device, host_us - (self.host_overhead_us or 0.0))
+    def must_check(self, call: CallRecord) -> bool:
+        """A window that may have been cut by the time slice: work queued after `done` would be unfinished when its
+        outputs were read, so they are compared, every such call (a read limit of 0: outputs never read)."""
+        return self.read_limit > 0 and call.raw_us >= SLICE_CHECKED_US
+
+    def _elapsed(self, window, k: int, deadline: float) -> float:
+        """The window once it has closed. Until then the callee is asked every `POLL_S` whether the call's work has
+        failed (a context that died, of an illegal memory access say, never writes `done`): its answer can only
+        fail the call, never end the window."""
+        while True:
+            try:
+                return window.elapsed_us(min(deadline, time.monotonic() + POLL_S))
+            except OrderTimeout:
+                if time.monotonic() >= deadline:
+                    raise
+            self._poll(k)
+
+    def _poll(self, k: int) -> None:
+        self._resume(f"polling call {k}")
+        try:
+            send(self.sock, Poll(k))
+            self.sock.settimeout(POLL_ANSWER_S)
+            reply, fds = receive(self.sock)
+            close_fds(fds)
+        except ProtocolError as exc:
+            reply = Failed(k, f"the candidate answered outside the protocol ({exc})")
+        except socket.timeout:
+            raise CallFailed(f"call {k}: no answer to a poll while its GPU work ran", "timeout") from None
+        except (ConnectionError, OSError) as exc:
+            raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
+        finally:
+            try:
+                self.freezer.stop()
+                self.stopped_cpu = self.freezer.cpu_ns()  # (its answer's CPU time is no work between calls)
+            except CandidateGone:
+                pass
+        if isinstance(reply, Failed) and reply.k == k:
+            raise CallFailed(reply.error[:2000])
+        if not isinstance(reply, Running) or reply.k != k:
+            raise CallFailed(f"call {k}: the candidate answered out of turn ({str(reply)[:200]})")
 
     def _abandon(self, window) -> None:
         """A window opened for a call that failed: this side's stream must not wait for its `done` for good."""
@@ -186,7 +228,6 @@ class GpuCalls(Calls):
         finally:
             self.checks_overhead = True
         self.overhead_us = statistics.median(r.raw_us for r in records)
-        self.host_overhead_us = statistics.median(r.host_us for r in records)
         return self.overhead_us
 
     def close(self) -> None:

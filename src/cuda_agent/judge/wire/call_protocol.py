@@ -2,9 +2,10 @@
 records, one JSON object per SOCK_SEQPACKET message (`{"op": <name>, ...fields}`), file descriptors beside them.
 
 The trusted side sends `Inputs` (a buffer to map, its descriptor attached), `Order` (the cuda backend's flags),
-`Call`, `Prepare` and `End`; the callee answers `Ready` (once, at start), `Done` or `Failed` per call, `Prepared`,
-`Ended`. What comes from a callee is decoded defensively: a message that is not one of these, or whose fields are
-not of their types, is a `ProtocolError` (the callee's failure, never the judge's).
+`Call`, `Poll`, `Prepare` and `End`; the callee answers `Ready` (once, at start), `Done` or `Failed` per call,
+`Running` or `Failed` per poll, `Prepared`, `Ended`. What comes from a callee is decoded defensively: a message that
+is not one of these, or whose fields are not of their types, is a `ProtocolError` (the callee's failure, never the
+judge's).
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ class Call:
 
 
 @dataclass
+class Poll:
+    """Is call `k`'s GPU work still running (answer `Running`), or has it failed (answer `Failed`)? Asked while the
+    window of an ordered call stays open: a context that died never writes `done`."""
+    k: int
+
+
+@dataclass
 class Prepare:
     """Ready `fn` on the inputs `inputs`, outside any timed call (torch.compile's compilation)."""
     fn: str
@@ -77,6 +85,12 @@ class Failed:
 
 
 @dataclass
+class Running:
+    """The answer to `Poll`: call `k`'s work has not failed."""
+    k: int
+
+
+@dataclass
 class Prepared:
     error: str | None = None
 
@@ -88,9 +102,9 @@ class Ended:
     violations: list = field(default_factory=list)
 
 
-Message = Union[Inputs, Order, Call, Prepare, End, Ready, Done, Failed, Prepared, Ended]
-KINDS: dict[str, type] = {cls.__name__.lower(): cls for cls in (Inputs, Order, Call, Prepare, End, Ready, Done,
-                                                                 Failed, Prepared, Ended)}
+Message = Union[Inputs, Order, Call, Poll, Prepare, End, Ready, Done, Failed, Running, Prepared, Ended]
+KINDS: dict[str, type] = {cls.__name__.lower(): cls for cls in (Inputs, Order, Call, Poll, Prepare, End, Ready, Done,
+                                                                 Failed, Running, Prepared, Ended)}
 
 
 def _fits(hint: Any, value: Any) -> bool:

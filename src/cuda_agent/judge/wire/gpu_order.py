@@ -81,8 +81,8 @@ class Flags:
 class Window:
     """One ordered call, as the trusted process recorded it (`k`: its flag value)."""
 
-    def __init__(self, k: int, start: torch.cuda.Event, end: torch.cuda.Event, late: bool = False):
-        self.k, self.start, self.end, self.late = k, start, end, late  # late: opened before the callee answered
+    def __init__(self, k: int, start: torch.cuda.Event, end: torch.cuda.Event):
+        self.k, self.start, self.end = k, start, end
 
     def elapsed_us(self, deadline: float) -> float:
         """E1 - E0 once E1 has passed; OrderTimeout at `deadline` (time.monotonic) if it has not."""
@@ -117,7 +117,7 @@ class TrustedOrder:
             start.record()
             write_value(self.stream, self.flags.address(GO), value)
             wait_value(self.stream, self.flags.address(DONE), value)
-        window = Window(value, start, end, late=not close)
+        window = Window(value, start, end)
         if close:
             self.close(window, after)
         return window
