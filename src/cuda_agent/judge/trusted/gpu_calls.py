@@ -9,12 +9,14 @@ unfinished past the GPU's time slice is missing from the copy. A `forward` that 
 for `go` for good: after `LATE_GO_S` the window opens anyway, and closes only once `done` has been answered.
 
 The window's constant part (two context switches, ~285 us on the H200) is measured on the baseline callee's empty
-calls and subtracted (`calibrate`); a candidate's call whose window is shorter than that ran its work outside it
-and fails. A call costs its window, less that constant. The host's part of a call (from `call` to its answer, about
-1 ms with a jitter of hundreds of microseconds: the stopped processes resumed and stopped again) is recorded but
-not charged: work queued before the window cannot see the call's inputs, which are written inside it, so whatever
-depends on them runs inside the window (a `forward` that waits for its own work: on the host too, in a late
-window), as launches queued ahead do for eager and candidate alike.
+calls and subtracted: first once (`calibrate`: a candidate's call whose window is shorter than that ran its work
+outside it and fails), then by an empty call after every timed call, whose median is what the timed windows are
+charged less (it drifts by microseconds over a run: a constant measured at the start read a 1.5 us kernel as -3 us
+on the H200). A call costs its window less that constant, and at least `RESOLUTION_US`. The host's part of a call
+(from `call` to its answer, about 1 ms with a jitter of hundreds of microseconds: the stopped processes resumed and
+stopped again) is recorded but not charged: work queued before the window cannot see the call's inputs, which are
+written inside it, so whatever depends on them runs inside the window (a `forward` that waits for its own work: on
+the host too, in a late window), as launches queued ahead do for eager and candidate alike.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ LATE_GO_S = 0.1  # how long a callee may take to queue a call before the window 
 POLL_S = 1.0  # how often the callee is asked whether a call's GPU work that has not ended has failed
 POLL_ANSWER_S = 30.0
 BELOW_OVERHEAD_US = 20.0  # a window this far under the calibrated overhead ran its work outside the window
+RESOLUTION_US = 1.0  # the least a call costs: below it the clock cannot tell work from its own overhead's jitter
 SLICE_CHECKED_US = 1000.0  # a window this long may have cut work queued after `done` (the GPU's time slice, ~2.1 ms)
 MAX_BLOCKS = 4096
 
@@ -123,8 +126,13 @@ class GpuCalls(Calls):
         if self.overhead_us is not None and self.checks_overhead and elapsed < self.overhead_us - BELOW_OVERHEAD_US:
             raise CallFailed(f"call {k}: its window ({elapsed:.0f} us) is shorter than the GPU clock's own overhead "
                              f"({self.overhead_us:.0f} us): its work ran outside the call")
-        return CallRecord(k, elapsed - (self.overhead_us or 0.0), (cpu1 - cpu0) / 1e3, reply.outputs, elapsed,
-                          host_ns / 1e3)
+        return CallRecord(k, self.cost_us(elapsed, self.overhead_us or 0.0), (cpu1 - cpu0) / 1e3, reply.outputs,
+                          elapsed, host_ns / 1e3)
+
+    @staticmethod
+    def cost_us(window_us: float, overhead_us: float) -> float:
+        """A call's time: its window less the clock's constant part, no less than the clock's resolution."""
+        return max(RESOLUTION_US, window_us - overhead_us)
 
     def must_check(self, call: CallRecord) -> bool:
         """A window that may have been cut by the time slice: work queued after `done` would be unfinished when its
@@ -222,13 +230,17 @@ class GpuCalls(Calls):
     def calibrate(self, inputs: list, deadline: float, calls: int = 20) -> float:
         """The window's constant part: the median window of empty calls (one empty kernel each)."""
         self.load(inputs)
-        self.overhead_us, self.checks_overhead = None, False
+        self.overhead_us = None
+        self.overhead_us = statistics.median([self.empty_window(deadline) for _ in range(calls)][calls // 4:])
+        return self.overhead_us
+
+    def empty_window(self, deadline: float) -> float:
+        """The window of one empty call (the baseline callee's `null`) on the inputs loaded last."""
+        self.checks_overhead = False
         try:
-            records = [self.call(deadline, "null") for _ in range(calls)][calls // 4:]
+            return self.call(deadline, "null").raw_us
         finally:
             self.checks_overhead = True
-        self.overhead_us = statistics.median(r.raw_us for r in records)
-        return self.overhead_us
 
     def close(self) -> None:
         self.blocks = {}

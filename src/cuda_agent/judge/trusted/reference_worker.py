@@ -232,6 +232,8 @@ class Reference:
         rng = random.Random(secrets.randbits(64))
         flush = self.backend.make_cache_flusher()
         forced: list[str] = []  # calls checked because their window may have been cut (`Calls.must_check`)
+        clock = self.baseline_calls() if isinstance(calls, GpuCalls) else None  # its empty calls: the GPU clock's
+        empty: list[float] = []  # constant part, measured after every call (it drifts by microseconds)
 
         def one(label: str, picked: bool):
             inputs = make_inputs(self.module, rng.randrange(2**31), self.device, None, self.draw_scale(rng))
@@ -248,6 +250,8 @@ class Reference:
                 self._inputs_kept(calls, label) if inputs_checked else {"ok": True}
             if not result["ok"]:
                 raise CallFailed(result["reason"])
+            if clock is not None:
+                empty.append(clock.empty_window(deadline))
             return call
 
         warm = [one(f"warm-up call {i}", False).window_us for i in range(max(1, int(timing["warmup"])))]
@@ -255,15 +259,17 @@ class Reference:
         iters = int(min(timing["max_iters"], max(timing["min_iters"],
                                                   math.ceil(timing["target_time_s"] / max(per_call, 1e-6)))))
         picked = set(rng.sample(range(iters), min(iters, checks)))
-        windows, cpu, host = [], [], []
-        for i in range(iters):
-            call = one(f"timed call {i} (fresh values in the timed buffers)", i in picked)
-            windows.append(call.window_us)
-            cpu.append(call.cpu_us)
-            host.append(call.host_us)
+        empty.clear()
+        timed = [one(f"timed call {i} (fresh values in the timed buffers)", i in picked) for i in range(iters)]
+        windows, cpu = [call.window_us for call in timed], [call.cpu_us for call in timed]
         self._release()
-        gpu = {"clock_overhead_us": calls.overhead_us, "host_us_median": statistics.median(host)} \
-            if isinstance(calls, GpuCalls) else {}
+        gpu = {}
+        if clock is not None:
+            overhead = statistics.median(empty)
+            windows = [GpuCalls.cost_us(call.raw_us, overhead) for call in timed]
+            gpu = {"clock_overhead_us": overhead, "clock_overhead_p20_p80_us": [summarize(empty, empty)[q] for q in
+                                                                               ("p20_us", "p80_us")],
+                   "host_us_median": statistics.median(call.host_us for call in timed)}
         return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
                 "cpu_outside_calls_us": calls.outside_ns / 1e3, "memory_peak": calls.memory_peak(),
                 "checked_calls": sorted(picked), "calls_checked_for_their_length": len(forced), **gpu}
