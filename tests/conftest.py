@@ -50,9 +50,9 @@ def fast_config(cache_dir: Path, **overrides) -> JudgeConfig:
 def fast_commands():
     """Commands run in-process (typer's CliRunner) judge with FAST_TIMING meanwhile: every other setting is still the
     command's own (its options and defaults), only the timing loop is shorter."""
-    from cuda_agent import cli
+    from cuda_agent.cli import common
 
-    config = cli._config
+    config = common.config
 
     def fast(*args, **kwargs):
         cfg = config(*args, **kwargs)
@@ -61,7 +61,7 @@ def fast_commands():
         return cfg
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cli, "_config", fast)
+        patch.setattr(common, "config", fast)
         yield
 
 

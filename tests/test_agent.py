@@ -232,12 +232,12 @@ def test_a_whole_episode_over_http_through_the_openai_client(judge, tmp_path):
         summary = run_episode(env, client, AFFINE, run_dir, LoopConfig(max_turns=20), states.append)
     finally:
         endpoint.close()
-    assert summary["stop"] == "finish" and summary["turns"] == len(EPISODE)
-    final = summary["final_verdict"]
+    assert summary.stop == "finish" and summary.turns == len(EPISODE)
+    final = summary.final_verdict
     assert final["correct"] and final["reward"] >= 1, final["error"]
-    assert summary["snapshots"] == 1 and (run_dir / "best" / "model_new.py").exists()
+    assert summary.snapshots == 1 and (run_dir / "best" / "model_new.py").exists()
     assert "0.5f" in (run_dir / "best" / "kernels" / "affine_relu.cpp").read_text()
-    assert summary["best_single_file"] == str(run_dir / "best_single_file.py")
+    assert summary.best_single_file == str(run_dir / "best_single_file.py")
     # The model saw the failure it had to fix, with its numbers.
     verify_results = [m["content"] for r in endpoint.requests for m in r["messages"] if m["role"] == "tool"
                       and "correct:" in m["content"]]
@@ -251,7 +251,7 @@ def test_a_whole_episode_over_http_through_the_openai_client(judge, tmp_path):
     assert all(r["usage"]["total_tokens"] > 0 for r in records if r["type"] == "assistant")
     verdicts = [r["verdict"] for r in records if r.get("verdict")]
     assert [v["correct"] for v in verdicts] == [False, True, True]
-    assert states[-1]["best_reward"] >= 1 and states[-1]["last_tool"] == "finish"
+    assert states[-1].best_reward >= 1 and states[-1].last_tool == "finish"
     assert json.loads((run_dir / "summary.json").read_text())["final_verdict"]["reward"] == final["reward"]
 
 
@@ -262,7 +262,7 @@ def test_single_turn_mode_judges_the_files_of_one_reply(judge, tmp_path):
     run_dir = tmp_path / "single"
     summary = run_episode(Environment(judge, run_dir, use_sandbox=SANDBOX), client, AFFINE, run_dir,
                           LoopConfig(single_turn=True))
-    assert summary["stop"] == "single turn" and summary["final_verdict"]["reward"] >= 1
+    assert summary.stop == "single turn" and summary.final_verdict["reward"] >= 1
     replay = ScriptedClient.from_trajectory(str(run_dir / "trajectory.jsonl"))
     assert replay.messages[0]["content"] == reply
 
@@ -272,7 +272,8 @@ def test_replies_without_tool_calls_end_the_episode(judge, tmp_path):
     run_dir = tmp_path / "idle"
     summary = run_episode(Environment(judge, run_dir, use_sandbox=SANDBOX), client, AFFINE, run_dir,
                           LoopConfig(max_invalid=3))
-    assert summary["stop"] == "3 replies in a row without a tool call" and summary["final_verdict"] is None
+    assert summary.stop == "no tool call" and summary.stop_detail == "3 replies in a row without a tool call"
+    assert summary.final_verdict is None and summary.reward == -1
 
 
 def test_optimize_with_an_unreachable_endpoint_is_one_clear_error(tmp_path):

@@ -390,8 +390,8 @@ def test_a_scripted_agent_episode_writes_a_real_cuda_kernel(gpu_judge, tmp_path)
                               AFFINE, run_dir, LoopConfig(max_turns=20))
     finally:
         endpoint.close()
-    assert summary["stop"] == "finish" and (summary["final_verdict"] or {}).get("reward", -1) >= 2, summary
-    exported = gpu_judge.evaluate(AFFINE, Path(summary["best_single_file"]))
+    assert summary.stop == "finish" and summary.reward >= 2, summary
+    exported = gpu_judge.evaluate(AFFINE, Path(summary.best_single_file))
     assert exported.correct and exported.reward >= 1, exported.error
 
 

@@ -51,8 +51,8 @@ def test_a_real_model_s_replies_go_through_the_client_and_the_loop(served_model,
     summary = run_episode(env, client, TASKS / "affine_relu.py", run_dir, LoopConfig(max_turns=2, max_context=8192))
     records = [json.loads(line) for line in (run_dir / "trajectory.jsonl").read_text().splitlines()]
     replies = [r for r in records if r["type"] == "assistant"]
-    assert summary["model"] == str(folder) and not summary["stop"].startswith("model error"), summary["stop"]
-    assert len(replies) == summary["turns"] >= 1
+    assert summary.model == str(folder) and summary.stop != "model error", summary.stop_detail
+    assert len(replies) == summary.turns >= 1
     assert all(r["finish_reason"] in ("stop", "length") and r["usage"]["completion_tokens"] <= 48 for r in replies)
     assert any(r["message"]["content"].strip() for r in replies)
     # The server saw exactly the text-tools conversation: the schemas and the call syntax in its system message.

@@ -173,7 +173,7 @@ def test_an_agent_run_page_shows_each_turn_and_each_verdict(cache_dir, tmp_path)
     with Judge("cpu", fast_config(cache_dir)) as judge:
         summary = run_episode(Environment(judge, run_dir, use_sandbox=False), ScriptedClient(script),
                               TASKS / "affine_relu.py", run_dir, LoopConfig(max_turns=6))
-    assert summary["final_verdict"]["correct"], summary
+    assert summary.final_verdict["correct"], summary
     page = tmp_path / "agent.html"
     assert runner.invoke(app, ["report", str(run_dir), "--out", str(page)]).exit_code == 0
     html = page.read_text()

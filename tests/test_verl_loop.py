@@ -79,7 +79,7 @@ def test_an_episode_past_the_response_length_is_cut_on_a_model_token(smollm2, po
     texts = [call("read_file", path="model.py"), call("read_file", path="model.py"), call("finish")]
     out, server, _ = episode(tokenizer, pool, tmp_path, texts, response_length=200)
     # model.py's text (the first tool result) fills the 200 tokens: no second turn, the result is cut off
-    assert len(server.requests) == 1 and "response length reached" in out.extra_fields["stop"]
+    assert len(server.requests) == 1 and "response length reached" in out.extra_fields["stop_detail"]
     assert out.response_mask == [1] * len(out.response_ids) and len(out.response_ids) < 200
     assert out.reward_score == -1  # nothing verified
 

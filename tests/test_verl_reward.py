@@ -25,6 +25,6 @@ def test_a_reply_with_every_file_scores_its_milestone_reward_and_one_without_sco
     result = compute_score("cuda_agent", reply, "", row["extra_info"])
     assert result["score"] >= 1 and result["correct"], result
     result = compute_score("cuda_agent", "I would vectorise the loads.", "", row["extra_info"])
-    assert result["score"] == -1 and "no `### FILE:` blocks" in result["stop"]
+    assert result["score"] == -1 and result["stop"] == "no files" and "no `### FILE:` blocks" in result["stop_detail"]
     with pytest.raises(ValueError, match="reference"):
         compute_score("cuda_agent", reply, "", {})

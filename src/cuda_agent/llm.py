@@ -13,7 +13,7 @@ import os
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 TOOL_CALL_OPEN = re.compile(r"<tool_call>\s*(?:```(?:json)?\s*)?")
 FENCED = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
@@ -146,6 +146,14 @@ def reply_from(content: str | None, tool_calls: list[ToolCall], usage: dict[str,
     return Reply(content, tool_calls, usage, finish_reason)
 
 
+class ChatClient(Protocol):
+    """What the agent loop asks of a model: its name, and one reply to a conversation (with the tools' schemas, or
+    None in single-turn mode). `OpenAIClient`, `ScriptedClient` and the RL rollout's `PolicyClient` are ones."""
+    model: str
+
+    def complete(self, messages: list[dict], tools: list[dict] | None) -> Reply: ...
+
+
 class OpenAIClient:
     """Chat completions through the `openai` SDK (vLLM, SGLang, hosted APIs): retries with backoff, timeouts."""
 
@@ -205,6 +213,7 @@ class OpenAIClient:
 
 class ScriptedClient:
     """Replays saved assistant messages in order (tests; re-running a trajectory)."""
+    model = "scripted"
 
     def __init__(self, messages: list[dict[str, Any]]):
         self.messages = list(messages)

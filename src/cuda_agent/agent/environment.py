@@ -21,6 +21,7 @@ from ..judge.verdict import Verdict
 from ..workspace.build import TEMPLATE_DIR
 from ..workspace.candidate import Candidate, load_candidate
 from ..workspace.single_file import ExportError, to_single_file
+from .summary import Outcome
 from .tools import SCHEMAS, Tools, ToolError
 
 SYSTEM_PROMPT = """You are an expert GPU kernel engineer working in a sandboxed workspace. Your job: make the \
@@ -101,32 +102,31 @@ class Environment:
         for name in ("binding.cpp", "binding_registry.h"):
             shutil.copyfile(TEMPLATE_DIR / name, self.workspace / name)
         self.snapshots = []
-        self.tools = Tools(self.workspace, self.reference, self.judge, self.use_sandbox, self.bash_timeout,
-                           on_verdict=self._record)
+        self.tools = Tools(self.workspace, self.reference, self.judge, self.use_sandbox, self.bash_timeout)
         return {"messages": opening_messages(source, self.judge.backend.name), "tools": SCHEMAS}
 
     def step(self, name: str, arguments: dict[str, Any]) -> StepResult:
         if self.tools is None:
             raise RuntimeError("call reset() first")
-        before = len(self.snapshots)
         try:
-            observation = self.tools.call(name, arguments)
+            result = self.tools.call(name, arguments)
         except ToolError as exc:
             return StepResult(f"error: {exc}", info={"error": True})
         info: dict[str, Any] = {}
-        if len(self.snapshots) > before:
-            info["snapshot"] = self.snapshots[-1].index
-        if name in ("verify", "profile") and self.tools.last_verdict is not None:
-            info["verdict"] = self.tools.last_verdict.to_dict()
-        return StepResult(observation, done=name == "finish", info=info)
+        if result.verdict is not None:
+            info["verdict"] = result.verdict.to_dict()
+            snapshot = self._record(result.verdict, result.candidate)
+            if snapshot is not None:
+                info["snapshot"] = snapshot.index
+        return StepResult(result.observation, done=name == "finish", info=info)
 
     def best(self) -> Snapshot | None:
         return max(self.snapshots, key=Snapshot.rank) if self.snapshots else None
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> Outcome:
         """Re-judge the best snapshot from a clean copy; the episode's answer."""
         best = self.best()
-        outcome: dict[str, Any] = {"snapshots": len(self.snapshots), "best_snapshot": None, "final_verdict": None}
+        outcome = Outcome(snapshots=len(self.snapshots))
         if best is None:
             return outcome
         final_dir = self.run_dir / "best"
@@ -135,22 +135,24 @@ class Environment:
         load_candidate(best.path).write_to(final_dir)
         verdict = self.judge.evaluate(self.reference, final_dir)
         (self.run_dir / "best_verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2))
-        outcome.update(best_snapshot=best.index, best_dir=str(final_dir), final_verdict=verdict.to_dict())
+        outcome.best_snapshot, outcome.best_dir, outcome.final_verdict = best.index, str(final_dir), verdict.to_dict()
         try:
             single = self.run_dir / "best_single_file.py"
             single.write_text(to_single_file(load_candidate(final_dir), self.judge.backend.name))
-            outcome["best_single_file"] = str(single)
+            outcome.best_single_file = str(single)
         except ExportError as exc:
-            outcome["best_single_file"] = f"not written: {exc}"
+            outcome.best_single_file = f"not written: {exc}"
         return outcome
 
     # ---- snapshots --------------------------------------------------------------------------------------
-    def _record(self, tool: str, verdict: Verdict, candidate: Candidate) -> None:
+    def _record(self, verdict: Verdict, candidate: Candidate) -> Snapshot | None:
+        """A verified candidate not seen before, saved as the next snapshot (None: not correct, or seen)."""
         if not verdict.correct or any(s.verdict.candidate["hash"] == candidate.hash for s in self.snapshots):
-            return
+            return None
         index = len(self.snapshots)
         path = self.run_dir / "snapshots" / f"{index:03d}"
         candidate.write_to(path)
         (path / "verdict.json").write_text(json.dumps(verdict.to_dict(), indent=2))
         self.snapshots.append(Snapshot(index, path, verdict))
+        return self.snapshots[-1]
 

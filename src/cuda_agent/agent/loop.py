@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from .environment import Environment, StepResult
-from ..llm import LLMError, Reply
+from ..llm import ChatClient, LLMError, Reply
+from .summary import EpisodeSummary, LoopState, Stop
 from .tools import ToolError, parse_arguments
 
 NUDGE = "No tool was called. Use the tools to work on the task, and call `finish` when you are done."
@@ -62,8 +63,8 @@ def parse_files(text: str) -> dict[str, str]:
     return {path: body + "\n" for path, body in FILE_BLOCK.findall(text or "")}
 
 
-def run_episode(env: Environment, client: Any, reference: str | Path, run_dir: Path, config: LoopConfig,
-                progress: Callable[[dict[str, Any]], None] = lambda state: None) -> dict[str, Any]:
+def run_episode(env: Environment, client: ChatClient, reference: str | Path, run_dir: Path, config: LoopConfig,
+                progress: Callable[[LoopState], None] = lambda state: None) -> EpisodeSummary:
     """Play one episode; returns the summary (also written to run_dir/summary.json)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     opening = env.reset(reference)
@@ -71,53 +72,52 @@ def run_episode(env: Environment, client: Any, reference: str | Path, run_dir: P
     traj = Trajectory(run_dir / "trajectory.jsonl")
     for msg in messages:
         traj.write(msg["role"], message=msg)
-    state: dict[str, Any] = {"turn": 0, "last_tool": None, "best_reward": None, "best_speedup": None,
-                             "context_tokens": 0, "stop": None}
+    state = LoopState()
     try:
         if config.single_turn:
             _single_turn(env, client, messages, traj, state)
         else:
             _loop(env, client, messages, tools, traj, state, config, progress)
     except LLMError as exc:
-        state["stop"] = f"model error: {exc}"
+        state.stopped(Stop.MODEL_ERROR, str(exc))
         traj.write("event", event="model_error", error=str(exc))
     finally:
-        outcome = env.result()
-        summary = {"reference": str(reference), "model": getattr(client, "model", type(client).__name__),
-                   "stop": state["stop"], "turns": state["turn"],
-                   "context_tokens": state["context_tokens"], "wall_s": round(time.monotonic() - traj.start, 1),
-                   **outcome}
-        traj.write("result", summary=summary)
+        summary = EpisodeSummary(**vars(env.result()), reference=str(reference),
+                                 model=client.model,
+                                 stop=state.stop.value if state.stop else "", stop_detail=state.stop_detail,
+                                 turns=state.turn, context_tokens=state.context_tokens,
+                                 wall_s=round(time.monotonic() - traj.start, 1))
+        traj.write("result", summary=summary.to_dict())
         traj.close()
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2, default=str))
     return summary
 
 
-def _update_best(env: Environment, state: dict[str, Any]) -> None:
+def _update_best(env: Environment, state: LoopState) -> None:
     best = env.best()
     if best:
-        state["best_reward"] = best.verdict.reward
-        state["best_speedup"] = best.verdict.speedup_vs_compile
+        state.best_reward = best.verdict.reward
+        state.best_speedup = best.verdict.speedup_vs_compile
 
 
-def _loop(env: Environment, client: Any, messages: list[dict], tools: list[dict], traj: Trajectory,
-          state: dict[str, Any], config: LoopConfig, progress: Callable[[dict[str, Any]], None]) -> None:
+def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: list[dict], traj: Trajectory,
+          state: LoopState, config: LoopConfig, progress: Callable[[LoopState], None]) -> None:
     invalid = 0
-    while state["turn"] < config.max_turns:
-        state["turn"] += 1
+    while state.turn < config.max_turns:
+        state.turn += 1
         began = time.monotonic()
         reply = client.complete(messages, tools)
         messages.append(reply.message())
-        state["context_tokens"] = context_tokens(reply, messages)
-        traj.write("assistant", turn=state["turn"], message=reply.message(), usage=reply.usage,
+        state.context_tokens = context_tokens(reply, messages)
+        traj.write("assistant", turn=state.turn, message=reply.message(), usage=reply.usage,
                    finish_reason=reply.finish_reason, wall_s=round(time.monotonic() - began, 3))
         if not reply.tool_calls:
             invalid += 1
             if invalid >= config.max_invalid:
-                state["stop"] = f"{invalid} replies in a row without a tool call"
+                state.stopped(Stop.NO_TOOL_CALL, f"{invalid} replies in a row without a tool call")
                 return
             messages.append({"role": "user", "content": NUDGE})
-            traj.write("user", turn=state["turn"], message=messages[-1])
+            traj.write("user", turn=state.turn, message=messages[-1])
             continue
         finished = False
         for call in reply.tool_calls:
@@ -130,36 +130,36 @@ def _loop(env: Environment, client: Any, messages: list[dict], tools: list[dict]
             invalid = invalid + 1 if info.get("error") else 0
             tool_msg = {"role": "tool", "tool_call_id": call.id, "content": observation}
             messages.append(tool_msg)
-            traj.write("tool", turn=state["turn"], tool=call.name, message=tool_msg,
+            traj.write("tool", turn=state.turn, tool=call.name, message=tool_msg,
                        wall_s=round(time.monotonic() - began, 3), **info)
-            state["last_tool"] = call.name
+            state.last_tool = call.name
             _update_best(env, state)
-            progress(dict(state))
+            progress(replace(state))
             finished = finished or done
         if finished:
-            state["stop"] = "finish"
+            state.stopped(Stop.FINISH)
             return
         if invalid >= config.max_invalid:
-            state["stop"] = f"{invalid} invalid tool calls in a row"
+            state.stopped(Stop.INVALID_TOOL_CALLS, f"{invalid} invalid tool calls in a row")
             return
-        if state["context_tokens"] >= config.max_context:
-            state["stop"] = f"context limit ({state['context_tokens']} >= {config.max_context} tokens)"
+        if state.context_tokens >= config.max_context:
+            state.stopped(Stop.CONTEXT_LIMIT, f"{state.context_tokens} >= {config.max_context} tokens")
             return
-    state["stop"] = f"turn limit ({config.max_turns})"
+    state.stopped(Stop.TURN_LIMIT, f"{config.max_turns} turns")
 
 
-def _single_turn(env: Environment, client: Any, messages: list[dict], traj: Trajectory,
-                 state: dict[str, Any]) -> None:
+def _single_turn(env: Environment, client: ChatClient, messages: list[dict], traj: Trajectory,
+                 state: LoopState) -> None:
     messages.append({"role": "user", "content": SINGLE_TURN})
     traj.write("user", message=messages[-1])
-    state["turn"] = 1
+    state.turn = 1
     reply = client.complete(messages, None)
     messages.append(reply.message())
-    state["context_tokens"] = context_tokens(reply, messages)
+    state.context_tokens = context_tokens(reply, messages)
     traj.write("assistant", turn=1, message=reply.message(), usage=reply.usage)
     files = parse_files(reply.content)
     if not files:
-        state["stop"] = "single turn: no `### FILE:` blocks in the reply"
+        state.stopped(Stop.NO_FILES, "single turn: no `### FILE:` blocks in the reply")
         return
     for path, content in files.items():
         result = env.step("write_file", {"path": path, "content": content})
@@ -167,4 +167,4 @@ def _single_turn(env: Environment, client: Any, messages: list[dict], traj: Traj
     result = env.step("profile", {})
     traj.write("tool", turn=1, tool="profile", observation=result.observation, **result.info)
     _update_best(env, state)
-    state["stop"] = "single turn"
+    state.stopped(Stop.SINGLE_TURN)

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .. import sandbox
 from ..judge import Judge
@@ -90,26 +90,33 @@ def clip(text: str, limit: int = OUTPUT_LIMIT) -> str:
 
 
 @dataclass
+class ToolResult:
+    """What a tool call returns: the observation the model reads, and for `verify` and `profile` the verdict and the
+    candidate it was given to."""
+    observation: str
+    verdict: Verdict | None = None
+    candidate: Candidate | None = None
+
+
+@dataclass
 class Tools:
     workspace: Path
     reference: Path
     judge: Judge | JudgePool
     use_sandbox: bool = True
     bash_timeout: int = 180
-    on_verdict: Callable[[str, Verdict, Candidate], None] = lambda tool, verdict, candidate: None
-    last_verdict: Verdict | None = None
     _verdicts: dict[str, Verdict] = field(default_factory=dict)  # candidate hash -> its full verdict
 
     # ---- dispatch ---------------------------------------------------------------------------------------
-    def call(self, name: str, arguments: dict[str, Any]) -> str:
-        self.last_verdict = None
+    def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         method = getattr(self, f"tool_{name}", None)
         if name not in TOOL_NAMES or method is None:
             raise ToolError(f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}")
         try:
-            return method(**arguments)
+            result = method(**arguments)
         except TypeError as exc:
             raise ToolError(f"{name}: bad arguments ({exc})") from exc
+        return result if isinstance(result, ToolResult) else ToolResult(result)
 
     def _path(self, rel: str, writing: bool = False) -> Path:
         if not isinstance(rel, str) or not rel or rel.startswith("/"):
@@ -228,18 +235,20 @@ class Tools:
             return f"build ok in {result.seconds:.1f} s: {steps}"
         return f"build FAILED in {result.seconds:.1f} s\n{clip(result.log or result.error or '')}"
 
-    def _judged(self, tool: str) -> Verdict:
+    def _judged(self) -> tuple[Verdict, Candidate]:
         cand = self._candidate()
         verdict = self._verdicts.get(cand.hash)
         if verdict is None:
             verdict = self.judge.evaluate(self.reference, cand)
             self._verdicts[cand.hash] = verdict
-        self.last_verdict = verdict
-        self.on_verdict(tool, verdict, cand)
-        return verdict
+        return verdict, cand
 
-    def tool_verify(self) -> str:
-        v = self._judged("verify")
+    def tool_verify(self) -> ToolResult:
+        v, cand = self._judged()
+        return ToolResult(self._correctness(v), v, cand)
+
+    @staticmethod
+    def _correctness(v: Verdict) -> str:
         lines = [f"compiled: {v.compiled}", f"correct: {v.correct}"]
         if v.error:
             lines.append(f"first failure: {v.error}")
@@ -251,10 +260,13 @@ class Tools:
         lines += [f"warning: {w}" for w in v.warnings]
         return "\n".join(lines)
 
-    def tool_profile(self) -> str:
-        v = self._judged("profile")
+    def tool_profile(self) -> ToolResult:
+        v, cand = self._judged()
+        return ToolResult(self._speed(v), v, cand)
+
+    def _speed(self, v: Verdict) -> str:
         if not v.correct or not v.times_us.get("candidate"):
-            return self.tool_verify() + f"\nreward: {v.reward}"
+            return self._correctness(v) + f"\nreward: {v.reward}"
         t = v.times_us
         rows = [("eager PyTorch", t["eager"]), ("torch.compile", t["compile"]), ("your kernels", t["candidate"])]
         table = "\n".join(f"{name:<15} {us:12.2f} us" for name, us in rows)

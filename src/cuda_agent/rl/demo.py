@@ -26,6 +26,7 @@ import torch
 
 from ..agent.environment import Environment, opening_messages
 from ..agent.loop import LoopConfig, run_episode
+from ..agent.summary import EpisodeSummary
 from ..judge.config import JudgeConfig
 from ..judge.pool import JudgePool
 from ..llm import ScriptedClient
@@ -33,7 +34,8 @@ from .choice import ChoiceReply, Slot
 from .models import Actor, Critic
 from .tokens import TurnTokenizer
 from .config import DemoConfig
-from .trainer import Batch, MetricsLog, PPOTrainer, cut_after
+from .train_loop import run_steps
+from .trainer import Batch, PPOTrainer
 
 TASK_DIR = resources.files("cuda_agent.rl").joinpath("demo_task")
 KERNELS = {"A": ("vector", "16-byte vector loads, grid-stride loop"),
@@ -72,14 +74,14 @@ def judge_pick(pool: JudgePool, reference: Path, run_dir: Path, files: dict[str,
     verify = env.step("verify", {})
     env.step("finish", {})
     outcome = env.result()
-    final = outcome["final_verdict"]
+    final = outcome.final_verdict
     first = verify.info.get("verdict") or {}
     verdict = final or first
     return {"reward": final["reward"] if final else -1, "times_us": verdict.get("times_us", {}),
             "error": verdict.get("error"), "correct": bool(final and final.get("correct"))}
 
 
-def expert_runs(pool: JudgePool, out: Path, count: int = 2) -> list[dict]:
+def expert_runs(pool: JudgePool, out: Path, count: int = 2) -> list[EpisodeSummary]:
     """`count` agent episodes in which a scripted expert solves the demo task through the loop and the judge (kernel
     A, 256 threads: written, verified, finished), as run folders `out/NN` like `optimize` writes: seed data for the
     rft stage where no strong model is at hand. Returns their summaries."""
@@ -147,8 +149,6 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
         generator = torch.Generator().manual_seed(config.seed + 1)
         if "generator" in extra:
             generator.set_state(extra["generator"])
-        metrics = MetricsLog(out, trainer.step, log=log)
-        cut_after(out / "episodes.jsonl", trainer.step)
         (out / "config.json").write_text(json.dumps({"model": str(model), "random_init": random_init,
                                                      "prompt_tokens": len(prompt), **asdict(config)}, indent=2))
         if resuming:
@@ -156,38 +156,29 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
         else:
             start = dict(zip(reply.slots[0].options, reply.distribution(actor.model, prompt)))
             (out / "start.json").write_text(json.dumps({"p_first_slot": start}, indent=2))
-        history = []
-        run_began = time.monotonic()
-        try:
-            while trainer.step < config.steps:
-                began = time.monotonic()
-                choices, logp = reply.sample(actor.model, prompt, config.batch, generator)
-                judged, judge_s = _judge_step(pool, reference, reply, config, out, trainer.step + 1, choices)
-                scores = [judged[tuple(c)]["reward"] for c in choices]
-                batch = _batch(reply, prompt, choices, logp, scores)
-                stats = trainer.update(batch)
-                probs = reply.distribution(actor.model, prompt)
-                record = {"reward_mean": statistics.fmean(scores), "pass_rate": sum(s >= 1 for s in scores) /
-                          len(scores), "picks": _counts(reply, choices),
-                          "rewards_by_pick": {"".join(reply.texts(list(c))): r["reward"] for c, r in judged.items()},
-                          "p_first_slot": dict(zip(reply.slots[0].options, [round(p, 4) for p in probs])),
-                          "judge_seconds": judge_s, "seconds": time.monotonic() - began, **stats}
-                metrics.write(trainer.step, record)
-                history.append({"step": trainer.step, **record})
-                log(f"step {trainer.step}/{config.steps}  reward {record['reward_mean']:+.2f}  pass "
-                    f"{record['pass_rate']:.0%}  p({'/'.join(reply.slots[0].options)}) "
-                    f"{' '.join(f'{p:.2f}' for p in probs)}  policy {stats['policy_loss']:+.3f}  value "
-                    f"{stats['value_loss']:.3f}  {record['seconds']:.1f}s (judge {judge_s:.1f}s)")
-                out_of_time = config.time_limit_s is not None and time.monotonic() - run_began > config.time_limit_s
-                if trainer.step % config.save_every == 0 or trainer.step == config.steps or out_of_time:
-                    trainer.save(checkpoint, tokenizer, {"generator": generator.get_state()})
-                if out_of_time:
-                    log(f"time limit of {config.time_limit_s:.0f}s reached after step {trainer.step}: run again "
-                        "with the same --out to continue")
-                    break
-        finally:
-            metrics.close()
-    return history
+
+        def step() -> dict:
+            began = time.monotonic()
+            choices, logp = reply.sample(actor.model, prompt, config.batch, generator)
+            judged, judge_s = _judge_step(pool, reference, reply, config, out, trainer.step + 1, choices)
+            scores = [judged[tuple(c)]["reward"] for c in choices]
+            stats = trainer.update(_batch(reply, prompt, choices, logp, scores))
+            probs = reply.distribution(actor.model, prompt)
+            return {"reward_mean": statistics.fmean(scores), "pass_rate": sum(s >= 1 for s in scores) / len(scores),
+                    "picks": _counts(reply, choices),
+                    "rewards_by_pick": {"".join(reply.texts(list(c))): r["reward"] for c, r in judged.items()},
+                    "p_first_slot": dict(zip(reply.slots[0].options, [round(p, 4) for p in probs])),
+                    "judge_seconds": judge_s, "seconds": time.monotonic() - began, **stats}
+
+        def describe(step: int, record: dict) -> str:
+            probs = " ".join(f"{p:.2f}" for p in record["p_first_slot"].values())
+            return (f"step {step}/{config.steps}  reward {record['reward_mean']:+.2f}  pass {record['pass_rate']:.0%}"
+                    f"  p({'/'.join(reply.slots[0].options)}) {probs}  policy {record['policy_loss']:+.3f}  value "
+                    f"{record['value_loss']:.3f}  {record['seconds']:.1f}s (judge {record['judge_seconds']:.1f}s)")
+
+        return run_steps(trainer, step, out, steps=config.steps, save_every=config.save_every,
+                         time_limit_s=config.time_limit_s, tokenizer=tokenizer, describe=describe, log=log,
+                         state=lambda: {"generator": generator.get_state()})
 
 
 def _judge_step(pool: JudgePool, reference: Path, reply: ChoiceReply, config: DemoConfig, out: Path, step: int,

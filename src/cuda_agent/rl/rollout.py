@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from ..agent.environment import Environment
 from ..agent.loop import LoopConfig, run_episode
+from ..agent.summary import EpisodeSummary
 from ..llm import LLMError, Reply, reply_from
 from .models import Actor
 from .tokens import TokenTrajectory, TurnTokenizer
@@ -66,7 +67,7 @@ class PolicyClient:
 class Episode:
     trajectory: TokenTrajectory
     score: float  # the milestone reward of the final verdict (-1 when nothing was verified)
-    summary: dict[str, Any]
+    summary: EpisodeSummary
 
 
 def play(env: Environment, sample: Sampler, turns: TurnTokenizer, reference: Path, run_dir: Path, loop: LoopConfig,
@@ -75,9 +76,9 @@ def play(env: Environment, sample: Sampler, turns: TurnTokenizer, reference: Pat
     client = PolicyClient(sample, turns, max_new_tokens, loop.max_context)
     summary = run_episode(env, client, reference, run_dir, loop)
     if client.trajectory is None:
-        raise RuntimeError(f"the episode on {reference} ended before the model's first turn: {summary.get('stop')}")
-    final = summary.get("final_verdict")
-    return Episode(client.trajectory, float(final["reward"]) if final else -1.0, summary)
+        raise RuntimeError(f"the episode on {reference} ended before the model's first turn: {summary.stop} "
+                           f"({summary.stop_detail})")
+    return Episode(client.trajectory, summary.reward, summary)
 
 
 def batch_of(episodes: list[Episode], pad_id: int | None) -> Batch:

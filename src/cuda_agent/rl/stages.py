@@ -16,7 +16,6 @@ import json
 import random
 import shutil
 import statistics
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -28,13 +27,13 @@ from ..agent.loop import LoopConfig
 from ..agent.tools import SCHEMAS
 from ..judge.pool import JudgePool
 from ..llm import assistant_text
-from .algorithm import masked_mean
 from .models import Actor, Critic
 from .rft import RFTFilter, export
 from .rollout import actor_sampler, batch_of, play, response_logprob_fn
 from .tokens import TokenTrajectory, TurnTokenizer
 from .config import StageConfig
-from .trainer import MetricsLog, PPOTrainer, cut_after
+from .train_loop import run_steps
+from .trainer import PPOTrainer
 
 
 
@@ -66,33 +65,20 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     (out / "config.json").write_text(json.dumps({"model": str(model), "tasks": [str(t) for t in tasks],
                                                  **asdict(config)}, indent=2, default=str))
     sft_rows = _rft_rows(rft_runs or [], out, log) if config.stage == "rft" else []
-    metrics = MetricsLog(out, trainer.step, log=log)
-    cut_after(out / "episodes.jsonl", trainer.step)
-    history, began = [], time.monotonic()
-    try:
-        while trainer.step < config.steps:
-            step_began = time.monotonic()
-            if config.stage == "rft":
-                record = _sft_step(trainer, turns, rng.sample(sft_rows, min(config.batch, len(sft_rows))))
-            else:
-                record = _ppo_step(trainer, turns, config, pool, tasks, out, rng, generator)
-            if config.stage == "rft":  # (PPOTrainer.update counts its own steps)
-                trainer.step += 1
-            record["seconds"] = time.monotonic() - step_began
-            metrics.write(trainer.step, record)
-            history.append({"step": trainer.step, **record})
-            log(f"{config.stage} step {trainer.step}/{config.steps}  " + "  ".join(
-                f"{k} {v:.3g}" for k, v in record.items() if k in ("reward_mean", "pass_rate", "sft_loss",
-                                                                   "policy_loss", "value_loss", "seconds")))
-            out_of_time = config.time_limit_s is not None and time.monotonic() - began > config.time_limit_s
-            if trainer.step % config.save_every == 0 or trainer.step == config.steps or out_of_time:
-                trainer.save(checkpoint, tokenizer, {"generator": generator.get_state(), "rng": rng.getstate()})
-            if out_of_time:
-                log(f"time limit reached after step {trainer.step}: the same command continues")
-                break
-    finally:
-        metrics.close()
-    return history
+
+    def step() -> dict:
+        if config.stage == "rft":
+            return _sft_step(trainer, turns, rng.sample(sft_rows, min(config.batch, len(sft_rows))))
+        return _ppo_step(trainer, turns, config, pool, tasks, out, rng, generator)
+
+    def describe(step: int, record: dict) -> str:
+        return f"{config.stage} step {step}/{config.steps}  " + "  ".join(
+            f"{k} {v:.3g}" for k, v in record.items() if k in ("reward_mean", "pass_rate", "sft_loss", "policy_loss",
+                                                               "value_loss", "seconds"))
+
+    return run_steps(trainer, step, out, steps=config.steps, save_every=config.save_every,
+                     time_limit_s=config.time_limit_s, tokenizer=tokenizer, describe=describe, log=log,
+                     state=lambda: {"generator": generator.get_state(), "rng": rng.getstate()})
 
 
 def _critic_beside(model: Path) -> Path:
@@ -117,14 +103,14 @@ def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, po
             episodes.append(episode)
             shutil.rmtree(run_dir / "workspace", ignore_errors=True)  # trajectory, summary and snapshots stay
             log.write(json.dumps({"step": step, "episode": i, "task": str(task), "reward": episode.score,
-                                  "turns": episode.summary.get("turns"), "stop": episode.summary.get("stop"),
+                                  "turns": episode.summary.turns, "stop": episode.summary.stop,
                                   "tokens": len(episode.trajectory.response)}) + "\n")
     batch = batch_of(episodes, turns.tokenizer.pad_token_id)
     trainer.logprob_fn = response_logprob_fn(batch.response_start, config.temperature)
     stats = trainer.update(batch, train_actor=config.stage != "value")
     scores = [e.score for e in episodes]
     return {"reward_mean": statistics.fmean(scores), "pass_rate": sum(s >= 1 for s in scores) / len(scores),
-            "turns_mean": statistics.fmean(e.summary.get("turns") or 0 for e in episodes), **stats}
+            "turns_mean": statistics.fmean(e.summary.turns for e in episodes), **stats}
 
 
 def _rft_rows(runs: list[Path], out: Path, log: Callable[[str], None]) -> list[dict]:
@@ -157,7 +143,7 @@ def conversation_ids(turns: TurnTokenizer, messages: list[dict]) -> TokenTraject
 
 
 def _sft_step(trainer: PPOTrainer, turns: TurnTokenizer, rows: list[dict]) -> dict:
-    """One AdamW step of the actor on the model turns of `rows` (token-mean negative log-likelihood)."""
+    """One supervised step of the actor on the model turns of `rows` (their conversations)."""
     trajectories = [conversation_ids(turns, json.loads(r["messages"])) for r in rows]
     width = max(len(t.ids) for t in trajectories)
     pad = turns.tokenizer.pad_token_id or 0
@@ -166,13 +152,5 @@ def _sft_step(trainer: PPOTrainer, turns: TurnTokenizer, rows: list[dict]) -> di
                              device=trainer.actor.device)
     mask = torch.tensor([[0] * t.prompt_length + t.mask + [0] * (width - len(t.ids)) for t in trajectories],
                         device=trainer.actor.device, dtype=torch.float)[:, 1:]
-    trainer.actor.train()
-    logp, _ = trainer.actor.logprobs(ids, attention)
-    loss = -masked_mean(logp, mask)
-    trainer.actor_optim.zero_grad(set_to_none=True)
-    loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(trainer.actor.parameters(), trainer.config.max_grad_norm)
-    trainer.actor_optim.step()
-    trainer.actor.eval()
-    return {"sft_loss": float(loss.detach()), "actor_grad_norm": float(norm), "tokens": float(mask.sum()),
+    return {**trainer.sft_update(ids, attention, mask),
             "reward_mean": statistics.fmean(float(r["reward"]) for r in rows)}

@@ -115,6 +115,20 @@ class PPOTrainer:
         out["tokens"] = float(batch.mask.sum())
         return out
 
+    def sft_update(self, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        """One AdamW step of the actor on the tokens where `mask` [B, L-1] is 1 (their token-mean negative
+        log-likelihood): rejection-sampling fine-tuning (the rft stage). Counts as a step like `update`."""
+        self.actor.train()
+        logp, _ = self.actor.logprobs(ids, attention)
+        loss = -masked_mean(logp, mask)
+        self.actor_optim.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.config.max_grad_norm)
+        self.actor_optim.step()
+        self.actor.eval()
+        self.step += 1
+        return {"sft_loss": float(loss.detach()), "actor_grad_norm": float(norm), "tokens": float(mask.sum())}
+
     # ---- checkpoints ------------------------------------------------------------------------------------
     def save(self, folder: Path, tokenizer=None, extra: dict | None = None) -> None:
         """Actor (an HF folder, tokenizer included), critic, optimizers, step and RNG, replaced atomically."""

@@ -82,10 +82,10 @@ class CudaAgentLoop(AgentLoopBase):
         t = episode.trajectory
         end = max((i + 1 for i, m in enumerate(t.mask[:limit]) if m), default=0)  # the reward on a model token
         summary = episode.summary
-        final = summary.get("final_verdict") or {}
+        final = summary.final_verdict or {}
         return AgentLoopOutput(
             prompt_ids=t.ids[:t.prompt_length], response_ids=t.response[:end], response_mask=t.mask[:end],
             response_logprobs=t.logprobs[:end] if seen["logprobs"] else None, reward_score=episode.score,
-            num_turns=1 + 2 * int(summary.get("turns") or 0), metrics=AgentLoopMetrics(),
-            extra_fields={"turns": summary.get("turns"), "stop": summary.get("stop"),
+            num_turns=1 + 2 * summary.turns, metrics=AgentLoopMetrics(),
+            extra_fields={"turns": summary.turns, "stop": summary.stop, "stop_detail": summary.stop_detail,
                           "best_speedup": final.get("speedup_vs_compile"), "run_dir": str(run_dir)})

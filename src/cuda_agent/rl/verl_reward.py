@@ -35,6 +35,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any = None,
                               LoopConfig(single_turn=True))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    final = summary.get("final_verdict") or {}
-    return {"score": float(final["reward"]) if final else -1.0, "correct": bool(final.get("correct")),
-            "speedup_vs_compile": final.get("speedup_vs_compile") or 0.0, "stop": summary.get("stop") or ""}
+    final = summary.final_verdict or {}
+    return {"score": summary.reward, "correct": bool(final.get("correct")),
+            "speedup_vs_compile": final.get("speedup_vs_compile") or 0.0, "stop": summary.stop,
+            "stop_detail": summary.stop_detail}

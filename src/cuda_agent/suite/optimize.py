@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable
 
-from ..agent import Environment, LoopConfig, run_episode
+from ..agent import EpisodeSummary, Environment, LoopConfig, Stop, run_episode
 from ..judge.pool import JudgePool
 from ..judge.store import Store
 from ..workspace.candidate import load_candidate
@@ -32,12 +32,12 @@ def run_dir_of(out_dir: Path, task: SuiteTask) -> Path:
 
 
 def _episode(pool: JudgePool, task: SuiteTask, out_dir: Path, make_client: Callable[[], Any],
-             loop: LoopConfig) -> tuple[dict[str, Any], bool]:
+             loop: LoopConfig) -> tuple[EpisodeSummary, bool]:
     """The task's episode summary, and whether it was found from an earlier run."""
     run_dir = run_dir_of(out_dir, task)
     done = run_dir / "summary.json"
     if done.exists():
-        return json.loads(done.read_text()), True
+        return EpisodeSummary.from_dict(json.loads(done.read_text())), True
     if run_dir.exists():  # an episode that was interrupted: start it over
         shutil.rmtree(run_dir)
     try:
@@ -46,16 +46,16 @@ def _episode(pool: JudgePool, task: SuiteTask, out_dir: Path, make_client: Calla
     except Exception as exc:  # one task's failure (its reference, the endpoint) must not end the suite
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "error.txt").write_text(traceback.format_exc())
-        return {"stop": f"episode failed: {type(exc).__name__}: {exc}", "turns": 0, "snapshots": 0,
-                "final_verdict": None, "failed": True}, False
+        return EpisodeSummary(reference=str(task.path), stop=Stop.EPISODE_FAILED.value,
+                              stop_detail=f"{type(exc).__name__}: {exc}"), False
 
 
-def export_best(out_dir: Path, tasks: list[SuiteTask], summaries: dict[str, dict]) -> Path:
+def export_best(out_dir: Path, tasks: list[SuiteTask], summaries: dict[str, EpisodeSummary]) -> Path:
     """Each task's best kernel into OUT/solutions (rewritten from the summaries every time)."""
     solutions = Path(out_dir) / "solutions"
     shutil.rmtree(solutions, ignore_errors=True)
     for task in tasks:
-        best = summaries[task.name].get("best_dir")
+        best = summaries[task.name].best_dir
         if best and Path(best).is_dir():
             load_candidate(Path(best)).write_to(solutions / task.level / task.path.stem)
     solutions.mkdir(parents=True, exist_ok=True)
@@ -64,7 +64,7 @@ def export_best(out_dir: Path, tasks: list[SuiteTask], summaries: dict[str, dict
 
 def optimize_suite(pool: JudgePool, tasks: list[SuiteTask], out_dir: Path, make_client: Callable[[], Any],
                    loop: LoopConfig, concurrency: int = 1,
-                   on_episode: Callable[[SuiteTask, dict, bool], None] | None = None,
+                   on_episode: Callable[[SuiteTask, EpisodeSummary, bool], None] | None = None,
                    on_result: Callable | None = None, notify: Callable[[str], None] = lambda message: None) -> dict:
     """Run every task's episode (`make_client()` gives each its own model client), export the best kernels, judge
     them; returns the report (also written to OUT/report.json)."""
@@ -72,7 +72,7 @@ def optimize_suite(pool: JudgePool, tasks: list[SuiteTask], out_dir: Path, make_
         raise ValueError("concurrency must be at least 1")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    summaries: dict[str, dict] = {}
+    summaries: dict[str, EpisodeSummary] = {}
     with ThreadPoolExecutor(concurrency, thread_name_prefix="episode") as episodes:
         futures = {episodes.submit(_episode, pool, task, out_dir, make_client, loop): task for task in tasks}
         try:
@@ -89,8 +89,8 @@ def optimize_suite(pool: JudgePool, tasks: list[SuiteTask], out_dir: Path, make_
     records = evaluate_suite(pool, tasks, solutions, Store(out_dir / "suite.sqlite"), on_result, notify)
     for task, record in zip(tasks, records):
         s = summaries[task.name]
-        record["episode"] = {"run_dir": str(run_dir_of(out_dir, task)), "stop": s.get("stop"), "turns": s.get("turns"),
-                             "snapshots": s.get("snapshots"), "failed": bool(s.get("failed"))}
+        record["episode"] = {"run_dir": str(run_dir_of(out_dir, task)), "stop": s.stop, "stop_detail": s.stop_detail,
+                             "turns": s.turns, "snapshots": s.snapshots, "failed": s.stop == Stop.EPISODE_FAILED}
     rep = report(records)
     (out_dir / "report.json").write_text(json.dumps(rep, indent=2, default=str))
     return rep

@@ -154,16 +154,8 @@ class GpuCalls(Calls):
     def _poll(self, k: int) -> None:
         self._resume(f"polling call {k}")
         try:
-            send(self.sock, Poll(k))
-            self.sock.settimeout(POLL_ANSWER_S)
-            reply, fds = receive(self.sock)
+            reply, fds = self._ask(k, Poll(k), POLL_ANSWER_S, f"call {k}: no answer to a poll while its GPU work ran")
             close_fds(fds)
-        except ProtocolError as exc:
-            reply = Failed(k, f"the candidate answered outside the protocol ({exc})")
-        except socket.timeout:
-            raise CallFailed(f"call {k}: no answer to a poll while its GPU work ran", "timeout") from None
-        except (ConnectionError, OSError) as exc:
-            raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
         finally:
             try:
                 self.freezer.stop()

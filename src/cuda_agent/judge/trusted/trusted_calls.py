@@ -94,15 +94,7 @@ class Calls:
         t0 = time.perf_counter_ns()
         self._resume(f"call {k}")
         try:
-            send(self.sock, Call(k, ident, fn))
-            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
-            reply, _ = receive(self.sock)
-        except ProtocolError as exc:
-            reply = Failed(k, f"the candidate answered outside the protocol ({exc})")
-        except socket.timeout:
-            raise CallFailed(f"call {k} did not return in time", "timeout") from None
-        except (ConnectionError, OSError) as exc:
-            raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
+            reply, _ = self._ask(k, Call(k, ident, fn), deadline - time.monotonic(), f"call {k} did not return in time")
         finally:
             try:
                 self.freezer.signal_stop()
@@ -120,6 +112,20 @@ class Calls:
     def must_check(self, call: CallRecord) -> bool:
         """Whether this call's outputs must be compared whether or not it was picked (see `GpuCalls`)."""
         return False
+
+    def _ask(self, k: int, message, timeout_s: float, late: str) -> tuple[Any, list[int]]:
+        """Send `message` (of call `k`) and wait up to `timeout_s` for the answer, with its descriptors (one outside
+        the protocol is answered as `Failed`); CallFailed: "timeout" (`late` says what), "ended"."""
+        try:
+            send(self.sock, message)
+            self.sock.settimeout(max(0.001, timeout_s))
+            return receive(self.sock)
+        except ProtocolError as exc:
+            return Failed(k, f"the candidate answered outside the protocol ({exc})"), []
+        except socket.timeout:
+            raise CallFailed(late, "timeout") from None
+        except (ConnectionError, OSError) as exc:
+            raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
 
     def _resume(self, what: str) -> None:
         try:

@@ -1,0 +1,146 @@
+"""`optimize` and `optimize-suite`: the agent on one task, or on every task of a suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import typer
+
+from ..backend import BackendError
+from ..task import DATASET_SUFFIXES, TaskError, dataset_row
+from . import common
+from .common import app, err, fail, fmt, integers, make_judge, make_pool, make_progress, notify, out, print_report
+from .options import AGENT_SANDBOX, BACKEND_HELP, MAX_TOKENS, SUITE_HELP, TEMPERATURE, TOOL_FORMAT, TOP_P, Backends
+
+@app.command("optimize")
+def optimize_cmd(
+    reference: Path = typer.Argument(..., metavar="REFERENCE", help="KernelBench-format reference file to optimise, "
+                                     "or a dataset from `data build` (.parquet/.jsonl) with --row"),
+    row: Optional[int] = typer.Option(None, min=0, help="the dataset row to optimise"),
+    model: str = typer.Option(..., "--model", help="model name served by the endpoint"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. "
+                                           "http://localhost:8000/v1 (vLLM, SGLang); key from $OPENAI_API_KEY"),
+    backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
+    max_turns: int = typer.Option(200, min=1, help="turns before the episode stops"),
+    max_context: int = typer.Option(131072, min=1, help="context tokens (as the endpoint reports them) before it "
+                                    "stops"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="run folder (default runs/<task>-<time>)"),
+    single_turn: bool = typer.Option(False, help="one generation, files parsed from the reply, judged once"),
+    temperature: float = TEMPERATURE,
+    top_p: Optional[float] = TOP_P,
+    max_tokens: int = MAX_TOKENS,
+    tool_format: Literal["native", "text"] = TOOL_FORMAT,
+    sandbox_mode: Literal["required", "auto", "none"] = AGENT_SANDBOX,
+    cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
+) -> None:
+    """Run the agent on one task and keep the best verified kernel (workspace, trajectory, summary in --out)."""
+    import time as _time
+
+    from ..agent import Environment, LLMError, LoopConfig, LoopState, OpenAIClient, run_episode
+    from ..task import load_task
+
+    stamp = _time.strftime('%Y%m%d-%H%M%S')
+    try:
+        if reference.suffix in DATASET_SUFFIXES:  # the row's code becomes the run's reference file
+            out_dir = out_dir or Path("runs") / f"{reference.stem}_row{row}-{stamp}"
+            reference = dataset_row(reference, row, out_dir)
+        task = load_task(reference)
+        judge = make_judge(backend, cache_dir, sandbox=sandbox_mode)
+        client = OpenAIClient(model, base_url, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                              tool_format=tool_format)
+        client.check()  # fail fast on a missing or unreachable endpoint
+    except (TaskError, BackendError, ValueError) as exc:
+        fail(str(exc))
+    except OSError as exc:  # transformers: a folder without weights or tokenizer files
+        fail(f"model {model}: {exc}")
+    except LLMError as exc:
+        fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
+    run_dir = out_dir or Path("runs") / f"{task.name}-{stamp}"
+    env = Environment(judge, run_dir, use_sandbox=judge.sandboxed)
+
+    def show(state: LoopState) -> None:
+        best = "-" if state.best_reward is None else \
+            f"{state.best_reward} ({fmt(state.best_speedup, '.2f', 'x')} vs compile)"
+        err.print(f"turn {state.turn:>3}  {state.last_tool or '-':<10} best reward {best}  "
+                  f"context {state.context_tokens}", highlight=False)
+
+    with judge:
+        summary = run_episode(env, client, reference, run_dir,
+                              LoopConfig(max_turns=max_turns, max_context=max_context, single_turn=single_turn), show)
+    final = summary.final_verdict or {}
+    stop = summary.stop + (f" ({summary.stop_detail})" if summary.stop_detail else "")
+    out.print(f"stopped: {stop} after {summary.turns} turn(s); {summary.snapshots} verified "
+              f"candidate(s)", highlight=False)
+    if final:
+        out.print(f"[bold]best: reward {final['reward']}[/], {fmt(final.get('speedup_vs_compile'), '.2f', 'x')} vs "
+                  f"torch.compile -> {summary.best_dir}", highlight=False)
+    else:
+        out.print("[bold red]no verified candidate[/]")
+    out.print(f"run folder: {run_dir} (trajectory.jsonl, summary.json)", highlight=False)
+
+
+@app.command("optimize-suite")
+def optimize_suite_cmd(
+    suite_dir: Path = typer.Argument(..., metavar="SUITE_DIR", help=SUITE_HELP),
+    model: str = typer.Option(..., "--model", help="model name served by the endpoint"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (vLLM, SGLang, ...)"),
+    out_dir: Path = typer.Option(..., "--out", help="suite run folder (runs/, solutions/, report.json); rerun the "
+                                 "same command to resume"),
+    levels: Optional[str] = typer.Option(None, help="comma-separated levels (default: every levelN folder there)"),
+    limit: Optional[int] = typer.Option(None, min=1, help="only the first N tasks (in suite order)"),
+    concurrency: int = typer.Option(4, min=1, help="episodes at once"),
+    backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
+    max_turns: int = typer.Option(200, min=1, help="turns per episode"),
+    max_context: int = typer.Option(131072, min=1, help="context tokens per episode"),
+    temperature: float = TEMPERATURE,
+    top_p: Optional[float] = TOP_P,
+    max_tokens: int = MAX_TOKENS,
+    tool_format: Literal["native", "text"] = TOOL_FORMAT,
+    sandbox_mode: Literal["required", "auto", "none"] = AGENT_SANDBOX,
+    workers: Optional[int] = typer.Option(None, min=1, help="judge evaluations in flight at once (default: the "
+                                          "pool's)"),
+    gpus: Optional[str] = typer.Option(None, help="GPU indices to judge on, e.g. 0,1 (default: the default GPU)"),
+    cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Run the agent on every task of a suite (N episodes at once, one judge pool), export each task's best kernel
+    in KernelBench layout and report on them as eval-suite does."""
+    from ..agent import LLMError, LoopConfig, OpenAIClient
+    from ..suite.evaluate import discover
+    from ..suite.optimize import optimize_suite
+
+    try:
+        if concurrency < 1 or (limit is not None and limit < 1):
+            raise ValueError("--concurrency and --limit must be at least 1")
+        tasks = discover(suite_dir, integers(levels, "--levels"))[:limit]
+        pool = make_pool(backend, common.config(cache_dir, sandbox=sandbox_mode), gpus, workers)
+
+        def make_client():
+            return OpenAIClient(model, base_url, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                tool_format=tool_format)
+
+        make_client().check()
+    except (FileNotFoundError, BackendError, ValueError) as exc:
+        fail(str(exc))
+    except LLMError as exc:
+        fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
+    progress = make_progress()
+    with progress, pool:
+        episodes = progress.add_task("episodes", total=len(tasks), last="")
+        judged = progress.add_task("judging the best", total=len(tasks), last="")
+
+        def on_episode(task, summary, resumed):
+            best = (summary.final_verdict or {}).get("reward")
+            tag = "resumed" if resumed else f"{summary.turns} turns, best reward {best}"
+            progress.update(episodes, advance=1, last=f"{task.name}: {tag}")
+
+        def on_result(task, verdict, resumed):
+            progress.update(judged, advance=1, last=f"{task.name}: reward {verdict.reward}")
+
+        rep = optimize_suite(pool, tasks, out_dir, make_client, LoopConfig(max_turns=max_turns,
+                             max_context=max_context), concurrency, on_episode, on_result, notify)
+    print_report(rep, f"{model} on {suite_dir} ({backend})", as_json)
+    if not as_json:
+        out.print(f"best kernels: {out_dir / 'solutions'} (eval-suite {suite_dir} --solutions ... re-judges them); "
+                  f"report: {out_dir / 'report.json'}", highlight=False)

@@ -1,0 +1,154 @@
+"""The command line's shared parts: the app every command group registers on, the consoles, failures and progress,
+and the judge or pool a command's options make (`config`: JudgeConfig's fields, its defaults)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..backend import BackendError
+from ..judge.config import JudgeConfig
+from .options import EXIT_USAGE
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Verified CUDA kernels faster than torch.compile: judge, agent, data, training.")
+err = Console(stderr=True)
+out = Console()
+
+
+def _conventional_help() -> None:
+    """typer 0.2x writes a required argument as {NAME} in usage lines and tags flags with <bool>; users of pytest,
+    vllm and huggingface-cli expect NAME and bare flags (an older or newer typer without these hooks: unchanged)."""
+    from typer import core
+
+    if hasattr(core.TyperArgument, "_usage_display_name"):
+        core.TyperArgument._usage_display_name = lambda self: (
+            self.display_name_raw if self.required else f"[{self.display_name_raw}]") + ("..." if self.nargs != 1
+                                                                                      else "")
+    shown = getattr(core.TyperOption, "display_type_rich", None)
+    if shown is not None:
+        core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else shown(self, ctx)
+
+
+_conventional_help()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        out.print(f"cuda-agent {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="print the version and exit")) -> None:
+    """Verified CUDA kernels faster than torch.compile: judge, agent, data, training."""
+
+
+def config(cache_dir: Optional[Path], trials: int = JudgeConfig.num_trials, seed: Optional[int] = None,
+            **settings):
+    """A JudgeConfig from the command's options (`settings` are JudgeConfig fields)."""
+    from ..judge import JudgeConfig
+
+    if trials < 1:
+        raise BackendError("--trials must be at least 1")
+    config = JudgeConfig(num_trials=trials, **settings)
+    if seed is not None:
+        config.seeds = tuple(seed + i for i in range(trials))
+    if cache_dir is not None:
+        config.cache_dir = cache_dir
+    return config
+
+
+def warn_unsandboxed(judge) -> None:
+    """`auto` fell back to plain processes: say so loudly (a Judge or a JudgePool)."""
+    from .. import sandbox
+
+    if not judge.sandboxed and judge.config.sandbox == "auto":
+        err.print(f"[bold yellow]warning:[/] no sandbox here ({sandbox.probe()}): candidates run as plain processes "
+                  "with your rights; --sandbox required refuses instead", highlight=False, soft_wrap=True)
+
+
+def make_judge(backend: str, cache_dir: Optional[Path], trials: int = JudgeConfig.num_trials,
+               seed: Optional[int] = None, **settings):
+    from ..judge import Judge
+
+    judge = Judge(backend, config(cache_dir, trials, seed, **settings))
+    warn_unsandboxed(judge)
+    return judge
+
+
+
+def fail(message: str, as_json: bool = False) -> None:
+    """Say what is wrong and exit 2; with --json the same message also goes to stdout as {"error": ...}."""
+    if as_json:
+        sys.stdout.write(json.dumps({"error": message, "exit_code": EXIT_USAGE}) + "\n")
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def integers(text: Optional[str], option: str) -> Optional[list[int]]:
+    try:
+        return None if text is None else [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option} takes comma-separated integers, got '{text}'") from None
+
+
+def make_pool(backend: str, config, gpus: Optional[str], workers: Optional[int]):
+    """The JudgePool of a suite command (says loudly when it runs unsandboxed)."""
+    from ..judge.pool import JudgePool
+
+    if workers is not None and workers < 1:
+        raise ValueError("--workers must be at least 1")
+    pool = JudgePool(backend, config, devices=integers(gpus, "--gpus"), workers=workers)
+    warn_unsandboxed(pool)
+    return pool
+
+
+def print_report(rep: dict, title: str, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(rep, indent=2, default=str) + "\n")
+        return
+    table = Table(title=title)
+    for col in ("level", "n", "pass", "faster than eager", "faster than compile", "geomean vs eager",
+                "geomean vs compile"):
+        table.add_column(col, justify="right")
+    for name, s in [*rep["levels"].items(), ("overall", rep["overall"])]:
+        table.add_row(name, str(s["n"]), f"{s['pass_rate']:.1%}", f"{s['faster_than_eager']:.1%}",
+                      f"{s['faster_than_compile']:.1%}", fmt(s["geomean_speedup_vs_eager"], ".2f", "x"),
+                      fmt(s["geomean_speedup_vs_compile"], ".2f", "x"))
+    out.print(table)
+    out.print(f"[dim]{rep['note']}[/]")
+    failing = [t for t in rep["tasks"] if not t["verdict"]["correct"]]
+    if failing:
+        shown = 10
+        out.print(f"not correct: {len(failing)} of {len(rep['tasks'])} tasks", highlight=False)
+        width = max(len(t["task"]) for t in failing[:shown])
+        for t in failing[:shown]:  # whole names and reasons, never wrapped or padded (piped or not)
+            reason = (t["verdict"]["error"] or "not correct").splitlines()[0][:200]
+            out.print(f"  {t['task']:<{width}}  {reason}", highlight=False, soft_wrap=True, markup=False)
+        if len(failing) > shown:
+            out.print(f"... and {len(failing) - shown} more (--json, or `cuda-agent report` on the database, for all)",
+                      highlight=False)
+
+
+def notify(message: str) -> None:
+    err.print(f"[yellow]{message}[/]", highlight=False)
+
+
+def make_progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[last]}"), console=err)

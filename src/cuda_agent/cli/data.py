@@ -1,0 +1,119 @@
+"""`data seeds` and `data build`: the fused-operator training set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import typer
+
+from ..backend import BackendError
+from .common import app, err, fail, make_progress, out
+from .options import TEMPERATURE, Backends
+
+data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The fused-operator training set.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("seeds")
+def data_seeds_cmd(
+    out_dir: Path = typer.Option(..., "--out", help="output folder"),
+    transformers: bool = typer.Option(True, help="include transformers operators (needs the package)"),
+) -> None:
+    """Write every crawled operator alone as a KernelBench task, and catalog.json (what could not be used, why)."""
+    from ..data.seeds import write_seeds
+
+    try:
+        catalog = write_seeds(out_dir, transformers)
+    except ImportError as exc:
+        fail(f"{exc}: pip install transformers, or pass --no-transformers")
+    for source, found in catalog.items():
+        if found is not None:
+            out.print(f"{source}: {len(found['operators'])} seed tasks in {out_dir / source}, "
+                      f"{len(found['not_instantiated'])} not instantiated (catalog.json)", highlight=False)
+
+
+@data_app.command("build")
+def data_build_cmd(
+    target: int = typer.Option(..., "--target", min=1, help="tasks to keep"),
+    out_dir: Path = typer.Option(..., "--out", help="output folder (rerun with the same folder to resume)"),
+    backend: Backends = typer.Option("cuda", help="device the filters run and time on: cuda or cpu"),
+    kernelbench: Optional[Path] = typer.Option(None, help="KernelBench problems for the similarity filter "
+                                               "(e.g. ../shared/kernelbench); without it the filter is not applied"),
+    window_ms: str = typer.Option("1,100", help="eager runtime window in ms, LO,HI"),
+    workers: int = typer.Option(2, min=1, help="parallel worker processes"),
+    seed: int = typer.Option(0, help="seed of candidate 0 (candidate k uses seed + k)"),
+    compile_filter: bool = typer.Option(True, "--compile/--no-compile", help="the torch.compile agreement filter "
+                                        "(--no-compile: faster, weaker)"),
+    memory_gb: float = typer.Option(8.0, "--memory-gb", min=0.1, help="cuda: GPU memory per worker; BATCH is sized "
+                                    "to fit"),
+    max_attempts: Optional[int] = typer.Option(None, min=1, help="give up after this many attempts (default 20 x "
+                                               "target)"),
+    time_limit: Optional[float] = typer.Option(None, min=1.0, help="seconds: then finish the running attempts and "
+                                               "export (rerun to continue)"),
+    transformers: bool = typer.Option(True, help="add transformers operators as standalone tasks (needs the "
+                                      "transformers package; --no-transformers for torch operators only)"),
+    composer: Literal["offline", "llm"] = typer.Option("offline", help="offline (no model) or llm (an "
+                                                       "OpenAI-compatible endpoint; its code runs only in the "
+                                                       "sandbox)"),
+    model: Optional[str] = typer.Option(None, "--model", help="model for --composer llm"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="endpoint for --composer llm "
+                                           "(key from $OPENAI_API_KEY)"),
+    temperature: float = TEMPERATURE,
+    max_tokens: int = typer.Option(4096, min=1, help="tokens per reply of the LLM composer"),
+) -> None:
+    """Compose fused tasks, filter them, deduplicate, export parquet + jsonl and a stats report."""
+    from ..llm import LLMError, OpenAIClient
+    from ..data.build import BuildConfig, Builder, LLMComposer
+    from ..data.filters import FilterConfig
+
+    llm = None
+    if composer == "llm":
+        if not model:
+            fail("--composer llm needs --model (and --base-url for a local server)")
+        try:
+            OpenAIClient(model, base_url).check()
+        except LLMError as exc:
+            fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
+        llm = LLMComposer(model, base_url, temperature, max_tokens)
+
+    try:
+        lo, hi = (float(x) for x in window_ms.split(","))
+    except ValueError:
+        fail(f"--window-ms must be LO,HI in milliseconds, got '{window_ms}'")
+    try:
+        from ..backend import get_backend
+
+        get_backend(backend).check_toolchain()  # no GPU here: one line, as every command says it
+    except BackendError as exc:
+        fail(str(exc))
+    if transformers:
+        try:
+            import transformers as _  # noqa: F401
+        except ImportError:
+            fail("transformers is not installed: pip install transformers, or pass --no-transformers")
+    cfg = BuildConfig(target, out_dir, FilterConfig(device=backend, window_ms=(lo, hi), check_compile=compile_filter,
+                                                   memory_budget_gb=memory_gb),
+                      kernelbench=kernelbench, workers=workers, seed=seed, composer=llm,
+                      max_attempts=max_attempts, time_limit_s=time_limit, transformers=transformers)
+    try:
+        builder = Builder(cfg)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    progress = make_progress()
+    with progress:
+        bar = progress.add_task("kept", total=target, completed=builder.kept_count(), last="")
+
+        def on_attempt(kept: int, tried: int, rec: dict | None) -> None:
+            why = "kept" if rec and rec["kept"] else next((c["name"] for c in (rec or {}).get("checks", [])
+                                                          if not c["passed"]), "")
+            progress.update(bar, completed=kept, last=f"{tried} tried; last {why}")
+
+        stats = builder.run(on_attempt)
+    out.print((out_dir / "stats.md").read_text())
+    if stats["kept"] < target:
+        err.print(f"[yellow]{stats['kept']} of {target} tasks after {stats['attempts']} attempts[/]")
+    out.print("written:", highlight=False)
+    for name in ("dataset.parquet", "dataset.jsonl", "stats.json", "stats.md", "attempts.jsonl"):
+        out.print(f"  {out_dir / name}", highlight=False, soft_wrap=True)
+
