@@ -14,33 +14,49 @@ TASKS = DATA / "tasks"
 CANDIDATES = DATA / "candidates"
 
 
+def _visible_parent() -> str | None:
+    """A writable folder the sandbox neither replaces (/tmp) nor hides (home directories)."""
+    return next((parent for parent in ("/var/tmp", str(ROOT))
+                 if os.access(parent, os.W_OK) and not parent.startswith(("/tmp", "/root", "/home"))), None)
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """One judge cache for the whole run (objects, precompiled header, baselines are built once)."""
+    """One judge cache for the whole run (objects, precompiled header, baselines are built once), where the sandbox
+    shows it as it is (test_sandbox's judges share it too), else under pytest's /tmp folder."""
     env = os.environ.get("CUDA_AGENT_TEST_CACHE")
-    return Path(env) if env else tmp_path_factory.mktemp("judge-cache")
+    parent = _visible_parent()
+    if env or parent is None:
+        yield Path(env) if env else tmp_path_factory.mktemp("judge-cache")
+        return
+    path = Path(tempfile.mkdtemp(prefix="cuda-agent-test-cache-", dir=parent))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def visible_dir():
     """Scratch space the sandbox neither replaces (/tmp) nor hides (home directories): a probe denied there is
     denied by the read-only view, not fooled by a file that is simply absent inside."""
-    for parent in ("/var/tmp", str(ROOT)):
-        if os.access(parent, os.W_OK) and not parent.startswith(("/tmp", "/root", "/home")):
-            path = Path(tempfile.mkdtemp(prefix="cuda-agent-test-", dir=parent))
-            yield path
-            shutil.rmtree(path, ignore_errors=True)
-            return
-    pytest.skip("no writable folder outside /tmp and the home directories")
+    parent = _visible_parent()
+    if parent is None:
+        pytest.skip("no writable folder outside /tmp and the home directories")
+    path = Path(tempfile.mkdtemp(prefix="cuda-agent-test-", dir=parent))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
-# Shorter timing than the defaults' (0.3 s per model, up to 100 calls): for tests of what is done with verdicts, not
-# of the timings themselves. Baselines are cached by these settings, so every test timing this way shares them.
-FAST_TIMING = {"target_time_s": 0.1, "min_iters": 10, "max_iters": 50}
+# Shorter timing than the defaults' (0.3 s per model, up to 100 calls, 10 eager calls checked around the candidate's,
+# a second attempt when noisy): for tests of what is done with verdicts, not of the timings themselves. Baselines are
+# cached by these settings, so every test timing this way shares them. (At least 5 warm-up and 10 timed calls: an
+# attack test counts more than 20 calls of one evaluation.)
+FAST_TIMING = {"target_time_s": 0.05, "min_iters": 10, "max_iters": 40, "check_iters": 5, "timing_attempts": 1}
 
 
 def fast_config(cache_dir: Path, **overrides) -> JudgeConfig:
-    cfg = JudgeConfig(cache_dir=cache_dir, run_timeout_s=90, **FAST_TIMING)
+    """The judge of most tests: FAST_TIMING, and one candidate worker started ahead (a judge made for one test
+    would otherwise leave a second spare starting up beside the next test)."""
+    cfg = JudgeConfig(cache_dir=cache_dir, run_timeout_s=90, spare_candidates=1, **FAST_TIMING)
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return cfg

@@ -116,7 +116,7 @@ def test_a_timing_too_noisy_to_trust_earns_no_speed_reward(cache_dir, tmp_path):
                        "        self.scale, self.shift = scale, shift\n\n    def forward(self, x):\n"
                        "        self.n += 1\n        if self.n %% 2:\n            time.sleep(0.02)\n"
                        "        return torch.relu(x * self.scale + self.shift) * 0.5\n" % ())
-    verdict = Judge("cpu", fast_config(cache_dir, policy="kernelbench")).evaluate(AFFINE, jittery)
+    verdict = Judge("cpu", fast_config(cache_dir, policy="kernelbench", timing_attempts=2)).evaluate(AFFINE, jittery)
     assert verdict.correct and verdict.timing["status"] == "too_noisy", verdict.timing.get("baselines")
     assert verdict.reward == 1 and any("too noisy" in w for w in verdict.warnings), verdict.warnings
     assert verdict.timing["baselines"]["attempts"] == 2
@@ -536,10 +536,10 @@ def test_no_timed_call_sees_input_values_seen_before(cpu_judge, make_workspace):
     assert verdict.correct and verdict.timing["candidate"]["iters"] >= 10, verdict.error
 
 
-def test_the_kernelbench_policy_allows_torch_ops_and_keeps_every_other_check(cache_dir, tmp_path):
+def test_the_kernelbench_policy_allows_torch_ops_and_keeps_every_other_check(cache_dir, cpu_judge, tmp_path):
     torch_ops = python_candidate(tmp_path, "scale, shift", "self.scale, self.shift = scale, shift",
                                  "torch.relu(x * self.scale + self.shift) * 0.5")
-    strict = Judge("cpu", fast_config(cache_dir)).evaluate(AFFINE, torch_ops)
+    strict = cpu_judge.evaluate(AFFINE, torch_ops)
     assert strict.reward == -1 and strict.policy == "strict" and "aten::" in strict.error, strict.error
     kernelbench = Judge("cpu", fast_config(cache_dir, policy="kernelbench"))
     verdict = kernelbench.evaluate(AFFINE, torch_ops)
