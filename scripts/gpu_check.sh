@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks, run on a machine with an NVIDIA GPU (the device machine): the `gpu` tests, the build-speed and
 # evaluation-latency benchmarks, and eval-suite on real KernelBench problems when KERNELBENCH points at them.
-# Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements.md.
+# Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements-log.md, the current numbers
+# in docs/measurements.md.
 # Usage: scripts/gpu_check.sh [tests] [build] [latency] [fresh] [suite] [throughput] [data]
 #   (default: all but throughput and data; THROUGHPUT_ARGS adds judge_throughput.py options, e.g. --modes pool,pool2)
 # GPU_TESTS_K selects tests by pytest's -k expression (to split the run over calls of a limited length).

@@ -14,36 +14,24 @@ TASKS = DATA / "tasks"
 CANDIDATES = DATA / "candidates"
 
 
-def _visible_parent() -> str | None:
-    """A writable folder the sandbox neither replaces (/tmp) nor hides (home directories)."""
-    return next((parent for parent in ("/var/tmp", str(ROOT))
-                 if os.access(parent, os.W_OK) and not parent.startswith(("/tmp", "/root", "/home"))), None)
-
-
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """One judge cache for the whole run (objects, precompiled header, baselines are built once), where the sandbox
-    shows it as it is (test_sandbox's judges share it too), else under pytest's /tmp folder."""
+    """One judge cache for the whole run (objects, precompiled header, baselines are built once)."""
     env = os.environ.get("CUDA_AGENT_TEST_CACHE")
-    parent = _visible_parent()
-    if env or parent is None:
-        yield Path(env) if env else tmp_path_factory.mktemp("judge-cache")
-        return
-    path = Path(tempfile.mkdtemp(prefix="cuda-agent-test-cache-", dir=parent))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    return Path(env) if env else tmp_path_factory.mktemp("judge-cache")
 
 
 @pytest.fixture(scope="session")
 def visible_dir():
     """Scratch space the sandbox neither replaces (/tmp) nor hides (home directories): a probe denied there is
     denied by the read-only view, not fooled by a file that is simply absent inside."""
-    parent = _visible_parent()
-    if parent is None:
-        pytest.skip("no writable folder outside /tmp and the home directories")
-    path = Path(tempfile.mkdtemp(prefix="cuda-agent-test-", dir=parent))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    for parent in ("/var/tmp", str(ROOT)):
+        if os.access(parent, os.W_OK) and not parent.startswith(("/tmp", "/root", "/home")):
+            path = Path(tempfile.mkdtemp(prefix="cuda-agent-test-", dir=parent))
+            yield path
+            shutil.rmtree(path, ignore_errors=True)
+            return
+    pytest.skip("no writable folder outside /tmp and the home directories")
 
 
 # Shorter timing than the defaults' (0.3 s per model, up to 100 calls, 10 eager calls checked around the candidate's,

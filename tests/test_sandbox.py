@@ -32,10 +32,9 @@ def candidate(folder: Path, init_body: str, forward_body: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def judges(visible_dir, cache_dir):
-    """Sandboxed and plain judges whose cache lies outside /tmp (which the sandbox replaces anyway): the run's own
-    where it does (its objects and baselines are built already), else one of their own."""
-    cache = cache_dir if not str(cache_dir).startswith("/tmp") else visible_dir / "judge-cache"
+def judges(visible_dir):
+    """Sandboxed and plain judges whose cache lies outside /tmp (which the sandbox replaces anyway)."""
+    cache = visible_dir / "judge-cache"
     return {mode: Judge("cpu", fast_config(cache, sandbox=mode, memory_limit_gb=8, max_processes=256))
             for mode in ("required", "none")}
 

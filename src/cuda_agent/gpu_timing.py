@@ -8,7 +8,7 @@ to the last one's end (launch gaps between kernels count, as they do for the use
 
 The profiler records the call markers and CUPTI's activity, not every torch op: per-op recording costs host time
 on each launch, which widens the gaps between a launch-bound model's kernels (ResNet18's span grew 1.37x under
-it, docs/measurements.md). The events are read from the profiler's own results, with no trace file written.
+it, docs/measurements-log.md). The events are read from the profiler's own results, with no trace file written.
 Exactly one marker per call must be there: a candidate that opens ranges of the same name to shrink a call's
 window is refused.
 """

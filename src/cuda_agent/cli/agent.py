@@ -63,7 +63,7 @@ def optimize_cmd(
         best = "-" if state.best_reward is None else \
             f"{state.best_reward} ({fmt(state.best_speedup, '.2f', 'x')} vs compile)"
         err.print(f"turn {state.turn:>3}  {state.last_tool or '-':<10} best reward {best}  "
-                  f"context {state.context_tokens}", highlight=False)
+                  f"context {state.context_tokens}", highlight=False, soft_wrap=True)
 
     with judge:
         summary = run_episode(env, client, reference, run_dir,
@@ -71,13 +71,13 @@ def optimize_cmd(
     final = summary.final_verdict or {}
     stop = summary.stop + (f" ({summary.stop_detail})" if summary.stop_detail else "")
     out.print(f"stopped: {stop} after {summary.turns} turn(s); {summary.snapshots} verified "
-              f"candidate(s)", highlight=False)
+              f"candidate(s)", highlight=False, soft_wrap=True)
     if final:
         out.print(f"[bold]best: reward {final['reward']}[/], {fmt(final.get('speedup_vs_compile'), '.2f', 'x')} vs "
-                  f"torch.compile -> {summary.best_dir}", highlight=False)
+                  f"torch.compile -> {summary.best_dir}", highlight=False, soft_wrap=True)
     else:
         out.print("[bold red]no verified candidate[/]")
-    out.print(f"run folder: {run_dir} (trajectory.jsonl, summary.json)", highlight=False)
+    out.print(f"run folder: {run_dir} (trajectory.jsonl, summary.json)", highlight=False, soft_wrap=True)
 
 
 @app.command("optimize-suite")
@@ -143,4 +143,4 @@ def optimize_suite_cmd(
     print_report(rep, f"{model} on {suite_dir} ({backend})", as_json)
     if not as_json:
         out.print(f"best kernels: {out_dir / 'solutions'} (eval-suite {suite_dir} --solutions ... re-judges them); "
-                  f"report: {out_dir / 'report.json'}", highlight=False)
+                  f"report: {out_dir / 'report.json'}", highlight=False, soft_wrap=True)

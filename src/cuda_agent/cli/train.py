@@ -61,7 +61,7 @@ def train_demo_cmd(
             from ..local_model import ModelError, fetch
 
             try:
-                model = fetch(log=lambda m: err.print(m, highlight=False))
+                model = fetch(log=lambda m: err.print(m, highlight=False, soft_wrap=True))
             except ModelError as exc:
                 fail(str(exc))
         if not (Path(model) / "config.json").is_file():
@@ -78,7 +78,7 @@ def train_demo_cmd(
     if history:
         first, last = history[0], history[-1]
         out.print(f"reward {first['reward_mean']:+.2f} (step {first['step']}) -> {last['reward_mean']:+.2f} "
-                  f"(step {last['step']}); metrics in {out_dir / 'metrics.jsonl'}", highlight=False)
+                  f"(step {last['step']}); metrics in {out_dir / 'metrics.jsonl'}", highlight=False, soft_wrap=True)
 
 
 def _stage_tasks(data: Path, folder: Path) -> list[Path]:
@@ -175,7 +175,7 @@ def train_cmd(
     last = history[-1] if history else {}
     out.print(f"{stage}: {len(history)} step(s) this run; checkpoint in {out_dir / 'checkpoint'}; metrics in "
               f"{out_dir / 'metrics.jsonl'}" + (f"; last reward {last['reward_mean']:+.2f}" if last else ""),
-              highlight=False)
+              highlight=False, soft_wrap=True)
 
 
 @train_app.command("verl")
@@ -213,7 +213,7 @@ def train_verl_cmd(
     except (TaskError, ValueError) as exc:
         fail(str(exc))
     out.print(f"{stage}: verl config {out_dir / f'verl_{stage}.yaml'}, data in {out_dir / 'data'}; launch: {script}",
-              highlight=False)
+              highlight=False, soft_wrap=True)
     if dry_run:
         return
     import importlib.util
