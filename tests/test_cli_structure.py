@@ -60,3 +60,19 @@ def test_the_training_options_take_their_defaults_from_the_run_configs():
     stage = {p.name: p for p in train.params}
     for name in ("max_turns", "max_new_tokens", "max_context"):
         assert stage[name].default == getattr(StageConfig, name), name
+
+
+def test_the_agents_options_take_their_defaults_from_the_loop_and_the_client():
+    import typer
+
+    from cuda_agent import llm
+    from cuda_agent.agent.config import LoopConfig
+    from cuda_agent.cli import app
+
+    group = typer.main.get_command(app)
+    for name in ("optimize", "optimize-suite"):
+        params = {p.name: p for p in group.commands[name].params}
+        assert (params["max_turns"].default, params["max_context"].default) == (LoopConfig.max_turns,
+                                                                                LoopConfig.max_context), name
+        assert (params["temperature"].default, params["max_tokens"].default) == (llm.TEMPERATURE, llm.MAX_TOKENS), \
+            name

@@ -146,6 +146,9 @@ def reply_from(content: str | None, tool_calls: list[ToolCall], usage: dict[str,
     return Reply(content, tool_calls, usage, finish_reason)
 
 
+TEMPERATURE, MAX_TOKENS = 1.0, 16384  # the agent's sampling unless told otherwise (the command line's defaults too)
+
+
 class ChatClient(Protocol):
     """What the agent loop asks of a model: its name, and one reply to a conversation (with the tools' schemas, or
     None in single-turn mode). `OpenAIClient`, `ScriptedClient` and the RL rollout's `PolicyClient` are ones."""
@@ -158,7 +161,7 @@ class OpenAIClient:
     """Chat completions through the `openai` SDK (vLLM, SGLang, hosted APIs): retries with backoff, timeouts."""
 
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None,
-                 temperature: float = 1.0, top_p: float | None = None, max_tokens: int | None = 16384,
+                 temperature: float = TEMPERATURE, top_p: float | None = None, max_tokens: int | None = MAX_TOKENS,
                  timeout: float = 600.0, max_retries: int = 5, extra_body: dict | None = None,
                  tool_format: str = "native"):
         import openai

@@ -1,10 +1,18 @@
 """The agent: an environment over a workspace (tools served by the judge and the sandbox), chat clients for any
-OpenAI-compatible endpoint, and the loop that connects them (`cuda-agent optimize`)."""
+OpenAI-compatible endpoint, and the loop that connects them (`cuda-agent optimize`).
 
-from .environment import Environment, StepResult
-from ..llm import LLMError, OpenAIClient, ScriptedClient
-from .loop import LoopConfig, run_episode
-from .summary import EpisodeSummary, LoopState, Outcome, Stop
+Its names load on first use (the command line reads `config.LoopConfig`'s defaults without importing the judge).
+"""
 
-__all__ = ["Environment", "StepResult", "LLMError", "OpenAIClient", "ScriptedClient", "LoopConfig", "run_episode",
-           "EpisodeSummary", "LoopState", "Outcome", "Stop"]
+from importlib import import_module
+
+_HOMES = {"Environment": ".environment", "StepResult": ".environment", "LLMError": "..llm",
+          "OpenAIClient": "..llm", "ScriptedClient": "..llm", "LoopConfig": ".config", "run_episode": ".loop",
+          "EpisodeSummary": ".summary", "LoopState": ".summary", "Outcome": ".summary", "Stop": ".summary"}
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_HOMES[name], __name__), name)

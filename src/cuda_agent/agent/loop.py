@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from .config import LoopConfig
 from .environment import Environment, StepResult
 from ..llm import ChatClient, LLMError, Reply
 from .summary import EpisodeSummary, LoopState, Stop
@@ -25,14 +26,6 @@ NUDGE = "No tool was called. Use the tools to work on the task, and call `finish
 SINGLE_TURN = """Answer in one reply, without tools: give every file of your solution (model_new.py and the \
 files under kernels/) as a heading `### FILE: <path>` followed by one fenced code block with its whole content."""
 FILE_BLOCK = re.compile(r"^#+\s*FILE:\s*(\S+)\s*\n```[^\n]*\n(.*?)\n```", re.MULTILINE | re.DOTALL)
-
-
-@dataclass
-class LoopConfig:
-    max_turns: int = 200
-    max_context: int = 131_072  # tokens, as reported by the endpoint
-    max_invalid: int = 3  # consecutive replies without a usable tool call
-    single_turn: bool = False
 
 
 class Trajectory:

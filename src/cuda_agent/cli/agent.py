@@ -7,6 +7,7 @@ from typing import Literal, Optional
 
 import typer
 
+from ..agent.config import LoopConfig
 from ..backend import BackendError
 from ..task import DATASET_SUFFIXES, TaskError, dataset_row
 from . import common
@@ -22,9 +23,9 @@ def optimize_cmd(
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. "
                                            "http://localhost:8000/v1 (vLLM, SGLang); key from $OPENAI_API_KEY"),
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
-    max_turns: int = typer.Option(200, min=1, help="turns before the episode stops"),
-    max_context: int = typer.Option(131072, min=1, help="context tokens (as the endpoint reports them) before it "
-                                    "stops"),
+    max_turns: int = typer.Option(LoopConfig.max_turns, min=1, help="turns before the episode stops"),
+    max_context: int = typer.Option(LoopConfig.max_context, min=1, help="context tokens (as the endpoint reports "
+                                    "them) before it stops"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="run folder (default runs/<task>-<time>)"),
     single_turn: bool = typer.Option(False, help="one generation, files parsed from the reply, judged once"),
     temperature: float = TEMPERATURE,
@@ -37,7 +38,7 @@ def optimize_cmd(
     """Run the agent on one task and keep the best verified kernel (workspace, trajectory, summary in --out)."""
     import time as _time
 
-    from ..agent import Environment, LLMError, LoopConfig, LoopState, OpenAIClient, run_episode
+    from ..agent import Environment, LLMError, LoopState, OpenAIClient, run_episode
     from ..task import load_task
 
     stamp = _time.strftime('%Y%m%d-%H%M%S')
@@ -91,8 +92,8 @@ def optimize_suite_cmd(
     limit: Optional[int] = typer.Option(None, min=1, help="only the first N tasks (in suite order)"),
     concurrency: int = typer.Option(4, min=1, help="episodes at once"),
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
-    max_turns: int = typer.Option(200, min=1, help="turns per episode"),
-    max_context: int = typer.Option(131072, min=1, help="context tokens per episode"),
+    max_turns: int = typer.Option(LoopConfig.max_turns, min=1, help="turns per episode"),
+    max_context: int = typer.Option(LoopConfig.max_context, min=1, help="context tokens per episode"),
     temperature: float = TEMPERATURE,
     top_p: Optional[float] = TOP_P,
     max_tokens: int = MAX_TOKENS,
@@ -106,7 +107,7 @@ def optimize_suite_cmd(
 ) -> None:
     """Run the agent on every task of a suite (N episodes at once, one judge pool), export each task's best kernel
     in KernelBench layout and report on them as eval-suite does."""
-    from ..agent import LLMError, LoopConfig, OpenAIClient
+    from ..agent import LLMError, OpenAIClient
     from ..suite.evaluate import discover
     from ..suite.optimize import optimize_suite
 

@@ -8,6 +8,8 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
+from .. import llm
+
 Backends = Literal["cuda", "cpu"]
 Stages = Literal["warmup", "rft", "value", "agentic"]
 BACKEND_HELP = "cuda (the product) or cpu (C++/OpenMP kernels, for machines without a GPU)"
@@ -21,9 +23,9 @@ POLICY_HELP = ("strict (CUDA Agent's rules: compute only in your own kernels; wh
 
 
 # the model's sampling and the agent's sandbox, for optimize and optimize-suite alike
-TEMPERATURE = typer.Option(1.0, min=0.0, help="sampling temperature")
+TEMPERATURE = typer.Option(llm.TEMPERATURE, min=0.0, help="sampling temperature")
 TOP_P = typer.Option(None, min=0.0, max=1.0, help="nucleus sampling")
-MAX_TOKENS = typer.Option(16384, min=1, help="tokens per reply")
+MAX_TOKENS = typer.Option(llm.MAX_TOKENS, min=1, help="tokens per reply")
 TOOL_FORMAT = typer.Option("native", help="native (the endpoint's `tools`) or text (tools described in the system "
                            "message, calls parsed from <tool_call> tags: for chat templates without tools, e.g. the "
                            "SmolLM2 of `cuda-agent model serve`)")
