@@ -58,7 +58,10 @@ def main() -> None:
             task = sized_task(folder, log2)
             for r in range(args.rounds):
                 for trusted in ((True, False) if r % 2 == 0 else (False, True)):
-                    judge.backend.trusted_clock = trusted
+                    if args.backend == "cuda":
+                        judge.backend.use_clock(trusted)
+                    else:
+                        judge.backend.trusted_clock = trusted
                     began = time.perf_counter()
                     v = judge.evaluate(task, CANDIDATES[args.backend])
                     key = f"2^{log2} {'trusted' if trusted else 'in-process'}"

@@ -24,7 +24,8 @@ status=0
 if [[ $stages == *" tests "* ]]; then
   python3 -c "import openai" 2>/dev/null || echo "WARNING: no openai package here: the agent episode test will" \
     "fail; install requirements-ci.txt's openai pins (on the device machine: carry their wheels)" | tee -a "$OUT/env.txt"
-  python3 -m pytest -m gpu -v -rs -p no:cacheprovider -n 0 tests/test_gpu.py ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1 \
+  python3 -m pytest -m gpu -v -rs -p no:cacheprovider -n 0 tests/test_gpu.py tests/test_gpu_attacks.py \
+    ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1 \
     | tee "$OUT/gpu_tests.log" || status=1
   # On a GPU machine a skipped GPU test is a test that did not run: fail the check.
   if tail -1 "$OUT/gpu_tests.log" | grep -q "skipped"; then

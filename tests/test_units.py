@@ -326,6 +326,54 @@ def test_baselines_timed_just_now_stand_for_the_eager_check_before_the_candidate
     assert commands == ["time_eager", "time_eager"] and warm.record["source"] == "cache", commands
 
 
+def test_a_timing_on_a_shared_gpu_credits_no_speed_and_its_baselines_are_not_cached(tmp_path):
+    """The trusted GPU clock marks a timing whose empty calls showed another context's work (`gpu_shared`): work the
+    candidate left running would slow eager and torch.compile. Any such timing is a problem (after the attempts: too
+    noisy, no speed credited), and baselines measured so are not kept."""
+    from cuda_agent.judge.config import JudgeConfig
+    from cuda_agent.judge.store import Store
+    from cuda_agent.judge.timekeeper import Timekeeper
+
+    def stats(us, shared=None):
+        return {"median_us": us, "p20_us": us, "p80_us": us, "gpu_shared": shared}
+
+    slowed = "empty calls' windows spread 300-2100 us"
+
+    def ref(command, event):
+        if command["command"] == "time":
+            return {"eager": stats(900.0, slowed), "compile": stats(800.0, slowed), "compile_error": None}
+        return {"stats": stats(900.0, slowed)}
+
+    store = Store(tmp_path / "judge.sqlite")
+    outcome = Timekeeper(JudgeConfig(cache_dir=tmp_path), store).run("key", ref, lambda record: stats(50.0))
+    assert outcome.noisy and any("the GPU was shared" in p for p in outcome.record["problems"]), outcome.record
+    assert store.get("baselines", "key") is None
+    clean = Timekeeper(JudgeConfig(cache_dir=tmp_path), store).run(
+        "key", lambda command, event: {"eager": stats(100.0), "compile": stats(80.0), "compile_error": None}
+        if command["command"] == "time" else {"stats": stats(100.0)}, lambda record: stats(50.0, slowed))
+    assert clean.noisy and "the candidate's timing: the GPU was shared" in clean.record["problems"][0]
+
+
+def test_the_gpu_clock_charges_no_more_overhead_than_calibrated_and_sees_a_shared_gpu():
+    """Another context's work only lengthens the empty windows the clock's overhead comes from (its time slices):
+    calls are charged the smaller of the calibration and the empty calls beside them, and wide or long empty
+    windows say that the GPU was shared."""
+    from cuda_agent.judge.trusted.gpu_calls import MAX_OVERHEAD_US, RESOLUTION_US, GpuCalls, shared_gpu
+
+    steady = [300.0 + (i % 5) for i in range(20)]
+    assert shared_gpu(steady, 301.0) is None
+    assert "spread" in shared_gpu(steady[:10] + [300.0 + 200 * i for i in range(10)], 301.0)
+    assert "when calibrated" in shared_gpu([x + 400 for x in steady], 301.0)
+    assert str(int(MAX_OVERHEAD_US + 300)) in shared_gpu([MAX_OVERHEAD_US + 300] * 10, None)
+    clock = GpuCalls.__new__(GpuCalls)
+    clock.overhead_us, clock.calibration_problem = 301.0, None
+    assert clock.overhead_of([x + 400 for x in steady])[0] == 301.0
+    assert clock.overhead_of([x - 5 for x in steady]) == (297.0, None)
+    clock.calibration_problem = "empty calls' windows took 2400 us"
+    assert clock.overhead_of(steady)[1] == "its calibration: empty calls' windows took 2400 us"
+    assert GpuCalls.cost_us(303.0, 301.0) == RESOLUTION_US and GpuCalls.cost_us(340.0, 301.0) == 39.0
+
+
 def test_a_cached_baseline_is_stale_only_when_both_checks_disagree_the_same_way():
     from cuda_agent.judge.timekeeper import agree, stale
 

@@ -73,7 +73,7 @@ class Backend:
     # Whether the device is not the CPU: then torch.compile's compilation (CPU work) may run beside a timed run.
     compiles_beside_timing: bool = False
     # Whether the trusted side (the reference worker) draws the inputs, runs the clock and reads the outputs of every
-    # candidate call (judge/trusted/trusted_calls.py); else the candidate's worker does, as on the cuda backend for now.
+    # candidate call (judge/trusted/trusted_calls.py); else the candidate's worker does (`CudaBackend.use_clock`).
     trusted_clock: bool = False
     cxx: str = field(default_factory=lambda: os.environ.get("CXX", "g++"))
 
@@ -228,6 +228,15 @@ class CpuBackend(Backend):
         return {"device_us": list(host), "host_us": host}
 
 
+GPU_CLOCKS = {
+    "trusted": ("the trusted side's CUDA events around each call, ordered with the candidate's stream through flags in "
+                "shared GPU memory; inputs written and L2 flushed before each; the clock's constant overhead, measured "
+                "on empty calls, subtracted"),
+    "in-process": ("per-iteration span of all GPU activity on every stream (torch profiler / CUPTI in the candidate's "
+                   "process), L2 flushed between iterations, device-wide sync per iteration"),
+}
+
+
 @dataclass
 class CudaBackend(Backend):
     """CUDA kernels in `kernels/NAME.cu` built by nvcc for the detected arch; device time from the profiler."""
@@ -235,23 +244,25 @@ class CudaBackend(Backend):
     name: str = "cuda"
     device: str = "cuda"
     kernel_suffix: str = ".cu"
-    timing_method: str = ("per-iteration span of all GPU activity on every stream (torch profiler / CUPTI), "
-                          "L2 flushed between iterations, device-wide sync per iteration")
-    kernel_timeline: bool = True
+    timing_method: str = ""
+    trusted_clock: bool = True
     compiles_beside_timing: bool = True
     nvcc: str = ""
     arch: str = ""
 
     def __post_init__(self) -> None:
         self.nvcc = self.nvcc or _find_nvcc()
-        # The trusted clock on the GPU (judge/trusted/gpu_calls.py), not yet the default: it is being measured
-        # against the in-process clock on the H200 (docs/threat-model.md, issue 28).
-        if os.environ.get("CUDA_AGENT_GPU_CLOCK") == "trusted":
-            self.trusted_clock = True
-            self.kernel_timeline = False
-            self.timing_method = ("the trusted side's CUDA events around each call, ordered with the candidate's "
-                                  "stream through flags in shared GPU memory; inputs written and L2 flushed before "
-                                  "each; the clock's constant overhead, measured on empty calls, subtracted")
+        clock = os.environ.get("CUDA_AGENT_GPU_CLOCK", "trusted")
+        if clock not in GPU_CLOCKS:
+            raise BackendError(f"CUDA_AGENT_GPU_CLOCK={clock!r}: expected one of {', '.join(GPU_CLOCKS)}")
+        self.use_clock(clock == "trusted")
+
+    def use_clock(self, trusted: bool) -> None:
+        """The trusted clock (the default: judge/trusted/gpu_calls.py), or the candidate's own in-process one (CUPTI
+        in its worker, which a candidate that rewrites its process can fool: `CUDA_AGENT_GPU_CLOCK=in-process`, kept
+        to measure the one against the other, benchmarks/gpu_clock_agreement.py)."""
+        self.trusted_clock, self.kernel_timeline = trusted, not trusted
+        self.timing_method = GPU_CLOCKS["trusted" if trusted else "in-process"]
 
     @property
     def cuda_home(self) -> Path:

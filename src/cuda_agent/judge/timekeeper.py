@@ -13,6 +13,9 @@ checked on a sample of the timed calls.
   rewards, or its own timings spread too widely, the candidate is timed again, and after `timing_attempts` the
   result is "too noisy" rather than a speed claim.
   (Noise that cannot change the reward, common for launch-bound eager, is recorded but not held against it.)
+- On the GPU's trusted clock, a timing whose empty calls show another context's work on the GPU (`gpu_shared`: work
+  the candidate left running would slow the baselines timed beside it) is a problem too, and its baselines are not
+  cached.
 """
 
 from __future__ import annotations
@@ -122,6 +125,11 @@ class Timekeeper:
                 problems.append(f"eager took {before['median_us']:.1f} us before the candidate, "
                                 f"{after['median_us']:.1f} us after and {baselines['eager']['median_us']:.1f} us in "
                                 f"the baseline timing: enough to change the reward ({sorted(rewards)})")
+            problems += [f"{name}: the GPU was shared ({stats['gpu_shared']})" for name, stats in
+                         (("the candidate's timing", candidate), ("eager before it", before), ("eager after it", after),
+                          ("eager's baseline timing", baselines["eager"]),
+                          ("torch.compile's baseline timing", baselines["compile"] or {}))
+                         if stats.get("gpu_shared")]
             if spread(candidate) > cfg.max_spread:
                 problems.append(f"the candidate's timings spread {spread(candidate):.0%} of their median "
                                 f"(limit {cfg.max_spread:.0%})")
@@ -150,7 +158,8 @@ class Timekeeper:
         with seconds_in(record, "baselines"):
             msg = ref({"command": "time"}, "baselines")
         baselines = {"eager": msg["eager"], "compile": msg["compile"], "compile_error": msg["compile_error"]}
-        self.store.put("baselines", key, baselines)
+        if not any((stats or {}).get("gpu_shared") for stats in (msg["eager"], msg["compile"])):
+            self.store.put("baselines", key, baselines)
         return baselines
 
     def time_in_worker(self, worker: WorkerProcess, deadline: float, check_call: CheckCall,

@@ -45,44 +45,50 @@ class TrainConfig:
 
 
 @dataclass
-class DemoConfig:
-    """The learning demo (demo.py): a reply picks a kernel, each pick judged."""
+class RunConfig:
+    """What every training run shares (train_loop.py): how many steps of how large a batch, its seed and sampling
+    temperature, how often it checkpoints, and when it stops early (after the step that passes `time_limit_s`)."""
 
-    backend: str = "cuda"
-    steps: int = 40
-    batch: int = 32
-    seed: int = 0
-    temperature: float = 1.0
-    save_every: int = 5
-    time_limit_s: float | None = None  # stop (with a checkpoint) after the step that passes it
-    keep_episodes: bool = False  # keep each judged episode's folder (snapshots, verdicts)
-    train: TrainConfig = None  # type: ignore[assignment]
-
-    def __post_init__(self):
-        if self.train is None:
-            self.train = TrainConfig()
-        if self.steps < 1 or self.batch < 2:
-            raise ValueError("steps must be >= 1 and batch >= 2")
-
-
-@dataclass
-class StageConfig:
-    """One of the paper's stages on one GPU (stages.py)."""
-
-    stage: str = "agentic"
     steps: int = 10
-    batch: int = 4  # episodes (rft: conversations) per step
-    max_turns: int = 20
-    max_new_tokens: int = 1024  # per model turn
-    max_context: int = 8192  # tokens of an episode
-    temperature: float = 1.0
+    batch: int = 4
     seed: int = 0
+    temperature: float = 1.0
     save_every: int = 5
     time_limit_s: float | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self):
+        if self.steps < 1 or self.batch < 1 or self.save_every < 1:
+            raise ValueError("steps, batch and save_every must be >= 1")
+
+
+@dataclass
+class DemoConfig(RunConfig):
+    """The learning demo (demo.py): a reply picks a kernel, each pick judged."""
+
+    steps: int = 40
+    batch: int = 32
+    backend: str = "cuda"
+    keep_episodes: bool = False  # keep each judged episode's folder (snapshots, verdicts)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.batch < 2:
+            raise ValueError("batch must be >= 2 (advantages compare the picks of one step)")
+
+
+@dataclass
+class StageConfig(RunConfig):
+    """One of the paper's stages on one GPU (stages.py); `batch` counts episodes (rft: conversations) per step."""
+
+    stage: str = "agentic"
+    max_turns: int = 20
+    max_new_tokens: int = 1024  # per model turn
+    max_context: int = 8192  # tokens of an episode
+
+    def __post_init__(self):
+        super().__post_init__()
         if self.stage not in STAGES:
             raise ValueError(f"unknown stage {self.stage!r} (choose from {', '.join(STAGES)})")
-        if self.steps < 1 or self.batch < 1 or self.max_turns < 1 or self.max_new_tokens < 1:
-            raise ValueError("steps, batch, max_turns and max_new_tokens must be >= 1")
+        if self.max_turns < 1 or self.max_new_tokens < 1:
+            raise ValueError("max_turns and max_new_tokens must be >= 1")

@@ -176,8 +176,7 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
                     f"  p({'/'.join(reply.slots[0].options)}) {probs}  policy {record['policy_loss']:+.3f}  value "
                     f"{record['value_loss']:.3f}  {record['seconds']:.1f}s (judge {record['judge_seconds']:.1f}s)")
 
-        return run_steps(trainer, step, out, steps=config.steps, save_every=config.save_every,
-                         time_limit_s=config.time_limit_s, tokenizer=tokenizer, describe=describe, log=log,
+        return run_steps(trainer, step, out, config, tokenizer=tokenizer, describe=describe, log=log,
                          state=lambda: {"generator": generator.get_state()})
 
 

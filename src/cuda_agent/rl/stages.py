@@ -76,8 +76,7 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
             f"{k} {v:.3g}" for k, v in record.items() if k in ("reward_mean", "pass_rate", "sft_loss", "policy_loss",
                                                                "value_loss", "seconds"))
 
-    return run_steps(trainer, step, out, steps=config.steps, save_every=config.save_every,
-                     time_limit_s=config.time_limit_s, tokenizer=tokenizer, describe=describe, log=log,
+    return run_steps(trainer, step, out, config, tokenizer=tokenizer, describe=describe, log=log,
                      state=lambda: {"generator": generator.get_state(), "rng": rng.getstate()})
 
 

@@ -1,7 +1,7 @@
-"""The training loop every stage and the demo share: steps until `steps`, a checkpoint every `save_every` steps and
-at the last, a time limit that stops after the step that passes it (checkpointed: the same command continues),
-one metrics line per step. A run resumes where its checkpoint left off: the metrics and episode lines of later steps
-are dropped first, so the files always match the model."""
+"""The training loop every stage and the demo share (`RunConfig`): steps until `steps`, a checkpoint every
+`save_every` steps and at the last, a time limit that stops after the step that passes it (checkpointed: the same
+command continues), one metrics line per step. A run resumes where its checkpoint left off: the metrics and episode
+lines of later steps are dropped first, so the files always match the model."""
 
 from __future__ import annotations
 
@@ -9,18 +9,20 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .config import RunConfig
 from .trainer import MetricsLog, PPOTrainer, cut_after
 
 
-def run_steps(trainer: PPOTrainer, step: Callable[[], dict], out: Path, *, steps: int, save_every: int,
-              time_limit_s: float | None, tokenizer, state: Callable[[], dict] = dict,
+def run_steps(trainer: PPOTrainer, step: Callable[[], dict], out: Path, config: RunConfig, *, tokenizer,
+              state: Callable[[], dict] = dict,
               describe: Callable[[int, dict], str] = lambda step, record: f"step {step}",
               log: Callable[[str], None] = print) -> list[dict]:
-    """Call `step()` (one training step: it advances `trainer.step` and returns its metrics) until `steps`; saves
+    """Call `step()` (one training step: it advances `trainer.step` and returns its metrics) until `config.steps`; saves
     `out/checkpoint` with `state()` (the caller's RNGs) beside the trainer's. Returns this run's metrics."""
     metrics = MetricsLog(out, trainer.step, log=log)
     cut_after(Path(out) / "episodes.jsonl", trainer.step)
     history, began = [], time.monotonic()
+    steps, time_limit_s = config.steps, config.time_limit_s
     try:
         while trainer.step < steps:
             step_began = time.monotonic()
@@ -30,7 +32,7 @@ def run_steps(trainer: PPOTrainer, step: Callable[[], dict], out: Path, *, steps
             history.append({"step": trainer.step, **record})
             log(describe(trainer.step, record))
             out_of_time = time_limit_s is not None and time.monotonic() - began > time_limit_s
-            if trainer.step % save_every == 0 or trainer.step == steps or out_of_time:
+            if trainer.step % config.save_every == 0 or trainer.step == steps or out_of_time:
                 trainer.save(Path(out) / "checkpoint", tokenizer, state())
             if out_of_time:
                 log(f"time limit of {time_limit_s:.0f} s reached after step {trainer.step}: the same command "

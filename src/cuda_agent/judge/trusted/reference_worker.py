@@ -46,7 +46,7 @@ from ..wire.trusted_commands import (
 )
 from . import baseline_callee
 from .compare import compare_leaves, compare_trial
-from .gpu_calls import GpuCalls
+from .gpu_calls import RESOLUTION_US, GpuCalls, quantiles
 from .readback import Unreadable
 from .trusted_calls import CallFailed, Calls
 
@@ -265,10 +265,11 @@ class Reference:
         self._release()
         gpu = {}
         if clock is not None:
-            overhead = statistics.median(empty)
+            overhead, shared = clock.overhead_of(empty)
             windows = [GpuCalls.cost_us(call.raw_us, overhead) for call in timed]
-            gpu = {"clock_overhead_us": overhead, "clock_overhead_p20_p80_us": [summarize(empty, empty)[q] for q in
-                                                                               ("p20_us", "p80_us")],
+            _, low, high = quantiles(empty)
+            gpu = {"clock_overhead_us": overhead, "clock_overhead_p20_p80_us": [low, high], "gpu_shared": shared,
+                   "clock_resolution_us": RESOLUTION_US,
                    "host_us_median": statistics.median(call.host_us for call in timed)}
         return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
                 "cpu_outside_calls_us": calls.outside_ns / 1e3, "memory_peak": calls.memory_peak(),
@@ -309,15 +310,16 @@ class Reference:
 
     def baseline_calls(self) -> Calls:
         """The baseline callee (`baseline_callee.py`), started on first use and kept with this worker (on the GPU,
-        its empty calls calibrate the clock's overhead first)."""
+        its empty calls calibrate the clock's overhead first, and again while they showed another context's work)."""
         if self.baseline is None:
             self.baseline, self.baseline_process = baseline_callee.start(
                 {key: self.req.get(key)
                  for key in ("task_path", "backend", "allow_tf32", "compile_mode", "output_pool")}
                 | {"seed": self.req["init_seed"]}, BASELINE_READ_LIMIT, self.calls_class())
-            if isinstance(self.baseline, GpuCalls):
-                self.baseline.calibrate(make_inputs(self.module, secrets.randbelow(2**31), self.device),
-                                        time.monotonic() + BASELINE_TIMEOUT_S)
+        if isinstance(self.baseline, GpuCalls) and (self.baseline.overhead_us is None
+                                                    or self.baseline.calibration_problem):
+            self.baseline.calibrate(make_inputs(self.module, secrets.randbelow(2**31), self.device),
+                                    time.monotonic() + BASELINE_TIMEOUT_S)
         return self.baseline
 
     def calls_class(self) -> type[Calls]:
