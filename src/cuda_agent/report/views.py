@@ -11,6 +11,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..agent.summary import EpisodeSummary
 from .page import Cell, esc, figure, number, pct, table, text
 
 View = tuple[str, str, list[tuple[str, str]], list[dict[str, Any]]]
@@ -147,7 +148,8 @@ def _verdict_line(v: dict) -> str:
 
 
 def agent_view(run: dict) -> View:
-    summary, records = run["summary"] or {}, run["records"]
+    summary = EpisodeSummary.from_dict(run["summary"]) if run["summary"] else None  # None: the run did not end
+    records = run["records"]
     rows, points = [], []
     for r in records:
         kind = r.get("type")
@@ -173,17 +175,17 @@ def agent_view(run: dict) -> View:
                   [[number(r["turn"], "d"), number(r["t_s"], ".1f"), text(r["who"]),
                     Cell(_clipped(r["text"]), "", "text"), Cell(r["verdict"], "", "text")] for r in rows],
                   text_columns=(2, 3, 4))
-    final = summary.get("final_verdict")
-    facts = [("reference", summary.get("reference")), ("model", summary.get("model")), ("stop", summary.get("stop")),
-             ("turns", summary.get("turns")), ("wall (s)", summary.get("wall_s")),
-             ("snapshots", summary.get("snapshots")), ("best snapshot", summary.get("best_snapshot"))]
+    final = summary.final_verdict if summary else None
+    facts = [("reference", summary.reference), ("model", summary.model), ("stop", summary.stop),
+             ("turns", summary.turns), ("wall (s)", summary.wall_s), ("snapshots", summary.snapshots),
+             ("best snapshot", summary.best_snapshot)] if summary else [("summary", "none: the run did not end")]
     overview = table(["", ""], [[text(k), text(v)] for k, v in facts], text_columns=(0, 1))
     overview += f"<p>final verdict: {_verdict_line(final)}</p>" if final else "<p class='muted'>no verdict</p>"
     sections = [("Episode", overview)]
     if points:
         sections.append(("Reward and speedup over turns", _progress_plot(points)))
     sections.append((f"Turn by turn ({len(rows)} messages; long ones clipped)", turns))
-    name = Path(str(summary.get("reference") or run["source"])).name
+    name = Path((summary and summary.reference) or run["source"]).name
     return f"Agent run: {name}", f"from <code>{esc(run['source'])}</code>", sections, rows
 
 

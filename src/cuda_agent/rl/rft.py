@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..agent.summary import EpisodeSummary
+
 HALLUCINATED = "error: unknown tool"
 MALFORMED = ("bad arguments", "arguments are not valid JSON", "arguments must be a JSON object")
 
@@ -36,7 +38,7 @@ def rejection(records: list[dict[str, Any]], rule: RFTFilter) -> str | None:
     result = next((r for r in reversed(records) if r.get("type") == "result"), None)
     if result is None:
         return "unfinished episode (no result record)"
-    final = result["summary"].get("final_verdict") or {}
+    final = EpisodeSummary.from_dict(result["summary"]).final_verdict or {}
     if (final.get("reward") if final.get("reward") is not None else -1) < rule.min_reward:
         return f"reward below {rule.min_reward}"
     if final.get("policy_violations"):
@@ -100,12 +102,12 @@ def export(run_dirs: list[Path], out: Path, rule: RFTFilter | None = None) -> di
         if why:
             reasons[why.split(" (")[0]] += 1
             continue
-        summary = records[-1]["summary"]
+        summary = EpisodeSummary.from_dict(records[-1]["summary"])
         messages = [r["message"] for r in records if r.get("type") in ("system", "user", "assistant", "tool")]
         rows.append({"messages": json.dumps(messages), "tools": json.dumps(SCHEMAS),
-                     "reward": summary["final_verdict"]["reward"],
-                     "speedup_vs_compile": summary["final_verdict"].get("speedup_vs_compile"),
-                     "reference": summary.get("reference"), "run_dir": str(run)})
+                     "reward": summary.final_verdict["reward"],
+                     "speedup_vs_compile": summary.final_verdict.get("speedup_vs_compile"),
+                     "reference": summary.reference, "run_dir": str(run)})
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "rft.jsonl", "w") as f:
         for row in rows:
