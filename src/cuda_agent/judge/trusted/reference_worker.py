@@ -505,8 +505,7 @@ def start(req: dict, chan: Channel) -> dict:
         side["calls"] = ref.calls_class()(sock, [cmd.worker_pid], cmd.worker_pid, cmd.read_limit, cgroup=cmd.cgroup,
                                           others=list(cmd.others))
         if isinstance(side["calls"], GpuCalls):  # the clock's overheads, measured on the baseline callee
-            baseline = ref.baseline_calls()
-            side["calls"].overhead_us = baseline.overhead_us
+            side["calls"].clock = ref.baseline_calls()
         return Attached(scales=bool(ref.req.get("scaled_inputs")) and ref.scale_holds())
 
     def on_candidate(fn):
