@@ -47,6 +47,8 @@ def test_bad_input_is_one_clear_error_line(cache_dir, tmp_path):
 
 
 def test_eval_suite_reports_levels_and_resumes(cache_dir, fast_cli, tmp_path):
+    """A three-task suite judged, reported per level and resumed from its database. Slow (~75 s on CI): the single
+    file's `load_inline` build is cold in a run's cache, and the suite's judge starts its own workers."""
     suite, solutions = tmp_path / "suite", tmp_path / "solutions"
     (suite / "level1").mkdir(parents=True)
     (suite / "level2").mkdir()

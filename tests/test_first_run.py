@@ -38,6 +38,8 @@ def user_env(home: Path) -> dict[str, str]:
 
 
 def test_the_readme_example_works_with_the_default_cache_under_a_hidden_home(hidden_home):
+    """The README's example as a new user runs it. Slow (~75 s on CI): with an empty home it builds the precompiled
+    header and the kernel and times the baselines cold, at the default timing: that first run is what it tests."""
     exe = shutil.which("cuda-agent") or pytest.fail("the cuda-agent command is not installed (scripts/setup.sh)")
     command = [exe, "eval", "tests/data/tasks/affine_relu.py", "--solution", "tests/data/candidates/affine_relu_ok",
                "--backend", "cpu"]  # the README's worked example, word for word

@@ -41,6 +41,8 @@ def served_model(tmp_path_factory):
 
 
 def test_a_real_model_s_replies_go_through_the_client_and_the_loop(served_model, cpu_judge, tmp_path):
+    """SmolLM2-135M's real weights served over HTTP, two turns through the OpenAI client and the agent loop. Slow
+    (~80 s on CI, with the fixture): the server loads the model and generates on two CPU cores."""
     from transformers import AutoTokenizer
 
     folder, url = served_model

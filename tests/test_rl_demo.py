@@ -14,6 +14,9 @@ pytest.importorskip("transformers")
 
 
 def test_the_demo_learns_from_judged_picks_and_resumes(tiny_smollm2, cache_dir, fast_cli, tmp_path):
+    """Two real PPO steps of a tiny model through the CLI, a resume between them, 16 picks each judged by the cpu
+    judge: the one test of the whole training path, end to end. Slow (~4 min on CI's 2 cores): the judge's
+    evaluations, not the model, take the time, and each is already at FAST_TIMING."""
     # the rewards asserted are -1 (wrong) and >= 1 (correct): whatever the speedups, so the judge times briefly
     out = tmp_path / "run"
     args = ["train", "demo", "--backend", "cpu", "--model", str(tiny_smollm2), "--random-init", "--batch", "8",
