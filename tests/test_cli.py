@@ -234,3 +234,36 @@ def test_data_build_ends_with_the_paths_it_wrote(tmp_path):
     assert written == [str(out / name) for name in ("dataset.parquet", "dataset.jsonl", "stats.json", "stats.md",
                                                     "attempts.jsonl")]
     assert all(Path(path).is_file() for path in written)
+
+
+UNWRITABLE_CASES = {  # every command that writes, with the unusable path in the option that names what it writes
+    "data seeds": ["data", "seeds", "--out", "{bad}"],
+    "data build": ["data", "build", "--target", "1", "--backend", "cpu", "--out", "{bad}"],
+    "model fetch": ["model", "fetch", "--out", "{bad}"],
+    "eval": ["eval", "{task}", "--solution", "{ok}", "--backend", "cpu", "--cache-dir", "{bad}"],
+    "eval-suite --db": ["eval-suite", "{suite}", "--solutions", "{suite}", "--backend", "cpu", "--db", "{bad}/r.sqlite"],
+    "eval-suite --cache-dir": ["eval-suite", "{suite}", "--solutions", "{suite}", "--backend", "cpu", "--cache-dir",
+                               "{bad}"],
+    "optimize": ["optimize", "{task}", "--model", "m", "--backend", "cpu", "--out", "{bad}"],
+    "optimize-suite": ["optimize-suite", "{suite}", "--model", "m", "--backend", "cpu", "--out", "{bad}"],
+    "report": ["report", "{task}", "--out", "{bad}/r.html"],
+    "train demo": ["train", "demo", "--backend", "cpu", "--out", "{bad}"],
+    "train": ["train", "--stage", "agentic", "--model", "{suite}", "--data", "{task}", "--out", "{bad}"],
+    "train verl": ["train", "verl", "--stage", "agentic", "--model", "{suite}", "--data", "{task}", "--out", "{bad}"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNWRITABLE_CASES))
+def test_an_unwritable_output_path_is_one_line_and_exit_2_before_any_work(case, tmp_path):
+    """A path that cannot be written (here: one inside a regular file, which root cannot write either) is said in
+    one line naming the option, exit 2, before anything runs (no traceback, nothing built, fetched or judged)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    fields = {"bad": str(blocker / "out"), "task": str(TASKS / "affine_relu.py"), "suite": str(tmp_path),
+              "ok": str(CANDIDATES / "affine_relu_ok")}
+    result = runner.invoke(app, [arg.format(**fields) for arg in UNWRITABLE_CASES[case]])
+    option = next(arg for arg in UNWRITABLE_CASES[case] if "{bad}" in arg)
+    option = UNWRITABLE_CASES[case][UNWRITABLE_CASES[case].index(option) - 1]
+    assert result.exit_code == 2, (result.output, repr(result.exception))
+    assert f"error: {option} {blocker / 'out'}" in result.output and "not a writable folder" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output

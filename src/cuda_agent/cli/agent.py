@@ -11,7 +11,8 @@ from ..agent.config import LoopConfig
 from ..backend import BackendError
 from ..task import DATASET_SUFFIXES, TaskError, dataset_row
 from . import common
-from .common import app, err, fail, fmt, integers, make_judge, make_pool, make_progress, notify, out, print_report
+from .common import (app, err, fail, fmt, integers, make_judge, make_pool, make_progress, notify, out, print_report,
+                     writable)
 from .options import AGENT_SANDBOX, BACKEND_HELP, MAX_TOKENS, SUITE_HELP, TEMPERATURE, TOOL_FORMAT, TOP_P, Backends
 
 @app.command("optimize")
@@ -36,6 +37,8 @@ def optimize_cmd(
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
 ) -> None:
     """Run the agent on one task and keep the best verified kernel (workspace, trajectory, summary in --out)."""
+    writable(out_dir, "--out")
+    writable(cache_dir, "--cache-dir")
     import time as _time
 
     from ..agent import Environment, LLMError, LoopState, OpenAIClient, run_episode
@@ -107,6 +110,8 @@ def optimize_suite_cmd(
 ) -> None:
     """Run the agent on every task of a suite (N episodes at once, one judge pool), export each task's best kernel
     in KernelBench layout and report on them as eval-suite does."""
+    writable(out_dir, "--out")
+    writable(cache_dir, "--cache-dir")
     from ..agent import LLMError, OpenAIClient
     from ..suite.evaluate import discover
     from ..suite.optimize import optimize_suite

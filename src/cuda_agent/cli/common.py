@@ -4,6 +4,7 @@ and the judge or pool a command's options make (`config`: JudgeConfig's fields, 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -94,6 +95,22 @@ def fail(message: str, as_json: bool = False) -> None:
         sys.stdout.write(json.dumps({"error": message, "exit_code": EXIT_USAGE}) + "\n")
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_USAGE)
+
+
+def writable(path: Optional[Path], option: str, file: bool = False) -> None:
+    """One line and exit 2 unless this user can write `path` (a folder; with `file`, a file), or create it where it
+    is missing: before any work, so that no run ends in a traceback over its output."""
+    if path is None:
+        return
+    if path.exists():
+        if path.is_dir() == file:
+            fail(f"{option} {path}: {'a folder' if file else 'a file'}, not {'a file' if file else 'a folder'}")
+        if not os.access(path, os.W_OK | (0 if file else os.X_OK)):
+            fail(f"{option} {path}: not writable")
+        return
+    parent = next(p for p in path.absolute().parents if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        fail(f"{option} {path}: cannot be created ({parent} is not a writable folder)")
 
 
 def fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 import typer
 
 from ..backend import BackendError
-from .common import app, err, fail, make_progress, out
+from .common import app, err, fail, make_progress, out, writable
 from .options import TEMPERATURE, Backends
 
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The fused-operator training set.")
@@ -21,6 +21,7 @@ def data_seeds_cmd(
     transformers: bool = typer.Option(True, help="include transformers operators (needs the package)"),
 ) -> None:
     """Write every crawled operator alone as a KernelBench task, and catalog.json (what could not be used, why)."""
+    writable(out_dir, "--out")
     from ..data.seeds import write_seeds
 
     try:
@@ -64,6 +65,7 @@ def data_build_cmd(
     max_tokens: int = typer.Option(4096, min=1, help="tokens per reply of the LLM composer"),
 ) -> None:
     """Compose fused tasks, filter them, deduplicate, export parquet + jsonl and a stats report."""
+    writable(out_dir, "--out")
     from ..llm import LLMError, OpenAIClient
     from ..data.build import BuildConfig, Builder, LLMComposer
     from ..data.filters import FilterConfig

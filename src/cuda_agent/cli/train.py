@@ -11,7 +11,7 @@ from ..backend import BackendError
 from ..rl.config import DemoConfig, StageConfig, TrainConfig
 from ..task import DATASET_SUFFIXES, TaskError
 from . import common
-from .common import app, err, fail, integers, out, warn_unsandboxed
+from .common import app, err, fail, integers, out, warn_unsandboxed, writable
 from .options import BACKEND_HELP, Backends, Stages
 
 ActorLr = Annotated[float, typer.Option(min=0.0, help="actor learning rate (the paper's)")]
@@ -44,6 +44,8 @@ def train_demo_cmd(
 ) -> None:
     """PPO on a task where the reply picks a kernel (and its block size), each pick really built and judged:
     watch the mean reward rise."""
+    writable(out_dir, "--out")
+    writable(cache_dir, "--cache-dir")
     from ..rl.demo import run_demo
 
     if backend not in ("cuda", "cpu"):
@@ -135,6 +137,8 @@ def train_cmd(
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache (builds, baselines)"),
 ) -> None:
     """Train with the paper's stages on one GPU: `cuda-agent train --stage agentic --model M --data D --out DIR`."""
+    writable(out_dir, "--out")
+    writable(cache_dir, "--cache-dir")
     if ctx.invoked_subcommand is not None:
         return
     if stage is None:
@@ -199,6 +203,7 @@ def train_verl_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="write and validate everything, launch nothing"),
 ) -> None:
     """The stage as a verl 0.9.1 run (the `train` extra): data, configuration validated by verl, launch script."""
+    writable(out_dir, "--out")
     try:
         from ..rl.verl_recipe import Recipe, prepare
     except ImportError as exc:
