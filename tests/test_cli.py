@@ -241,7 +241,8 @@ UNWRITABLE_CASES = {  # every command that writes, with the unusable path in the
     "data build": ["data", "build", "--target", "1", "--backend", "cpu", "--out", "{bad}"],
     "model fetch": ["model", "fetch", "--out", "{bad}"],
     "eval": ["eval", "{task}", "--solution", "{ok}", "--backend", "cpu", "--cache-dir", "{bad}"],
-    "eval-suite --db": ["eval-suite", "{suite}", "--solutions", "{suite}", "--backend", "cpu", "--db", "{bad}/r.sqlite"],
+    "eval-suite --db": ["eval-suite", "{suite}", "--solutions", "{suite}", "--backend", "cpu", "--db",
+                        "{bad}/r.sqlite"],
     "eval-suite --cache-dir": ["eval-suite", "{suite}", "--solutions", "{suite}", "--backend", "cpu", "--cache-dir",
                                "{bad}"],
     "optimize": ["optimize", "{task}", "--model", "m", "--backend", "cpu", "--out", "{bad}"],
@@ -267,3 +268,33 @@ def test_an_unwritable_output_path_is_one_line_and_exit_2_before_any_work(case, 
     assert result.exit_code == 2, (result.output, repr(result.exception))
     assert f"error: {option} {blocker / 'out'}" in result.output and "not a writable folder" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_report_never_writes_over_its_input_nor_an_earlier_report_unasked(tmp_path):
+    """A report's JSON beside its HTML once replaced the metrics it was made from; an earlier report is replaced
+    only with --overwrite; an input never."""
+    run = tmp_path / "run"
+    run.mkdir()
+    metrics = run / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "reward_mean": 0.5}\n')
+    (run / "metrics.json").write_text("{}")  # what `--out run/metrics.html` would write its JSON over
+    kept = metrics.read_text()
+    into_input = runner.invoke(app, ["report", str(run), "--out", str(run / "metrics.html"), "--overwrite"])
+    assert into_input.exit_code == 2 and "input" in into_input.output, into_input.output
+    assert (run / "metrics.json").read_text() == "{}" and metrics.read_text() == kept
+    first = runner.invoke(app, ["report", str(metrics), "--out", str(tmp_path / "r.html")])
+    assert first.exit_code == 0, first.output
+    again = runner.invoke(app, ["report", str(metrics), "--out", str(tmp_path / "r.html")])
+    assert again.exit_code == 2 and "--overwrite" in again.output, again.output
+    forced = runner.invoke(app, ["report", str(metrics), "--out", str(tmp_path / "r.html"), "--overwrite"])
+    assert forced.exit_code == 0, forced.output
+
+
+def test_optimize_refuses_an_out_folder_that_holds_an_earlier_run(tmp_path):
+    earlier = tmp_path / "run"
+    earlier.mkdir()
+    (earlier / "trajectory.jsonl").write_text('{"type": "system"}\n')
+    result = runner.invoke(app, ["optimize", str(TASKS / "affine_relu.py"), "--model", "m", "--backend", "cpu",
+                                 "--out", str(earlier)])
+    assert result.exit_code == 2 and "earlier run" in result.output and "--overwrite" in result.output
+    assert (earlier / "trajectory.jsonl").read_text() == '{"type": "system"}\n'

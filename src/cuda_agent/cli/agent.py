@@ -35,9 +35,13 @@ def optimize_cmd(
     tool_format: Literal["native", "text"] = TOOL_FORMAT,
     sandbox_mode: Literal["required", "auto", "none"] = AGENT_SANDBOX,
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="run in an --out folder that holds an earlier run, "
+                                   "replacing it"),
 ) -> None:
     """Run the agent on one task and keep the best verified kernel (workspace, trajectory, summary in --out)."""
     writable(out_dir, "--out")
+    if out_dir is not None and out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        fail(f"--out {out_dir} holds an earlier run: choose a new folder, or pass --overwrite to replace it")
     writable(cache_dir, "--cache-dir")
     import time as _time
 

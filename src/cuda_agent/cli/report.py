@@ -16,6 +16,7 @@ def report_cmd(
     out_file: Path = typer.Option(..., "--out", help="the HTML file to write (CSV and JSON beside it)"),
     compare: Optional[Path] = typer.Option(None, "--compare", help="a second suite input: INPUT as A, this as B, "
                                            "side by side with the changes"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier report's files (never an input)"),
 ) -> None:
     """Turn suite results, an agent run or training metrics into one self-contained HTML page."""
     writable(out_file, "--out", file=True)
@@ -23,6 +24,13 @@ def report_cmd(
 
     if out_file.suffix.lower() not in (".html", ".htm"):
         fail(f"--out {out_file}: give an .html file (the CSV and JSON are written beside it)")
+    for path in (out_file, out_file.with_suffix(".csv"), out_file.with_suffix(".json")):
+        if not path.exists():
+            continue
+        if any(path.resolve() == i.resolve() or i.resolve() in path.resolve().parents for i in (source, compare) if i):
+            fail(f"--out {out_file}: {path} is (in) the report's input: write the report elsewhere")
+        if not overwrite:
+            fail(f"--out {out_file}: {path} exists: write elsewhere, or pass --overwrite to replace it")
     try:
         written = write_report(source, out_file, compare)
     except (ReportInputError, OSError) as exc:
