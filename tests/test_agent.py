@@ -3,10 +3,12 @@ driven through the real `openai` client)."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -82,6 +84,26 @@ def test_bash_output_is_clipped_and_a_hang_is_killed(env):
     hang = env.step("bash", {"command": "sleep 30", "timeout": 2}).observation
     assert "killed after 2 s" in hang
     assert clip("short") == "short"
+
+
+def test_an_interrupted_bash_command_is_not_left_running(judge, tmp_path):
+    """Ctrl-C or SIGTERM (KeyboardInterrupt in the main thread) during a bash call kills the command, which runs in
+    a session of its own that no terminal's Ctrl-C reaches (here unsandboxed: no cgroup to end it either)."""
+    env = Environment(judge, tmp_path / "run", use_sandbox=False, bash_timeout=60)
+    env.reset(AFFINE)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            env.step("bash", {"command": "sleep 3; touch late"})
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    time.sleep(3)
+    assert not (env.workspace / "late").exists()
 
 
 @pytest.mark.skipif(not SANDBOX, reason="sandbox unavailable here")
@@ -300,7 +322,8 @@ def test_the_best_workspace_exported_as_one_file_passes_the_judge(judge, tmp_pat
 
 
 def test_optimize_command_runs_the_episode_and_reports_the_best(cache_dir, tmp_path):
-    endpoint = ScriptedEndpoint(EPISODE)
+    thinking = {"role": "assistant", "content": "Let me think about the layout first.", "tool_calls": []}
+    endpoint = ScriptedEndpoint([EPISODE[0], thinking, *EPISODE[1:]])  # a turn without a tool call, then the rest
     try:
         run = subprocess.run([sys.executable, "-m", "cuda_agent", "optimize", str(AFFINE), "--model", "scripted",
                               "--base-url", endpoint.url, "--backend", "cpu", "--out", str(tmp_path / "run"),
@@ -309,8 +332,10 @@ def test_optimize_command_runs_the_episode_and_reports_the_best(cache_dir, tmp_p
     finally:
         endpoint.close()
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "turn   8  finish" in run.stderr  # live progress, one line per tool call
-    assert "stopped: finish after 8 turn(s); 1 verified candidate(s)" in run.stdout
+    assert "turn   9  finish" in run.stderr  # live progress, one line per tool call
+    assert "turn   2  model      50 tokens in" in run.stderr  # and one per reply, also without a tool call
+    assert "no tool call" in next(line for line in run.stderr.splitlines() if line.startswith("turn   2  model"))
+    assert "stopped: finish after 9 turn(s); 1 verified candidate(s)" in run.stdout
     assert "best: reward" in run.stdout and (tmp_path / "run" / "best_single_file.py").exists()
 
 
@@ -372,3 +397,25 @@ def test_optimize_suite_runs_every_task_at_once_resumes_and_exports_what_eval_su
     page = write_report(out, tmp_path / "suite.html")[0].read_text()
     assert "<th>turns</th>" in page.replace(' class=""', "") and "<th>stop</th>" in page.replace(' class=""', "")
     assert ">finish<" in page and ">2_linear_gelu.py<" in page
+
+
+def test_an_interrupted_episode_says_so_and_optimize_suite_plays_it_again(judge, tmp_path):
+    """Ctrl-C or SIGTERM mid-episode: its summary says "interrupted" (not a finished episode with no verdict), and
+    optimize-suite's rerun starts that task over instead of resuming it as done."""
+    from cuda_agent.suite.evaluate import SuiteTask
+    from cuda_agent.suite.optimize import _episode, run_dir_of
+
+    class Interrupted(ScriptedClient):
+        def complete(self, messages, tools):
+            if self.calls == 1:
+                raise KeyboardInterrupt
+            return super().complete(messages, tools)
+
+    task, out = SuiteTask("level1", AFFINE), tmp_path / "out"
+    read = [{"role": "assistant", "content": "", "tool_calls": [call("read_file", path="model.py")]}]
+    with pytest.raises(KeyboardInterrupt):
+        _episode(judge, task, out, lambda: Interrupted(read * 2), LoopConfig(max_turns=3))
+    summary = json.loads((run_dir_of(out, task) / "summary.json").read_text())
+    assert summary["stop"] == "interrupted" and summary["turns"] == 2
+    again, resumed = _episode(judge, task, out, lambda: ScriptedClient(EPISODE[-1:]), LoopConfig(max_turns=3))
+    assert not resumed and again.stop == "finish" and again.turns == 1

@@ -46,7 +46,7 @@ def test_bad_input_is_one_clear_error_line(cache_dir, tmp_path):
     assert result.exit_code == 2 and "Invalid value for '--backend'" in result.output
 
 
-def test_eval_suite_reports_levels_and_resumes(cache_dir, fast_cli, tmp_path):
+def test_eval_suite_reports_levels_and_resumes(cache_dir, fast_cli, tmp_path, monkeypatch):
     """A three-task suite judged, reported per level and resumed from its database. Slow (~75 s on CI): the single
     file's `load_inline` build is cold in a run's cache, and the suite's judge starts its own workers."""
     suite, solutions = tmp_path / "suite", tmp_path / "solutions"
@@ -81,6 +81,7 @@ def test_eval_suite_reports_levels_and_resumes(cache_dir, fast_cli, tmp_path):
     rerun = json.loads(again.stdout)
     assert [t["verdict"]["seeds"] for t in rerun["tasks"]] == [t["verdict"]["seeds"] for t in report["tasks"]]
     assert "resumed" in again.stderr
+    assert "judging 3/3" in result.stderr  # piped: a line per task as it ends, not a bar drawn at the end
     # Any setting that can change a verdict judges again; without --levels, every levelN folder there is judged.
     other = runner.invoke(app, [*args, "--trials", "3"])
     assert other.exit_code == 0 and "resumed" not in other.stderr, other.stderr
@@ -89,13 +90,26 @@ def test_eval_suite_reports_levels_and_resumes(cache_dir, fast_cli, tmp_path):
     no_levels = [a for a in args if a not in ("--levels", "1,2")]
     default = runner.invoke(app, [*no_levels, "--trials", "3"])
     assert default.exit_code == 0 and json.loads(default.stdout)["overall"]["n"] == 3, default.output
-    # the table names the tasks that failed and why; --fail-on-reject exits 1 for them
+    # the table names the tasks below reward 3 and why; --fail-on-reject exits 1 for the one not correct
     table = runner.invoke(app, [a for a in args if a != "--json"] + ["--fail-on-reject"])
     assert table.exit_code == 1, table.output
-    assert "not correct: 1 of 3 tasks" in table.stdout
+    assert "below reward 3:" in table.stdout and "of 3 tasks (1 not correct)" in table.stdout
     row = next(ln for ln in table.stdout.splitlines() if "level1/2_LinearGELU.py" in ln)
-    assert row.strip().startswith("level1/2_LinearGELU.py  no solution found for") and len(row) > 80  # one line
+    assert row.strip().startswith("level1/2_LinearGELU.py  reward -1  no solution found for") and len(row) > 80
     assert all(not ln.endswith(" ") for ln in table.stdout.splitlines() if "LinearGELU" in ln)  # not padded
+    # --rejudge judges the matching tasks again (fresh seeds) and resumes the others
+    rejudged = json.loads(runner.invoke(app, [*args, "--rejudge", "level2/*"]).stdout)["tasks"]
+    seeds = {t["task"]: t["verdict"]["seeds"] for t in rerun["tasks"]}
+    assert rejudged[0]["verdict"]["seeds"] == seeds["level1/1_AffineReLU.py"]
+    assert rejudged[2]["verdict"]["seeds"] != seeds["level2/1_Affine.py"] and rejudged[2]["verdict"]["correct"]
+    bad = runner.invoke(app, [*args, "--rejudge", "level9/*"])
+    assert bad.exit_code == 2 and "--rejudge level9/*: matches no task" in bad.output
+    # another machine (device, driver, CUDA) never reuses a verdict measured here
+    from cuda_agent.backend import CpuBackend
+
+    monkeypatch.setattr(CpuBackend, "machine", lambda self: "cpu:another machine x64")
+    elsewhere = json.loads(runner.invoke(app, args).stdout)["tasks"]
+    assert elsewhere[0]["verdict"]["seeds"] != seeds["level1/1_AffineReLU.py"]
 
 
 def test_numbers_are_checked_when_the_command_line_is_read(tmp_path):
@@ -298,3 +312,28 @@ def test_optimize_refuses_an_out_folder_that_holds_an_earlier_run(tmp_path):
                                  "--out", str(earlier)])
     assert result.exit_code == 2 and "earlier run" in result.output and "--overwrite" in result.output
     assert (earlier / "trajectory.jsonl").read_text() == '{"type": "system"}\n'
+
+
+def test_smaller_faults_are_told_plainly(cache_dir, tmp_path):
+    """Issue 30's smaller points: each said in one line (or in the verdict) instead of ignored or misplaced."""
+    task = str(TASKS / "affine_relu.py")
+    single = tmp_path / "my_kernel.py"
+    single.write_text("import torch\n\nclass ModelNew(torch.nn.Module:\n    pass\n")
+    syntax = runner.invoke(app, ["eval", task, "--solution", str(single), "--backend", "cpu", "--json",
+                                 "--cache-dir", str(cache_dir)])
+    verdict = json.loads(syntax.stdout)
+    assert verdict["error"].startswith("syntax error: my_kernel.py line 3:") and "model_new.py" not in verdict["error"]
+    (tmp_path / "empty").mkdir()
+    empty = json.loads(runner.invoke(app, ["eval", task, "--solution", str(tmp_path / "empty"), "--backend", "cpu",
+                                           "--json", "--cache-dir", str(cache_dir)]).stdout)
+    assert empty["device"] and empty["device"].startswith("cpu:") and "no model_new.py" in empty["error"]
+    (tmp_path / "suite" / "level1").mkdir(parents=True)
+    (tmp_path / "one" / "level1").mkdir(parents=True)
+    shutil.copy(task, tmp_path / "one" / "level1" / "1_Affine.py")
+    for args, said in (
+            (["eval", task, "--row", "3", "--solution", str(single), "--backend", "cpu"], "--row picks a row"),
+            (["eval-suite", str(tmp_path / "suite"), "--solutions", str(tmp_path), "--backend", "cpu"], "no tasks"),
+            (["eval-suite", str(tmp_path / "one"), "--solutions", str(tmp_path), "--backend", "cpu", "--gpus", "0"],
+             "--gpus picks GPUs for the cuda backend")):
+        refused = runner.invoke(app, args)
+        assert refused.exit_code == 2 and said in refused.output, (args, refused.output)

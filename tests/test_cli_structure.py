@@ -53,7 +53,7 @@ def test_the_training_options_take_their_defaults_from_the_run_configs():
     train = typer.main.get_command(app).commands["train"]
     for params, config in (({p.name: p for p in train.commands["demo"].params}, DemoConfig()),
                            ({p.name: p for p in train.params}, StageConfig())):
-        for name in ("steps", "batch", "seed", "save_every"):
+        for name in ("steps", "batch", "seed", "save_every", "keep_checkpoints", "save_optimizer"):
             assert params[name].default == getattr(config, name), (type(config).__name__, name)
         lrs = (params["actor_lr"].default, params["critic_lr"].default)
         assert lrs == (TrainConfig.actor_lr, TrainConfig.critic_lr), type(config).__name__

@@ -47,6 +47,9 @@ def test_the_readme_example_works_with_the_default_cache_under_a_hidden_home(hid
     assert run.returncode == 0, run.stderr
     assert re.search(r"reward [123]\b", run.stdout) and re.search(r"correct\s+yes", run.stdout), run.stdout
     assert (hidden_home / ".cache" / "cuda-agent" / "judge.sqlite").is_file()  # the default location was used
+    # the one-time precompiled header is announced before its 30-60 s, and its size after
+    assert "building torch's precompiled header, once for this machine and cache" in run.stderr, run.stderr
+    assert re.search(r"built precompiled header in [\d.]+s \(\d+ MB\)", run.stderr), run.stderr
 
 
 def test_the_agent_shell_and_the_data_filters_work_under_a_hidden_home(hidden_home, monkeypatch):

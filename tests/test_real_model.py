@@ -2,9 +2,11 @@
 default cache (the README's path; cached between runs), served by `transformers serve` on loopback, two turns."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -26,8 +28,13 @@ def served_model(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with open(log, "w") as sink:
-        server = subprocess.Popen(serve_command(folder, port), stdout=sink, stderr=subprocess.STDOUT)
+    hub = log.parent / "fresh-home-hub"  # the Hugging Face hub cache of a fresh home: not there yet
+    from huggingface_hub import constants
+
+    with open(log, "w") as sink, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", str(hub))
+        server = subprocess.Popen(serve_command(folder, port), stdout=sink, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "HF_HUB_CACHE": str(hub)})
     url = f"http://127.0.0.1:{port}/v1"
     try:
         wait_until_serving(url, server.pid, timeout_s=300)
@@ -47,7 +54,9 @@ def test_a_real_model_s_replies_go_through_the_client_and_the_loop(served_model,
 
     folder, url = served_model
     client = OpenAIClient(str(folder), url, max_tokens=48, tool_format="text")
-    client.check()  # transformers serve answers /models with an error: still a usable endpoint
+    client.check()
+    with urllib.request.urlopen(f"{url}/models", timeout=30) as models:  # a 500 on a fresh home, once
+        assert models.status == 200 and json.loads(models.read())["object"] == "list"
     run_dir = tmp_path / "run"
     env = Environment(cpu_judge, run_dir, use_sandbox=sandbox.probe() is None)
     summary = run_episode(env, client, TASKS / "affine_relu.py", run_dir, LoopConfig(max_turns=2, max_context=8192))

@@ -157,6 +157,62 @@ def test_two_runs_side_by_side_show_the_changes(suite_runs, tmp_path):
     assert charts_drawn(open_in_chromium(page, tmp_path / "compare.png")) >= 1
 
 
+def test_runs_of_a_database_are_listed_picked_and_compared_by_number(suite_runs, tmp_path):
+    root, reports = suite_runs
+    db = str(root / "results.sqlite")
+    assert (reports["a"]["run"]["id"], reports["b"]["run"]["id"]) == ("1", "2")
+    listed = runner.invoke(app, ["report", db, "--list"])
+    assert listed.exit_code == 0, listed.output
+    lines = listed.stdout.splitlines()[1:]
+    assert [line.split()[0] for line in lines] == ["1", "2"]
+    assert lines[0].endswith("solutions-a") and lines[1].endswith("solutions-b")
+    page = tmp_path / "first.html"
+    assert runner.invoke(app, ["report", db, "--run", "1", "--out", str(page)]).exit_code == 0
+    rows = {row[1]: row for row in tables(page.read_text())[1][1:]}
+    assert rows["1_Affine.py"][3] == "yes"  # solved in run 1 (A), missing in the latest (B)
+    assert "run 1, ended" in page.read_text() and "on cpu:" in page.read_text()  # when, where, with what
+    for args, said in ((["--compare", db], "same run"), (["--run", "7"], "has no run 7 (runs 1-2")):
+        refused = runner.invoke(app, ["report", db, *args, "--out", str(tmp_path / "no.html")])
+        assert refused.exit_code == 2 and said in refused.output, refused.output
+    compared = tmp_path / "compare.html"
+    assert runner.invoke(app, ["report", db, "--run", "1", "--compare-run", "2", "--out", str(compared)]
+                         ).exit_code == 0
+    html = compared.read_text()
+    assert "passing in A, not in B: 1 (level2/1_Affine.py)" in html
+    overall = next(row for row in html.split("<tr>") if ">overall<" in row)
+    changes = re.findall(r'class="(good|bad|muted)">\(', overall)  # pass, faster x2, geomean x2, mean reward
+    assert changes[0] == "bad" and changes[3:5] == ["muted", "muted"]  # B's geomeans are over fewer tasks
+
+
+def test_a_reward_below_3_says_why_in_the_table_the_page_and_the_comparison(tmp_path, capsys):
+    from cuda_agent.cli.common import print_report
+    from cuda_agent.judge.verdict import Verdict
+
+    noisy = Verdict(reward=1, compiled=True, correct=True, speedup_vs_eager=1.52, speedup_vs_compile=1.40,
+                    warnings=["timing too noisy to credit any speedup (eager baseline spread 40%): reward for "
+                              "correctness only; rerun on a quieter machine"]).to_dict()
+    slower = Verdict(reward=2, compiled=True, correct=True, speedup_vs_eager=1.31, speedup_vs_compile=0.92).to_dict()
+    del noisy["reason"], slower["reason"]  # as stored before verdicts carried it: derived again on reading
+    records = [{"level": "level1", "task": "level1/1_A.py", "solution": "s", "verdict": noisy},
+               {"level": "level1", "task": "level1/2_B.py", "solution": "s", "verdict": slower}]
+    from cuda_agent.suite.evaluate import report
+
+    (tmp_path / "a.json").write_text(json.dumps(report(records)))
+    (tmp_path / "b.json").write_text(json.dumps(report(records[::-1])))
+    print_report(report(records), "suite", as_json=False)
+    table = capsys.readouterr().out
+    assert "level1/1_A.py  reward  1  timing too noisy to credit any speedup" in table
+    assert "level1/2_B.py  reward  2  beats eager (1.31x) but not torch.compile (0.92x)" in table
+    page = tmp_path / "page.html"
+    assert runner.invoke(app, ["report", str(tmp_path / "a.json"), "--out", str(page)]).exit_code == 0
+    reasons = {row[1]: row[-1] for row in tables(page.read_text())[1][1:]}
+    assert reasons["1_A.py"].startswith("timing too noisy") and reasons["2_B.py"].startswith("beats eager")
+    both = tmp_path / "both.html"
+    assert runner.invoke(app, ["report", str(tmp_path / "a.json"), "--compare", str(tmp_path / "b.json"), "--out",
+                               str(both)]).exit_code == 0
+    assert {row[1]: row[-1] for row in tables(both.read_text())[1][1:]}["1_A.py"].startswith("timing too noisy")
+
+
 def test_an_agent_run_page_shows_each_turn_and_each_verdict(cache_dir, tmp_path):
     ok = CANDIDATES / "affine_relu_ok"
     files = {str(p.relative_to(ok)): p.read_text() for p in ok.rglob("*") if p.is_file()}
@@ -203,14 +259,18 @@ def test_a_training_page_plots_every_metric_over_steps(tmp_path):
     assert runner.invoke(app, ["report", str(tmp_path / "train"), "--out", str(page)]).exit_code == 0
     steps = tables(page.read_text())[0]
     header = steps[0]
-    assert header[:8] == ["step", "reward_mean", "pass_rate", "policy_loss", "value_loss", "approx_kl", "entropy",
-                          "clip_fraction"] and "picks" not in header
-    assert [row[header.index("reward_mean")] for row in steps[1:]] == ["-0.5", "0", "0.5", "1", "1.5"]
+    assert header[:8] == ["step", "mean reward of the batch", "pass rate (correct kernels)",
+                          "policy loss (PPO, clipped)", "value loss (critic)", "KL to the policy that sampled",
+                          "policy entropy", "tokens with a clipped ratio"] and "picks" not in header  # words, not keys
+    assert [row[header.index("mean reward of the batch")] for row in steps[1:]] == ["-0.5", "0", "0.5", "1", "1.5"]
     # not a number (MetricsLog writes null): shown as "-" and left out of the plot
     assert [row[header.index("explained_variance")] for row in steps[1:]] == ["-", "-", "0.5", "0.5", "0.5"]
     dom = open_in_chromium(page, tmp_path / "train.png")
     assert charts_drawn(dom) >= 1 and dom.count('class="trace scatter') == 7  # one line per metric
-    assert set(re.findall(r'class="annotation-text"[^>]*data-unformatted="(\w+)"', dom)) == set(header[1:8])
+    titles = re.findall(r'class="annotation-text"[^>]*data-unformatted="([^"]+)"', dom)
+    assert set(titles) == set(header[1:8])
+    axes = set(re.findall(r'class="[xy]\d*title"[^>]*>([^<]+)<', dom))  # every axis says what it measures
+    assert {"training step", "milestone reward (-1..3)", "fraction of tokens", "nats per token"} <= axes, axes
 
 
 def test_bad_inputs_are_one_clear_line(tmp_path):

@@ -1,9 +1,11 @@
 """The training stages on the cpu backend with a tiny model (SmolLM2's tokenizer, random weights): episodes played
 by the model through the agent loop become token batches whose log-probs the trainer recomputes exactly; warm-up,
-agentic PPO, value pretraining and RFT each run, checkpoint, and hand their checkpoint to the next."""
+agentic PPO, value pretraining and RFT each run, checkpoint, and hand their checkpoint to the next; a run folder keeps
+its newest checkpoints, optimizer state only when asked."""
 
 import json
 import math
+import re
 import shutil
 
 import pytest
@@ -125,22 +127,23 @@ def test_the_four_stages_run_and_hand_over_their_checkpoints(tiny_model, cache_d
     assert not torch.equal(head_before["bias"], head_after["bias"])  # the critic learned (from the agentic one)
 
 
-def test_rft_fine_tunes_on_the_kept_trajectories_only(tiny_model, tmp_path):
-    def run(name, reward):
-        folder = tmp_path / "runs" / name
-        folder.mkdir(parents=True)
-        call = {"id": "c", "type": "function", "function": {"name": "finish", "arguments": "{}"}}
-        records = [{"type": "system", "message": {"role": "system", "content": "S"}},
-                   {"type": "user", "message": {"role": "user", "content": "Optimise it."}},
-                   {"type": "assistant", "turn": 1, "message": {"role": "assistant", "content": "Done already.",
-                                                                 "tool_calls": [call]}},
-                   {"type": "tool", "turn": 1, "message": {"role": "tool", "tool_call_id": "c", "content": "ok"}},
-                   {"type": "result", "summary": {"reference": "t.py", "final_verdict": {
-                       "reward": reward, "policy_violations": [], "speedup_vs_compile": 1.1}}}]
-        (folder / "trajectory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+def write_run(folder, reward):
+    """An episode's run folder with one model turn (a finish call) and its final reward."""
+    folder.mkdir(parents=True)
+    call = {"id": "c", "type": "function", "function": {"name": "finish", "arguments": "{}"}}
+    records = [{"type": "system", "message": {"role": "system", "content": "S"}},
+               {"type": "user", "message": {"role": "user", "content": "Optimise it."}},
+               {"type": "assistant", "turn": 1, "message": {"role": "assistant", "content": "Done already.",
+                                                             "tool_calls": [call]}},
+               {"type": "tool", "turn": 1, "message": {"role": "tool", "tool_call_id": "c", "content": "ok"}},
+               {"type": "result", "summary": {"reference": "t.py", "final_verdict": {
+                   "reward": reward, "policy_violations": [], "speedup_vs_compile": 1.1}}}]
+    (folder / "trajectory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
-    run("good", 3)
-    run("failed", -1)
+
+def test_rft_fine_tunes_on_the_kept_trajectories_only(tiny_model, tmp_path):
+    write_run(tmp_path / "runs" / "good", 3)
+    write_run(tmp_path / "runs" / "failed", -1)
     out = tmp_path / "rft"
     result = CliRunner().invoke(app, ["train", "--stage", "rft", "--model", str(tiny_model), "--runs",
                                       str(tmp_path / "runs"), "--out", str(out), "--steps", "4", "--batch", "1",
@@ -152,6 +155,35 @@ def test_rft_fine_tunes_on_the_kept_trajectories_only(tiny_model, tmp_path):
     assert rows[-1]["sft_loss"] < rows[0]["sft_loss"] and rows[0]["tokens"] > 5
     kept = [json.loads(line) for line in (out / "rft" / "rft.jsonl").read_text().splitlines()]
     assert len(kept) == 1 and kept[0]["reward"] == 3
+
+
+def test_a_stage_keeps_its_newest_checkpoints_and_resumes_with_or_without_optimizer_state(tiny_model, tmp_path):
+    write_run(tmp_path / "runs" / "good", 3)
+    out = tmp_path / "rft"
+
+    def train(steps, *options):
+        result = CliRunner().invoke(app, ["train", "--stage", "rft", "--model", str(tiny_model), "--runs",
+                                          str(tmp_path / "runs"), "--out", str(out), "--steps", str(steps), "--batch",
+                                          "1", "--device", "cpu", "--save-every", "1", *options])
+        assert result.exit_code == 0, result.output
+        return result.output.replace("\n", "")
+
+    output = train(3, "--keep-checkpoints", "2")
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint", "checkpoint-000002", "checkpoint-000003"]
+    assert (out / "checkpoint").resolve() == (out / "checkpoint-000003").resolve()
+    assert re.search(r"checkpoint step 3: \d+\.\d MB in \S+checkpoint-000003 \(optimizer state not kept\)", output)
+    assert "actor_optim" not in torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)  # the default
+
+    output = train(4, "--save-optimizer")  # no optimizer state to resume: fresh optimizers, said so
+    assert "no optimizer state" in output and "afresh" in output
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint", "checkpoint-000004"]  # default: 1 kept
+    assert "checkpoint step 4:" in output and "(optimizer state kept)" in output
+    assert "actor_optim" in torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)
+
+    output = train(5)  # resumes with the optimizer state it has
+    assert "no optimizer state" not in output and "checkpoint step 5:" in output
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
 
 
 def test_stage_options_are_checked(tiny_model, tmp_path):

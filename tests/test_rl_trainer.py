@@ -1,6 +1,7 @@
 """Constrained replies and the PPO trainer on a tiny model with SmolLM2's tokenizer (no judge: a fixed reward per
 option, so the assertions are about the mechanics): sampling and training agree on log-probs, probability moves to
-the rewarded option, a checkpoint resumes exactly, metrics are cut back to the checkpoint on resume."""
+the rewarded option, a checkpoint resumes exactly (or, saved without the optimizers' state, with fresh optimizers),
+a run folder keeps its newest checkpoints only, metrics are cut back to the checkpoint on resume."""
 
 import json
 import math
@@ -8,6 +9,7 @@ import math
 import pytest
 import torch
 
+from cuda_agent.rl import checkpoints
 from cuda_agent.rl.choice import ChoiceReply, Slot
 from cuda_agent.rl.demo import _batch, build_models, slots
 from cuda_agent.rl.models import Actor, Critic
@@ -77,19 +79,64 @@ def test_a_checkpoint_resumes_the_same_training(setup, tmp_path):
     config = TrainConfig(actor_lr=1e-3, critic_lr=1e-3)
     trainer = PPOTrainer(actor, critic, config, reply.logprob_fn(len(prompt)))
     step(trainer, reply, prompt, torch.Generator().manual_seed(1))
-    trainer.save(tmp_path / "ckpt", tokenizer)
+    trainer.save(tmp_path / "ckpt", tokenizer, optimizer=True)
     torch.manual_seed(7)
     continued, _ = step(trainer, reply, prompt, torch.Generator().manual_seed(2))
 
     resumed = PPOTrainer(Actor.load(tmp_path / "ckpt" / "actor"), Critic.load(tmp_path / "ckpt" / "critic"), config,
                          reply.logprob_fn(len(prompt)))
-    resumed.restore(tmp_path / "ckpt")
-    assert resumed.step == 1
+    logged = []
+    resumed.restore(tmp_path / "ckpt", logged.append)
+    assert resumed.step == 1 and logged == []
     torch.manual_seed(7)
     again, _ = step(resumed, reply, prompt, torch.Generator().manual_seed(2))
     for key in ("policy_loss", "value_loss", "approx_kl"):
         assert again[key] == pytest.approx(continued[key], rel=1e-4, abs=1e-6), key
     assert not (tmp_path / "ckpt.tmp").exists() and not (tmp_path / "ckpt.old").exists()
+
+
+def test_a_checkpoint_without_the_optimizer_state_resumes_with_fresh_optimizers(setup, tmp_path):
+    tokenizer, reply, prompt, actor, critic = setup
+    config = TrainConfig(actor_lr=1e-3, critic_lr=1e-3)
+    trainer = PPOTrainer(actor, critic, config, reply.logprob_fn(len(prompt)))
+    step(trainer, reply, prompt, torch.Generator().manual_seed(1))
+    trainer.save(tmp_path / "with", tokenizer, optimizer=True)
+    trainer.save(tmp_path / "without", tokenizer, optimizer=False)
+    state = torch.load(tmp_path / "without" / "trainer.pt", weights_only=False)
+    assert state["step"] == 1 and "actor_optim" not in state and "critic_optim" not in state
+    weights = (tmp_path / "with" / "actor" / "model.safetensors").stat().st_size
+    assert (tmp_path / "with" / "trainer.pt").stat().st_size > weights  # the two Adam moments of actor and critic
+    assert (tmp_path / "without" / "trainer.pt").stat().st_size < weights / 10
+
+    resumed = PPOTrainer(Actor.load(tmp_path / "without" / "actor"), Critic.load(tmp_path / "without" / "critic"),
+                         config, reply.logprob_fn(len(prompt)))
+    logged = []
+    resumed.restore(tmp_path / "without", logged.append)
+    assert resumed.step == 1 and resumed.actor_optim.state_dict()["state"] == {}
+    assert len(logged) == 1 and "no optimizer state" in logged[0] and "afresh" in logged[0]
+    stats, _ = step(resumed, reply, prompt, torch.Generator().manual_seed(2))
+    assert resumed.step == 2 and math.isfinite(stats["policy_loss"])
+
+
+def test_a_run_folder_keeps_its_newest_checkpoints_and_links_the_newest(setup, tmp_path):
+    tokenizer, reply, prompt, actor, critic = setup
+    trainer = PPOTrainer(actor, critic, TrainConfig(), reply.logprob_fn(len(prompt)))
+    old = tmp_path / "checkpoint"  # an earlier version's checkpoint folder, resumed from, then replaced by the link
+    trainer.save(old, tokenizer, optimizer=False)
+    assert checkpoints.latest(tmp_path) == old
+    (tmp_path / "checkpoint-000009.tmp").mkdir()  # a save a crash interrupted
+    logged = []
+    for trainer.step in (1, 2, 3, 4):
+        folder = checkpoints.save(trainer, tmp_path, tokenizer, {}, keep=2, optimizer=False, log=logged.append)
+        assert (tmp_path / "checkpoint").resolve() == folder.resolve()
+        assert (tmp_path / "checkpoint" / "actor" / "config.json").is_file()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["checkpoint", "checkpoint-000003", "checkpoint-000004"], names
+    assert (tmp_path / "checkpoint").is_symlink() and checkpoints.latest(tmp_path) == tmp_path / "checkpoint-000004"
+    assert len(logged) == 4 and logged[-1].startswith("checkpoint step 4: ") and " MB in " in logged[-1]
+    assert logged[-1].endswith("(optimizer state not kept)"), logged[-1]
+    size = sum(p.stat().st_size for p in (tmp_path / "checkpoint-000004").rglob("*") if p.is_file())
+    assert f"{size / 1e6:.1f} MB" in logged[-1]
 
 
 def test_metrics_are_cut_back_to_the_checkpoint_on_resume(tmp_path):
@@ -100,3 +147,27 @@ def test_metrics_are_cut_back_to_the_checkpoint_on_resume(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["explained_variance"] is None
     MetricsLog(tmp_path, resume_step=2, tensorboard=False)
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_each_training_step_says_how_far_it_is_and_how_long_is_left(tmp_path):
+    """A line per step with the count and the time left (training is the longest command there is)."""
+    from cuda_agent.rl.config import RunConfig
+    from cuda_agent.rl.train_loop import run_steps
+
+    class Trainer:
+        step = 0
+
+        def save(self, folder, tokenizer, extra, *, optimizer):
+            folder.mkdir(parents=True)
+            return folder
+
+    trainer, said = Trainer(), []
+
+    def step():
+        trainer.step += 1
+        return {"reward_mean": 1.0}
+
+    run_steps(trainer, step, tmp_path, RunConfig(steps=3, save_every=10), tokenizer=None, log=said.append)
+    lines = [line for line in said if line.startswith("step ")]
+    assert [line.split("[")[1].split(",")[0] for line in lines] == ["1/3", "2/3", "3/3"]
+    assert "min left]" in lines[0] and "min left" not in lines[-1]

@@ -504,3 +504,41 @@ def test_frames_asked_for_by_packages_on_the_import_path_are_not_the_candidates(
         assert len(audit.messages()) == 1 and "sys._getframe (1x)" in audit.messages()[0]
     finally:
         audit.armed = False
+
+
+def test_a_stored_suite_verdict_is_keyed_by_everything_that_changes_a_measurement(cache_dir, monkeypatch):
+    """eval-suite's resume key: the judge's settings and code, the toolchain and torch, the device and driver."""
+    import torch
+
+    from cuda_agent.judge import JudgeConfig, config
+    from cuda_agent.judge.pool import JudgePool
+    from cuda_agent.suite.evaluate import measurement_key
+
+    pool = JudgePool("cpu", JudgeConfig(cache_dir=cache_dir))
+    try:
+        key = measurement_key(pool)
+        assert torch.__version__ in key and pool.backend.machine() in key and pool.backend.describe_device() in key
+        monkeypatch.setattr(config, "judge_version", lambda: "0.1.0+changed")  # an edited judge, same version
+        assert measurement_key(pool) != key
+    finally:
+        pool.close()
+
+
+def test_piped_progress_is_a_line_per_step_with_the_time_left():
+    """Piped (nohup, CI, a cluster's log) a long command still shows each step as it ends, with the time left;
+    steps resumed from an earlier run count, but tell nothing of the time a step takes."""
+    import io
+
+    from rich.console import Console
+
+    from cuda_agent.cli.progress import Progress
+
+    sink = io.StringIO()
+    with Progress(Console(file=sink, force_terminal=False)) as progress:
+        bar = progress.add("judging", total=3)
+        progress.advance(bar, "a: resumed", resumed=True)
+        progress.advance(bar, "b: reward 3")
+        progress.advance(bar, "c: reward 1")
+    lines = sink.getvalue().splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["judging 1/3", "judging 2/3", "judging 3/3"]
+    assert "left" not in lines[0] and "left): b: reward 3" in lines[1] and lines[2].endswith("): c: reward 1")

@@ -34,7 +34,7 @@ def _tool_version(tool: str) -> str:
         out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BackendError(f"cannot run {tool}: {exc}") from exc
-    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else tool
+    return " ".join(out.stdout.split()) or tool  # all of it: g++ names its version first, nvcc last
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,6 +114,15 @@ class Backend:
     def identity(self) -> str:
         """Everything that changes object code: part of every build-cache key."""
         return "|".join([self.name, _tool_version(self.cxx), _torch_build_info()["version"], sys.version])
+
+    def machine(self) -> str:
+        """What a measurement depends on beyond the build (`identity`): the devices, their driver and runtime. Read
+        without touching the device (the judge's own process never initialises CUDA)."""
+        raise NotImplementedError
+
+    def device_name(self, index: int | None) -> str:
+        """The name `describe_device` gives device `index` (None: the default), read as `machine` is."""
+        raise NotImplementedError
 
     # ---- running (worker processes) ----------------------------------------------------------
     def describe_device(self) -> str:
@@ -196,6 +205,12 @@ class CpuBackend(Backend):
 
     def describe_device(self) -> str:
         return f"cpu:{_cpu_model()} x{os.cpu_count()}"
+
+    def machine(self) -> str:
+        return self.describe_device()
+
+    def device_name(self, index: int | None) -> str:
+        return self.describe_device()
 
     def peak_rates(self, device: str) -> dict[str, float] | None:
         # Generous bounds from the CPU's features (no real core beats them): every core at 6 GHz, two FMA units per
@@ -310,6 +325,17 @@ class CudaBackend(Backend):
         import torch
 
         return torch.cuda.get_device_name()
+
+    def machine(self) -> str:
+        import torch
+
+        return f"cuda {torch.version.cuda}|{_gpus()}"
+
+    def device_name(self, index: int | None) -> str:
+        visible = [int(i) for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip().isdigit()]
+        physical = visible[index or 0] if (index or 0) < len(visible) else index or 0
+        rows = _gpus().split(";")
+        return rows[physical].split(",")[0].strip() if physical < len(rows) else f"GPU {physical}"
 
     def peak_rates(self, device: str) -> dict[str, float] | None:
         # Datasheet peaks (boost clock, dense; fp64 on tensor cores): generous, so that a bound is a true bound.
@@ -462,6 +488,19 @@ def detect_cuda_arch() -> str:
     major, minor = cap.split(".")
     arch = f"{major}{minor}"
     return arch + "a" if arch == "90" else arch  # sm_90a unlocks wgmma/setmaxnreg on Hopper
+
+
+@functools.lru_cache(maxsize=None)
+def _gpus() -> str:
+    """Each GPU of the machine with its driver (nvidia-smi's name, driver_version and bus id, one per line)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,pci.bus_id", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendError(f"cannot run nvidia-smi: {exc}") from exc
+    if out.returncode != 0 or not out.stdout.strip():
+        raise BackendError("no CUDA GPU found (nvidia-smi reports none); use --backend cpu")
+    return ";".join(line.strip() for line in out.stdout.strip().splitlines())
 
 
 def torch_arch_list(arch: str) -> str:

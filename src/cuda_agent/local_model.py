@@ -118,7 +118,12 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
 
 def serve_command(folder: Path, port: int, host: str = "127.0.0.1", device: str = "cpu") -> list[str]:
-    """`transformers serve` pinned to the folder; requests must name the model as the folder's path."""
+    """`transformers serve` pinned to the folder; requests must name the model as the folder's path. Its
+    /v1/models lists the Hugging Face hub cache and answers 500 where that folder is missing (a fresh home): made
+    here."""
+    from huggingface_hub import constants
+
+    Path(constants.HF_HUB_CACHE).mkdir(parents=True, exist_ok=True)
     return [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder), "--host", host,
             "--port", str(port), "--device", device, "--dtype", "auto"]
 

@@ -74,6 +74,9 @@ def run_episode(env: Environment, client: ChatClient, reference: str | Path, run
     except LLMError as exc:
         state.stopped(Stop.MODEL_ERROR, str(exc))
         traj.write("event", event="model_error", error=str(exc))
+    except KeyboardInterrupt:
+        state.stopped(Stop.INTERRUPTED, f"at turn {state.turn}")
+        raise
     finally:
         summary = EpisodeSummary(**vars(env.result()), reference=str(reference),
                                  model=client.model,
@@ -102,8 +105,12 @@ def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: lis
         reply = client.complete(messages, tools)
         messages.append(reply.message())
         state.context_tokens = context_tokens(reply, messages)
+        state.reply_s = round(time.monotonic() - began, 3)
         traj.write("assistant", turn=state.turn, message=reply.message(), usage=reply.usage,
-                   finish_reason=reply.finish_reason, wall_s=round(time.monotonic() - began, 3))
+                   finish_reason=reply.finish_reason, wall_s=state.reply_s)
+        state.last_tool, state.reply_calls = None, len(reply.tool_calls)
+        state.reply_tokens = reply.usage.get("completion_tokens") or 0
+        progress(replace(state))
         if not reply.tool_calls:
             invalid += 1
             if invalid >= config.max_invalid:

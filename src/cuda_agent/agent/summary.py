@@ -19,13 +19,18 @@ class Stop(str, Enum):
     SINGLE_TURN = "single turn"  # single-turn mode: the reply's files judged once
     NO_FILES = "no files"  # single-turn mode: the reply held no `### FILE:` blocks
     EPISODE_FAILED = "episode failed"  # the episode raised (optimize-suite records it and goes on)
+    INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: a rerun of optimize-suite plays it again
 
 
 @dataclass
 class LoopState:
-    """The loop's state as it runs, handed to the progress callback after every tool call."""
+    """The loop's state as it runs, handed to the progress callback after each reply (`last_tool` None) and after
+    every tool call."""
     turn: int = 0
     last_tool: str | None = None
+    reply_tokens: int = 0  # the last reply's: tokens the model wrote, seconds it took, tool calls it made
+    reply_s: float = 0.0
+    reply_calls: int = 0
     best_reward: int | None = None
     best_speedup: float | None = None  # the best snapshot's speedup over torch.compile
     context_tokens: int = 0

@@ -8,6 +8,7 @@ keeps the best verified candidate.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -211,6 +212,11 @@ class Tools:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
             status = f"killed after {limit} s (timeout)"
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): the command is not left running in its own session
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         finally:
             if box:
                 box.close()

@@ -11,9 +11,10 @@ from ..agent.config import LoopConfig
 from ..backend import BackendError
 from ..task import DATASET_SUFFIXES, TaskError, dataset_row
 from . import common
-from .common import (app, err, fail, fmt, integers, make_judge, make_pool, make_progress, notify, out, print_report,
+from .common import (app, err, fail, fmt, integers, make_judge, make_pool, notify, out, print_report,
                      writable)
 from .options import AGENT_SANDBOX, BACKEND_HELP, MAX_TOKENS, SUITE_HELP, TEMPERATURE, TOOL_FORMAT, TOP_P, Backends
+from .progress import Progress
 
 @app.command("optimize")
 def optimize_cmd(
@@ -43,6 +44,8 @@ def optimize_cmd(
     if out_dir is not None and out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         fail(f"--out {out_dir} holds an earlier run: choose a new folder, or pass --overwrite to replace it")
     writable(cache_dir, "--cache-dir")
+    if row is not None and reference.suffix not in DATASET_SUFFIXES:
+        fail(f"--row picks a row of a dataset ({', '.join(DATASET_SUFFIXES)}); {reference} is a single task")
     import time as _time
 
     from ..agent import Environment, LLMError, LoopState, OpenAIClient, run_episode
@@ -68,9 +71,15 @@ def optimize_cmd(
     env = Environment(judge, run_dir, use_sandbox=judge.sandboxed)
 
     def show(state: LoopState) -> None:
+        """A line per reply (what the model wrote and how long it took, tool calls or not) and per tool call."""
+        if state.last_tool is None:
+            calls = f"{state.reply_calls} tool call(s)" if state.reply_calls else "no tool call"
+            err.print(f"turn {state.turn:>3}  model      {state.reply_tokens or '?'} tokens in {state.reply_s:.1f} s, "
+                      f"{calls}  context {state.context_tokens}", highlight=False, soft_wrap=True)
+            return
         best = "-" if state.best_reward is None else \
             f"{state.best_reward} ({fmt(state.best_speedup, '.2f', 'x')} vs compile)"
-        err.print(f"turn {state.turn:>3}  {state.last_tool or '-':<10} best reward {best}  "
+        err.print(f"turn {state.turn:>3}  {state.last_tool:<10} best reward {best}  "
                   f"context {state.context_tokens}", highlight=False, soft_wrap=True)
 
     with judge:
@@ -135,18 +144,18 @@ def optimize_suite_cmd(
         fail(str(exc))
     except LLMError as exc:
         fail(f"endpoint {base_url or 'api.openai.com'} unusable: {exc}")
-    progress = make_progress()
-    with progress, pool:
-        episodes = progress.add_task("episodes", total=len(tasks), last="")
-        judged = progress.add_task("judging the best", total=len(tasks), last="")
+    with Progress(err) as progress, pool:
+        episodes = progress.add("episodes", total=len(tasks))
+        judged = progress.add("judging the best", total=len(tasks))
 
         def on_episode(task, summary, resumed):
             best = (summary.final_verdict or {}).get("reward")
             tag = "resumed" if resumed else f"{summary.turns} turns, best reward {best}"
-            progress.update(episodes, advance=1, last=f"{task.name}: {tag}")
+            progress.advance(episodes, f"{task.name}: {tag}", resumed=resumed)
 
         def on_result(task, verdict, resumed):
-            progress.update(judged, advance=1, last=f"{task.name}: reward {verdict.reward}")
+            progress.advance(judged, f"{task.name}: {'resumed' if resumed else f'reward {verdict.reward}'}",
+                             resumed=resumed)
 
         rep = optimize_suite(pool, tasks, out_dir, make_client, LoopConfig(max_turns=max_turns,
                              max_context=max_context), concurrency, on_episode, on_result, notify)

@@ -4,6 +4,7 @@ and the judge or pool a command's options make (`config`: JudgeConfig's fields, 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -11,15 +12,16 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..backend import BackendError
 from ..judge.config import JudgeConfig
+from ..judge.verdict import Verdict
 from .options import EXIT_USAGE
+from .program import App
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
-                  help="Verified CUDA kernels faster than torch.compile: judge, agent, data, training.")
+app = App(add_completion=False, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
+          help="Verified CUDA kernels faster than torch.compile: judge, agent, data, training.")
 err = Console(stderr=True)
 out = Console()
 
@@ -49,10 +51,21 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+class _LogLines(logging.Handler):
+    """The package's log (e.g. the one-time precompiled-header build, announced with its size) as stderr lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err.print(record.getMessage(), highlight=False, soft_wrap=True, markup=False)
+
+
 @app.callback()
 def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                        help="print the version and exit")) -> None:
     """Verified CUDA kernels faster than torch.compile: judge, agent, data, training."""
+    log = logging.getLogger("cuda_agent")
+    if not any(isinstance(h, _LogLines) for h in log.handlers):
+        log.addHandler(_LogLines())
+        log.setLevel(logging.INFO)
 
 
 def config(cache_dir: Optional[Path], trials: int = JudgeConfig.num_trials, seed: Optional[int] = None,
@@ -130,6 +143,8 @@ def make_pool(backend: str, config, gpus: Optional[str], workers: Optional[int])
 
     if workers is not None and workers < 1:
         raise ValueError("--workers must be at least 1")
+    if gpus is not None and backend == "cpu":
+        raise ValueError("--gpus picks GPUs for the cuda backend; the cpu backend has one device")
     pool = JudgePool(backend, config, devices=integers(gpus, "--gpus"), workers=workers)
     warn_unsandboxed(pool)
     return pool
@@ -149,23 +164,20 @@ def print_report(rep: dict, title: str, as_json: bool) -> None:
                       fmt(s["geomean_speedup_vs_compile"], ".2f", "x"))
     out.print(table)
     out.print(f"[dim]{rep['note']}[/]")
-    failing = [t for t in rep["tasks"] if not t["verdict"]["correct"]]
-    if failing:
-        shown = 10
-        out.print(f"not correct: {len(failing)} of {len(rep['tasks'])} tasks", highlight=False, soft_wrap=True)
-        width = max(len(t["task"]) for t in failing[:shown])
-        for t in failing[:shown]:  # whole names and reasons, never wrapped or padded (piped or not)
-            reason = (t["verdict"]["error"] or "not correct").splitlines()[0][:200]
-            out.print(f"  {t['task']:<{width}}  {reason}", highlight=False, soft_wrap=True, markup=False)
-        if len(failing) > shown:
-            out.print(f"... and {len(failing) - shown} more (--json, or `cuda-agent report` on the database, for all)",
+    below = sorted((t for t in rep["tasks"] if t["verdict"]["reward"] < 3), key=lambda t: t["verdict"]["reward"])
+    if below:
+        shown, failing = 10, sum(1 for t in below if not t["verdict"]["correct"])
+        out.print(f"below reward 3: {len(below)} of {len(rep['tasks'])} tasks ({failing} not correct)",
+                  highlight=False, soft_wrap=True)
+        width = max(len(t["task"]) for t in below[:shown])
+        for t in below[:shown]:  # whole names and reasons, never wrapped or padded (piped or not)
+            v = Verdict.from_dict(t["verdict"])
+            out.print(f"  {t['task']:<{width}}  reward {v.reward:>2}  {v.reason[:200]}", highlight=False,
+                      soft_wrap=True, markup=False)
+        if len(below) > shown:
+            out.print(f"... and {len(below) - shown} more (--json, or `cuda-agent report` on the database, for all)",
                       highlight=False, soft_wrap=True)
 
 
 def notify(message: str) -> None:
     err.print(f"[yellow]{message}[/]", highlight=False, soft_wrap=True)
-
-
-def make_progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[last]}"), console=err)

@@ -8,7 +8,8 @@ from typing import Literal, Optional
 import typer
 
 from ..backend import BackendError
-from .common import app, err, fail, make_progress, out, writable
+from .common import app, err, fail, out, writable
+from .progress import Progress
 from .options import TEMPERATURE, Backends
 
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The fused-operator training set.")
@@ -103,14 +104,14 @@ def data_build_cmd(
         builder = Builder(cfg)
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
-    progress = make_progress()
-    with progress:
-        bar = progress.add_task("kept", total=target, completed=builder.kept_count(), last="")
+    with Progress(err, every_s=10) as progress:
+        bar, counted = progress.add("kept", total=target, completed=builder.kept_count()), [builder.kept_count()]
 
         def on_attempt(kept: int, tried: int, rec: dict | None) -> None:
             why = "kept" if rec and rec["kept"] else next((c["name"] for c in (rec or {}).get("checks", [])
                                                           if not c["passed"]), "")
-            progress.update(bar, completed=kept, last=f"{tried} tried; last {why}")
+            progress.advance(bar, f"{tried} tried; last {why}", steps=kept - counted[0])
+            counted[0] = kept
 
         stats = builder.run(on_attempt)
     out.print((out_dir / "stats.md").read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import shutil
 import sys
 import tempfile
@@ -15,10 +16,11 @@ from ..judge.config import JudgeConfig
 from ..task import DATASET_SUFFIXES, TaskError, dataset_row
 from ..workspace.candidate import CandidateError
 from . import common
-from .common import (app, err, fail, fmt, integers, make_judge, make_pool, make_progress, notify, out, print_report,
+from .common import (app, err, fail, fmt, integers, make_judge, make_pool, notify, out, print_report,
                      writable)
 from .options import (BACKEND_HELP, EXIT_REJECTED, FAIL_ON_REJECT, SUITE_HELP, AllowTf32, Atol, Backends, CacheDir,
                       CompileMode, MaxErrorRatio, Policy, Rtol, SandboxMode, Timeout, Trials)
+from .progress import Progress
 
 def _print_verdict(v) -> None:
     """The verdict as aligned lines (never wrapped or padded, piped or not)."""
@@ -90,6 +92,8 @@ def eval_cmd(
 ) -> None:
     """Judge one candidate against a reference: build, verify, audit, time, reward."""
     writable(cache_dir, "--cache-dir")
+    if row is not None and reference.suffix not in DATASET_SUFFIXES:
+        fail(f"--row picks a row of a dataset ({', '.join(DATASET_SUFFIXES)}); {reference} is a single task", as_json)
     rows = Path(tempfile.mkdtemp(prefix="cuda-agent-row-")) if reference.suffix in DATASET_SUFFIXES else None
     try:
         if rows is not None:
@@ -137,17 +141,24 @@ def eval_suite_cmd(
     gpus: Optional[str] = typer.Option(None, help="GPU indices to judge on, e.g. 0,1 (default: the default GPU)"),
     fail_on_reject: bool = typer.Option(False, "--fail-on-reject", help="exit 1 when any task's solution is "
                                         "missing or not correct"),
+    rejudge: list[str] = typer.Option([], "--rejudge", metavar="PATTERN", help="judge the tasks whose names match "
+                                      "again instead of reusing their stored verdicts, e.g. 'level1/19_*' or '*' "
+                                      "(repeatable)"),
 ) -> None:
     """Judge a folder of solutions against a suite; print per-level and overall rates and speedups."""
     writable(cache_dir, "--cache-dir")
     writable(db, "--db", file=True)
     from ..judge.store import Store
+    from ..suite import runs
     from ..suite.evaluate import discover, evaluate_suite, report
 
     if not solutions.is_dir():
         fail(f"solutions {solutions}: no such folder", as_json)
     try:
         tasks = discover(suite_dir, integers(levels, "--levels"))
+        unmatched = [p for p in rejudge if not any(fnmatch.fnmatchcase(t.name, p) for t in tasks)]
+        if unmatched:
+            raise ValueError(f"--rejudge {unmatched[0]}: matches no task (names look like {tasks[0].name})")
         config = common.config(cache_dir, trials, atol=atol, rtol=rtol, allow_tf32=allow_tf32,
                                compile_mode=compile_mode, run_timeout_s=timeout, max_error_ratio=max_error_ratio,
                                sandbox=sandbox_mode, policy=policy)
@@ -155,18 +166,17 @@ def eval_suite_cmd(
     except (FileNotFoundError, BackendError, ValueError) as exc:
         fail(str(exc), as_json)
     store = Store(db or pool.cache_dir / "suite.sqlite")
-    progress = make_progress()
-    with progress, pool:
-        bar = progress.add_task("judging", total=len(tasks), last="")
+    run = runs.RunInfo.begin(pool, suite_dir, solutions)
+    with Progress(err) as progress, pool:
+        bar = progress.add("judging", total=len(tasks))
 
         def on_result(task, verdict, resumed):
             tag = "resumed" if resumed else f"reward {verdict.reward}"
-            progress.update(bar, advance=1, last=f"{task.name}: {tag}")
+            progress.advance(bar, f"{task.name}: {tag}", resumed=resumed)
 
-        records = evaluate_suite(pool, tasks, solutions, store, on_result, notify)
-    rep = report(records)
-    # kept for `cuda-agent report DB` (the latest run of each suite, solutions and settings)
-    store.put("reports", f"{suite_dir.resolve()}|{solutions.resolve()}|{backend}|{config.verdict_key()}", rep)
-    print_report(rep, f"{suite_dir} vs {solutions} ({backend})", as_json)
+        records = evaluate_suite(pool, tasks, solutions, store, on_result, notify, rejudge)
+    rep = runs.finish(report(records), run)
+    run_id = runs.save(store, rep)  # for `cuda-agent report DB [--run ID]`
+    print_report(rep, f"run {run_id}: {suite_dir} vs {solutions} ({backend})", as_json)
     if fail_on_reject and rep["overall"]["pass_rate"] < 1:
         raise typer.Exit(EXIT_REJECTED)

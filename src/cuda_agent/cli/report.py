@@ -1,27 +1,39 @@
-"""`report`: results as one self-contained page."""
+"""`report`: results as one self-contained page; `report DB --list`: the runs a suite database holds."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from .common import app, fail, out, writable
+from .common import app, fail, fmt, out, writable
+
 
 @app.command("report")
 def report_cmd(
     source: Path = typer.Argument(..., metavar="INPUT", help="eval-suite's database (.sqlite), a suite report JSON, "
                                   "an optimize-suite or agent run folder, or a trainer's folder or metrics.jsonl"),
-    out_file: Path = typer.Option(..., "--out", help="the HTML file to write (CSV and JSON beside it)"),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="the HTML file to write (CSV and JSON beside it)"),
     compare: Optional[Path] = typer.Option(None, "--compare", help="a second suite input: INPUT as A, this as B, "
                                            "side by side with the changes"),
+    run: Optional[str] = typer.Option(None, "--run", metavar="ID", help="the run of INPUT's database to show "
+                                      "(default: its latest; --list lists them)"),
+    compare_run: Optional[str] = typer.Option(None, "--compare-run", metavar="ID", help="B's run: of --compare's "
+                                              "database, or without --compare of INPUT's"),
+    list_runs: bool = typer.Option(False, "--list", help="list the runs of INPUT's database (no page written)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier report's files (never an input)"),
 ) -> None:
     """Turn suite results, an agent run or training metrics into one self-contained HTML page."""
-    writable(out_file, "--out", file=True)
     from ..report import ReportInputError, write_report
 
+    if list_runs:
+        _list(source)
+        return
+    if out_file is None:
+        fail("--out FILE.html is required (or --list, to list a database's runs)")
+    writable(out_file, "--out", file=True)
     if out_file.suffix.lower() not in (".html", ".htm"):
         fail(f"--out {out_file}: give an .html file (the CSV and JSON are written beside it)")
     for path in (out_file, out_file.with_suffix(".csv"), out_file.with_suffix(".json")):
@@ -32,8 +44,30 @@ def report_cmd(
         if not overwrite:
             fail(f"--out {out_file}: {path} exists: write elsewhere, or pass --overwrite to replace it")
     try:
-        written = write_report(source, out_file, compare)
+        written = write_report(source, out_file, compare, run, compare_run)
     except (ReportInputError, OSError) as exc:
         fail(str(exc))
     for path in written:
         out.print(str(path), highlight=False, soft_wrap=True)
+
+
+def _list(source: Path) -> None:
+    """One line per run of a suite database: its number, when it ended, what it judged and how it went."""
+    from ..report.inputs import ReportInputError, database_runs, is_database
+
+    if not is_database(source):
+        fail(f"{source}: --list lists the runs of eval-suite's database; this is no database")
+    try:
+        stored = database_runs(source)
+    except ReportInputError as exc:
+        fail(str(exc))
+    if not stored:
+        fail(f"{source}: holds no suite run yet (eval-suite stores one when a run ends)")
+    out.print("run  ended             backend  tasks  pass    vs compile  suite -> solutions", highlight=False,
+              soft_wrap=True)
+    for report in stored:
+        r, s = report["run"], report["overall"]
+        ended = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["finished"]))
+        out.print(f"{r['id']:>3}  {ended}  {r['backend']:<7}  {s['n']:>5}  {s['pass_rate']:>6.1%}  "
+                  f"{fmt(s['geomean_speedup_vs_compile'], '.2f', 'x'):>10}  {r['suite']} -> {r['solutions']}",
+                  highlight=False, soft_wrap=True, markup=False)

@@ -17,6 +17,11 @@ from .options import BACKEND_HELP, Backends, Stages
 ActorLr = Annotated[float, typer.Option(min=0.0, help="actor learning rate (the paper's)")]
 CriticLr = Annotated[float, typer.Option(min=0.0, help="critic learning rate (the paper's)")]
 SaveEvery = Annotated[int, typer.Option(min=1, help="checkpoint every N steps (and at the end)")]
+KeepCheckpoints = Annotated[int, typer.Option(min=1, help="checkpoints kept: the newest N (OUT/checkpoint-STEP; "
+                                              "OUT/checkpoint is the newest)")]
+SaveOptimizer = Annotated[bool, typer.Option("--save-optimizer/--no-save-optimizer", help="keep the optimizers' "
+                                             "state in checkpoints (twice the weights' size; without it a resume "
+                                             "starts the optimizers afresh)")]
 
 train_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Reinforcement learning on the environment (docs/training.md).")
@@ -24,7 +29,7 @@ train_app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @train_app.command("demo")
 def train_demo_cmd(
-    out_dir: Path = typer.Option(..., "--out", help="run folder: metrics.jsonl, episodes.jsonl, checkpoint/ "
+    out_dir: Path = typer.Option(..., "--out", help="run folder: metrics.jsonl, episodes.jsonl, checkpoints "
                                  "(a run folder with a checkpoint resumes)"),
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
     steps: int = typer.Option(DemoConfig.steps, min=1, help="PPO steps (in total, counting a resumed run's)"),
@@ -37,6 +42,8 @@ def train_demo_cmd(
     critic_lr: CriticLr = TrainConfig.critic_lr,
     seed: int = typer.Option(DemoConfig.seed, help="sampling and initialisation seed"),
     save_every: SaveEvery = DemoConfig.save_every,
+    keep_checkpoints: KeepCheckpoints = DemoConfig.keep_checkpoints,
+    save_optimizer: SaveOptimizer = DemoConfig.save_optimizer,
     time_limit: Optional[float] = typer.Option(None, min=1.0, help="seconds: stop after the step that passes it "
                                                "(checkpointed; the same command continues)"),
     gpus: Optional[str] = typer.Option(None, help="judge GPUs, e.g. 0,1 (default: the current device)"),
@@ -69,6 +76,7 @@ def train_demo_cmd(
         if not (Path(model) / "config.json").is_file():
             fail(f"{model} is not an HF model folder (no config.json)")
         config = DemoConfig(backend=backend, steps=steps, batch=batch, seed=seed, save_every=save_every,
+                            keep_checkpoints=keep_checkpoints, save_optimizer=save_optimizer,
                             time_limit_s=time_limit, train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr))
         history = run_demo(config, Path(model), out_dir, random_init=random_init,
                            judge_config=common.config(cache_dir), devices=integers(gpus, "--gpus"),
@@ -84,11 +92,16 @@ def train_demo_cmd(
 
 
 def _stage_tasks(data: Path, folder: Path) -> list[Path]:
-    """Task files from a reference .py, a folder of them (KernelBench layout included) or a dataset export."""
+    """Task files from a reference .py, a folder of them (of a KernelBench-layout suite: its levelN folders only,
+    not e.g. examples/solutions) or a dataset export."""
+    from ..suite.evaluate import discover
     from ..task import dataset_rows
 
     if data.is_dir():
-        tasks = sorted(p for p in data.rglob("*.py") if not p.name.startswith("_"))
+        try:
+            tasks = [t.path for t in discover(data)]
+        except FileNotFoundError:  # no levelN folders (or no tasks in them): every .py below
+            tasks = sorted(p for p in data.rglob("*.py") if not p.name.startswith("_"))
     elif data.suffix in DATASET_SUFFIXES:
         tasks = dataset_rows(data, folder)
     elif data.suffix == ".py" and data.is_file():
@@ -130,6 +143,8 @@ def train_cmd(
     critic_lr: CriticLr = TrainConfig.critic_lr,
     seed: int = typer.Option(StageConfig.seed, help="task order and sampling seed"),
     save_every: SaveEvery = StageConfig.save_every,
+    keep_checkpoints: KeepCheckpoints = StageConfig.keep_checkpoints,
+    save_optimizer: SaveOptimizer = StageConfig.save_optimizer,
     time_limit: Optional[float] = typer.Option(None, min=1.0, help="seconds: stop after the step that passes it"),
     device: Optional[str] = typer.Option(None, help="where the model trains (default: cuda with --backend cuda, "
                                          "for rft too)"),
@@ -160,7 +175,8 @@ def train_cmd(
         tasks = _stage_tasks(data, out_dir / "tasks") if data is not None else []
         config = StageConfig(stage=stage, steps=steps, batch=batch, max_turns=max_turns,
                              max_new_tokens=max_new_tokens, max_context=max_context, seed=seed,
-                             save_every=save_every, time_limit_s=time_limit,
+                             save_every=save_every, keep_checkpoints=keep_checkpoints,
+                             save_optimizer=save_optimizer, time_limit_s=time_limit,
                              train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr))
         run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else []
         log = lambda m: err.print(m, highlight=False, soft_wrap=True)  # noqa: E731

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -34,6 +35,21 @@ DEFAULT_FORBIDDEN_INCLUDES = (
     "npp", "nvshmem", "magma", "mkl", "oneapi/", "dnnl", "Eigen/", "ATen/native/", "ATen/ops/", "torch/nn",
     "torch/csrc/api/include/torch/nn", "torch/torch.h", "torch/all.h", "c10/cuda/CUDACachingAllocator",
 )
+
+
+@functools.lru_cache(maxsize=None)
+def judge_version() -> str:
+    """The package version and a hash of the code that reaches a verdict (the judge, the workspace builder, the
+    sandbox, the backends, task loading): a changed judge, released or not, never reuses an old verdict."""
+    from .. import __version__
+
+    root = Path(__file__).resolve().parent.parent
+    files = sorted([*root.glob("judge/**/*.py"), *root.glob("workspace/**/*.py"), *root.glob("sandbox/**/*.py"),
+                    root / "backend.py", root / "gpu_timing.py", root / "task.py", root / "pyparse.py"])
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return f"{__version__}+{digest.hexdigest()[:12]}"
 
 
 @dataclass
@@ -109,14 +125,12 @@ class JudgeConfig:
                "fresh-inputs-v4"
 
     def verdict_key(self) -> str:
-        """Every setting that can change a verdict (all but where files go and how many workers stay warm), for
-        results stored across runs."""
-        from .. import __version__
-
+        """Every setting that can change a verdict (all but where files go and how many workers stay warm) and the
+        judge's own code (`judge_version`), for results stored across runs."""
         settings = {k: v for k, v in self.to_dict().items()
                     if k not in ("cache_dir", "keep_run_dirs", "warm_references", "warm_memory_gb",
                                  "spare_candidates")}
-        text = json.dumps({"settings": settings, "version": __version__}, sort_keys=True, default=str)
+        text = json.dumps({"settings": settings, "judge": judge_version()}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     def to_dict(self) -> dict:

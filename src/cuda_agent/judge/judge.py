@@ -118,6 +118,7 @@ class Judge:
             candidate={"kind": cand.kind, "path": str(cand.origin), "hash": cand.hash})
         verdict.error = cand.missing_model_new()
         if verdict.error:  # said before building, so the verdict does not read as a failed build
+            verdict.device = self.backend.device_name(self.device)
             verdict.seconds = round(time.perf_counter() - start, 3)
             return verdict
         slot = self.spares.take()  # its candidate worker has started already (or starts now)

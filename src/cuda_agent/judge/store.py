@@ -41,8 +41,19 @@ class Store:
         self._sql("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
                   (namespace, key, json.dumps(value), time.time()))
 
-    def latest(self, namespace: str) -> tuple[str, Any] | None:
-        """The key and value last written in `namespace` (None if it holds none)."""
-        rows = self._sql("SELECT key, value FROM entries WHERE namespace=? ORDER BY updated DESC LIMIT 1",
-                         (namespace,))
-        return (rows[0][0], json.loads(rows[0][1])) if rows else None
+    def append(self, namespace: str, value: Any) -> str:
+        """Store `value` under the next number in `namespace` ("1", "2", ...: one statement, so two writers never
+        take the same one); returns its key."""
+        db = sqlite3.connect(self.path, timeout=60)
+        try:
+            with db:
+                db.execute("INSERT INTO entries SELECT ?, CAST(count(*) + 1 AS TEXT), ?, ? FROM entries "
+                           "WHERE namespace=?", (namespace, json.dumps(value), time.time(), namespace))
+                return db.execute("SELECT key FROM entries WHERE rowid=last_insert_rowid()").fetchone()[0]
+        finally:
+            db.close()
+
+    def entries(self, namespace: str) -> list[tuple[str, Any, float]]:
+        """Every (key, value, time written) in `namespace`, oldest first."""
+        return [(key, json.loads(value), updated) for key, value, updated in
+                self._sql("SELECT key, value, updated FROM entries WHERE namespace=? ORDER BY updated", (namespace,))]

@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+NOISY_TIMING = "timing too noisy"  # how the warning of a correct candidate whose timing could not be trusted begins
+
 
 @dataclass
 class Verdict:
@@ -39,8 +41,25 @@ class Verdict:
     phases_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
+    @property
+    def reason(self) -> str:
+        """Why the reward is below the top one, in one line ("" at reward 3): the failure, a timing too noisy to
+        credit, or the speed that fell short."""
+        if self.error:
+            return self.error.splitlines()[0]
+        if not self.correct:
+            return "not correct"
+        noisy = next((w for w in self.warnings if w.startswith(NOISY_TIMING)), None)
+        if noisy or self.reward >= 3:
+            return noisy or ""
+        if self.speedup_vs_eager is None:
+            return "correct, not timed"
+        if self.reward == 2:
+            return f"beats eager ({self.speedup_vs_eager:.2f}x) but not torch.compile ({self.speedup_vs_compile:.2f}x)"
+        return f"correct, but does not beat eager ({self.speedup_vs_eager:.2f}x)"
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "reason": self.reason}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)

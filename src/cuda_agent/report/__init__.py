@@ -14,14 +14,19 @@ from .views import agent_view, compare_view, suite_view, training_view
 __all__ = ["ReportInputError", "write_report"]
 
 
-def write_report(source: Path, out: Path, compare: Path | None = None) -> list[Path]:
+def write_report(source: Path, out: Path, compare: Path | None = None, run: str | None = None,
+                 compare_run: str | None = None) -> list[Path]:
     """Write OUT (HTML), OUT with .csv (the main table) and .json (everything read); returns the three paths.
-    With `compare`, two suite inputs side by side (`source` is A, `compare` is B)."""
-    data = load(source)
-    if compare is not None:
-        other = load(compare)
+    With `compare` or `compare_run`, two suite inputs side by side (`source` is A; B is `compare`, or `source`
+    again with its run `compare_run`); `run` and `compare_run` pick runs of suite databases (default: the latest)."""
+    data = load(source, run)
+    if compare is not None or compare_run is not None:
+        other = load(compare or source, compare_run)
         if data["kind"] != "suite" or other["kind"] != "suite":
             raise ReportInputError(f"--compare takes two suite inputs; got a {data['kind']} and a {other['kind']}")
+        if Path(data["source"]).resolve() == Path(other["source"]).resolve() and data.get("run") == other.get("run"):
+            raise ReportInputError(f"A and B are the same run of {source}: pick B with --compare-run ID (or A with "
+                                   "--run ID; --list lists the runs)")
         title, meta, sections, rows = compare_view(data, other)
         data = {"a": data, "b": other}
     else:

@@ -1,6 +1,6 @@
 """What a report is made from: each thing the project writes, recognised and read into one plain dict.
 
-    suite     eval-suite's database (SQLite; its latest report), a report JSON (`eval-suite --json`,
+    suite     eval-suite's database (SQLite; its latest run, or the one picked), a report JSON (`eval-suite --json`,
               optimize-suite's OUT/report.json) or an optimize-suite folder (OUT/report.json + OUT/runs)
     agent     an agent run folder (trajectory.jsonl, summary.json) or its trajectory.jsonl
     training  a trainer's folder or its metrics.jsonl (one JSON object per step)
@@ -14,25 +14,29 @@ from pathlib import Path
 from typing import Any
 
 from ..judge.store import Store
+from ..suite import runs
 
 
 class ReportInputError(ValueError):
     """The input is missing, unreadable, or not something the project writes."""
 
 
-def load(path: Path) -> dict[str, Any]:
-    """The input as {"kind": "suite"|"agent"|"training", "source": str, ...}."""
+def load(path: Path, run: str | None = None) -> dict[str, Any]:
+    """The input as {"kind": "suite"|"agent"|"training", "source": str, ...}; `run` picks a run of a suite
+    database (default: its latest)."""
     path = Path(path)
     if not path.exists():
         raise ReportInputError(f"{path}: no such file or folder")
+    if run is not None and not is_database(path):
+        raise ReportInputError(f"{path}: a run is picked in eval-suite's database only (this is no database)")
     if path.is_dir():
         for name, reader in (("report.json", _suite_json), ("trajectory.jsonl", _agent), ("metrics.jsonl", _training)):
             if (path / name).is_file():
                 return reader(path / name)
         raise ReportInputError(f"{path}: no report.json (optimize-suite), trajectory.jsonl (agent run) or "
                                "metrics.jsonl (training) in this folder")
-    if path.suffix in (".sqlite", ".db") or _is_sqlite(path):
-        return _suite_db(path)
+    if is_database(path):
+        return _suite_db(path, run)
     if path.name == "trajectory.jsonl":
         return _agent(path)
     if path.suffix == ".jsonl":
@@ -42,9 +46,11 @@ def load(path: Path) -> dict[str, Any]:
     raise ReportInputError(f"{path}: not a suite database, report JSON, trajectory.jsonl or metrics.jsonl")
 
 
-def _is_sqlite(path: Path) -> bool:
+def is_database(path: Path) -> bool:
+    if not path.is_file():
+        return False
     with path.open("rb") as f:
-        return f.read(16) == b"SQLite format 3\x00"
+        return path.suffix in (".sqlite", ".db") or f.read(16) == b"SQLite format 3\x00"
 
 
 def _json(path: Path) -> Any:
@@ -81,16 +87,22 @@ def _suite_json(path: Path) -> dict[str, Any]:
     return suite
 
 
-def _suite_db(path: Path) -> dict[str, Any]:
+def database_runs(path: Path) -> list[dict[str, Any]]:
+    """Every run of a suite database, oldest first."""
     try:
-        latest = Store(path, read_only=True).latest("reports")
+        return runs.stored(Store(path, read_only=True))
     except sqlite3.DatabaseError as exc:
         raise ReportInputError(f"{path}: not an eval-suite database ({exc})") from None
-    if latest is None:
-        raise ReportInputError(f"{path}: holds no suite report yet (eval-suite stores one when a run ends)")
-    suite = _suite(latest[1], path)
-    suite.setdefault("run", latest[0])
-    return suite
+
+
+def _suite_db(path: Path, run: str | None) -> dict[str, Any]:
+    try:
+        report = runs.pick(Store(path, read_only=True), run)
+    except sqlite3.DatabaseError as exc:
+        raise ReportInputError(f"{path}: not an eval-suite database ({exc})") from None
+    except LookupError as exc:
+        raise ReportInputError(f"{path}: {exc}") from None
+    return _suite(report, path)
 
 
 def _agent(path: Path) -> dict[str, Any]:

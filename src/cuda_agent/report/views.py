@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..agent.summary import EpisodeSummary
+from ..judge.verdict import Verdict
 from .page import Cell, esc, figure, number, pct, table, text
 
 View = tuple[str, str, list[tuple[str, str]], list[dict[str, Any]]]
@@ -20,8 +22,12 @@ SUMMARY_KEYS = [("n", "n", None), ("pass_rate", "pass", "rate"), ("faster_than_e
                 ("faster_than_compile", "faster than torch.compile", "rate"),
                 ("geomean_speedup_vs_eager", "geomean vs eager", "x"),
                 ("geomean_speedup_vs_compile", "geomean vs torch.compile", "x"), ("mean_reward", "mean reward", None)]
-TRAINING_KEYS = ["reward_mean", "pass_rate", "policy_loss", "value_loss", "approx_kl", "entropy", "clip_fraction",
-                 "loss"]
+TRAINING_KEYS = {  # the metrics plotted first, with the title and the y axis a reader sees
+    "reward_mean": ("mean reward of the batch", "milestone reward (-1..3)"),
+    "pass_rate": ("pass rate (correct kernels)", "fraction of episodes"),
+    "policy_loss": ("policy loss (PPO, clipped)", "loss"), "value_loss": ("value loss (critic)", "squared error"),
+    "approx_kl": ("KL to the policy that sampled", "nats per token"), "entropy": ("policy entropy", "nats per token"),
+    "clip_fraction": ("tokens with a clipped ratio", "fraction of tokens"), "loss": ("loss", "loss")}
 CLIP = 1200  # characters of a message or observation shown before "more"
 
 
@@ -43,7 +49,7 @@ def _task_row(record: dict) -> dict[str, Any]:
             "eager_us": times.get("eager"), "compile_us": times.get("compile"), "candidate_us": times.get("candidate"),
             "speedup_vs_eager": v.get("speedup_vs_eager"), "speedup_vs_compile": v.get("speedup_vs_compile"),
             "max_abs_error": v.get("max_abs_error") if v.get("correct") or v.get("max_abs_error") else None,
-            "reason": v.get("error") or "", "turns": episode.get("turns"), "stop": episode.get("stop")}
+            "reason": Verdict.from_dict(v).reason, "turns": episode.get("turns"), "stop": episode.get("stop")}
 
 
 def _speedup_plot(suites: list[tuple[str, dict]]) -> str:
@@ -84,12 +90,27 @@ def suite_view(suite: dict) -> View:
                 ("Speedup distribution per level (correct tasks)", _speedup_plot([("run", suite)])),
                 (f"Tasks ({len(rows)}, {failing} not correct; click a header to sort)",
                  table(headers, cells, sortable=True, text_columns=(0, 1, len(headers) - 1)))]
-    return "Suite report", f"from <code>{esc(suite['source'])}</code>", sections, rows
+    return "Suite report", f"from <code>{esc(suite['source'])}</code>{_run_line(suite)}", sections, rows
+
+
+def _run_line(suite: dict) -> str:
+    """When, on what and with which versions the run was judged (runs since its record was kept)."""
+    if not isinstance(suite.get("run"), dict):
+        return ""
+    r = suite["run"]
+    ended = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("finished") or r.get("started") or 0))
+    return esc(f" · run {r.get('id') or '-'}, ended {ended} · suite {r.get('suite')} · solutions {r.get('solutions')}"
+               f" · {r.get('backend')} on {r.get('machine')} · torch {r.get('torch_version')} · cuda-agent "
+               f"{r.get('version')}")
 
 
 def compare_view(a: dict, b: dict) -> View:
-    """Run B beside run A: each summary number with its change, and per task the rewards and speedups of both."""
+    """Run B beside run A: each summary number with its change, and per task the rewards and speedups of both. The
+    geometric means are over correct tasks only: when the correct tasks differ, their change is not coloured a
+    gain or a loss, and the tasks B lost are named first."""
     header = ["level"] + [f"{label}: A → B (change)" for _, label, _ in SUMMARY_KEYS[1:]]
+    passing = [{r["task"] for r in run["tasks"] if r["verdict"]["correct"]} for run in (a, b)]
+    lost, gained = sorted(passing[0] - passing[1]), sorted(passing[1] - passing[0])
     summary_rows = []
     for name, sa in _levels(a):
         sb = dict(_levels(b)).get(name, {})
@@ -97,7 +118,8 @@ def compare_view(a: dict, b: dict) -> View:
         for key, _, kind in SUMMARY_KEYS[1:]:
             x, y = sa.get(key), sb.get(key)
             delta = y - x if isinstance(x, (int, float)) and isinstance(y, (int, float)) else None
-            css = "muted" if not delta else ("good" if delta > 0 else "bad")
+            same_tasks = not key.startswith("geomean") or passing[0] == passing[1]
+            css = "muted" if not delta or not same_tasks else ("good" if delta > 0 else "bad")
             change = _summary_cell(delta, kind)
             shown = (f"{_summary_cell(x, kind).shown} → {_summary_cell(y, kind).shown} "
                      f'<span class="{css}">({"+" if delta and delta > 0 else ""}{change.shown})</span>')
@@ -119,11 +141,19 @@ def compare_view(a: dict, b: dict) -> View:
                       number(change, "+d", css="" if not change else ("good" if change > 0 else "bad")),
                       number(r["speedup_vs_compile_a"], ".2f", "x"), number(r["speedup_vs_compile_b"], ".2f", "x"),
                       text(r["reason_b"], "text reason")])
-    sections = [("Per level, A then B", table(header, summary_rows, text_columns=(0,))),
+    changed = "".join(f'<p class="{css}">{esc(what)}: {len(names)} ({esc(", ".join(names[:20]))}'
+                      f'{" ..." if len(names) > 20 else ""})</p>'
+                      for css, what, names in (("bad", "passing in A, not in B", lost),
+                                               ("good", "passing in B, not in A", gained)) if names)
+    if changed:
+        changed += ('<p class="muted">the geometric means are over different tasks in A and B, so their changes '
+                    "are not coloured as gains or losses</p>")
+    sections = [("Per level, A then B", changed + table(header, summary_rows, text_columns=(0,))),
                 ("Speedup distribution per level (correct tasks)", _speedup_plot([("A", a), ("B", b)])),
                 ("Tasks", table(["level", "task", "reward A", "reward B", "change", "x compile A", "x compile B",
                                  "reason (B)"], cells, sortable=True, text_columns=(0, 1, 7)))]
-    meta = f"A: <code>{esc(a['source'])}</code> &nbsp; B: <code>{esc(b['source'])}</code>"
+    meta = (f"A: <code>{esc(a['source'])}</code>{_run_line(a)}<br>B: <code>{esc(b['source'])}</code>"
+            f"{_run_line(b)}")
     return "Suite report: A vs B", meta, sections, rows
 
 
@@ -142,8 +172,9 @@ def _verdict_line(v: dict) -> str:
     for key, label in (("speedup_vs_eager", "x eager"), ("speedup_vs_compile", "x compile")):
         if v.get(key):
             parts.append(f"{v[key]:.2f} {label}")
-    if v.get("error"):
-        parts.append(esc(v["error"][:300]))
+    reason = Verdict.from_dict(v).reason
+    if reason:
+        parts.append(esc(reason[:300]))
     return " &middot; ".join(parts)
 
 
@@ -214,16 +245,19 @@ def training_view(run: dict) -> View:
                and any(_scalar(s.get(k)) for s in steps)]
     shown = [k for k in TRAINING_KEYS if k in scalars] or scalars[:6]
     cols = 2
-    fig = make_subplots(rows=math.ceil(len(shown) / cols), cols=cols, subplot_titles=shown)
+    fig = make_subplots(rows=math.ceil(len(shown) / cols), cols=cols,
+                        subplot_titles=[TRAINING_KEYS.get(k, (k,))[0] for k in shown])
     for i, key in enumerate(shown):
         kept = [s for s in steps if _scalar(s.get(key)) and math.isfinite(s[key])]
         fig.add_trace(go.Scatter(x=[s["step"] for s in kept], y=[s[key] for s in kept], mode="lines+markers",
                                  name=key, showlegend=False), row=i // cols + 1, col=i % cols + 1)
-    fig.update_xaxes(title_text="step")
+        fig.update_yaxes(title_text=TRAINING_KEYS.get(key, ("", key))[1], row=i // cols + 1, col=i % cols + 1)
+    fig.update_xaxes(title_text="training step")
     fig.update_layout(height=260 * math.ceil(len(shown) / cols), margin=dict(t=40, b=40, l=60, r=20))
     rows = [{"step": s["step"], **{k: s.get(k) for k in scalars}} for s in steps]
-    steps_table = table(["step", *scalars], [[number(r["step"], "d")] + [number(r[k], ".4g") for k in scalars]
-                                             for r in rows], sortable=True)
+    headers = ["step", *(TRAINING_KEYS.get(k, (k,))[0] for k in scalars)]
+    steps_table = table(headers, [[number(r["step"], "d")] + [number(r[k], ".4g") for k in scalars] for r in rows],
+                        sortable=True)
     config = run.get("config") or {}
     meta = f"from <code>{esc(run['source'])}</code>" + (f" &middot; model <code>{esc(config['model'])}</code>"
                                                          if config.get("model") else "")

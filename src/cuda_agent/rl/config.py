@@ -47,19 +47,23 @@ class TrainConfig:
 @dataclass
 class RunConfig:
     """What every training run shares (train_loop.py): how many steps of how large a batch, its seed and sampling
-    temperature, how often it checkpoints, and when it stops early (after the step that passes `time_limit_s`)."""
+    temperature, how often it checkpoints, how many checkpoints it keeps and whether they hold the optimizers' state
+    (AdamW's two moments: twice the weights' size; a resume without them starts the optimizers afresh), and when it
+    stops early (after the step that passes `time_limit_s`)."""
 
     steps: int = 10
     batch: int = 4
     seed: int = 0
     temperature: float = 1.0
     save_every: int = 5
+    keep_checkpoints: int = 1  # the newest N (checkpoints.py)
+    save_optimizer: bool = False
     time_limit_s: float | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self):
-        if self.steps < 1 or self.batch < 1 or self.save_every < 1:
-            raise ValueError("steps, batch and save_every must be >= 1")
+        if min(self.steps, self.batch, self.save_every, self.keep_checkpoints) < 1:
+            raise ValueError("steps, batch, save_every and keep_checkpoints must be >= 1")
 
 
 @dataclass

@@ -30,6 +30,7 @@ from ..agent.summary import EpisodeSummary
 from ..judge.config import JudgeConfig
 from ..judge.pool import JudgePool
 from ..llm import ScriptedClient
+from . import checkpoints
 from .choice import ChoiceReply, Slot
 from .models import Actor, Critic
 from .tokens import TurnTokenizer
@@ -120,15 +121,16 @@ def build_models(model: Path, random_init: bool, device: str, dtype: torch.dtype
 def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = False, device: str | None = None,
              judge_config: JudgeConfig | None = None, devices: list[int] | None = None,
              log: Callable[[str], None] = print) -> list[dict]:
-    """Train for `config.steps` steps (resuming from `out/checkpoint` when it exists); returns the metrics."""
+    """Train for `config.steps` steps (resuming from `out`'s latest checkpoint when it has one); returns the
+    metrics."""
     from transformers import AutoTokenizer
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     device = device or ("cuda" if config.backend == "cuda" else "cpu")
     dtype = torch.float32
-    checkpoint = out / "checkpoint"
-    resuming = (checkpoint / "trainer.pt").is_file()
+    checkpoint = checkpoints.latest(out)
+    resuming = checkpoint is not None
     source = checkpoint / "actor" if resuming else Path(model)
     tokenizer = AutoTokenizer.from_pretrained(source)
     if resuming:
@@ -145,7 +147,7 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
         opening[-1] = {"role": "user", "content": opening[-1]["content"] + "\n\n" + reply.instructions()}
         prompt = reply.turns.start(opening).ids
         trainer = PPOTrainer(actor, critic, config.train, reply.logprob_fn(len(prompt)))
-        extra = trainer.restore(checkpoint) if resuming else {}
+        extra = trainer.restore(checkpoint, log) if resuming else {}
         generator = torch.Generator().manual_seed(config.seed + 1)
         if "generator" in extra:
             generator.set_state(extra["generator"])

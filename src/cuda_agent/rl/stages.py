@@ -27,6 +27,7 @@ from ..agent.loop import LoopConfig
 from ..agent.tools import SCHEMAS
 from ..judge.pool import JudgePool
 from ..llm import assistant_text
+from . import checkpoints
 from .models import Actor, Critic
 from .rft import RFTFilter, export
 from .rollout import actor_sampler, batch_of, play, response_logprob_fn
@@ -41,13 +42,13 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
               device: str = "cpu", rft_runs: list[Path] | None = None,
               log: Callable[[str], None] = print) -> list[dict]:
     """Train `config.steps` steps of one stage from `model` (an HF folder, or a previous stage's checkpoint/actor
-    beside its checkpoint/critic); resumes from `out/checkpoint`. rft needs `rft_runs` (episode folders)."""
+    beside its checkpoint/critic); resumes from `out`'s latest checkpoint. rft needs `rft_runs` (episode folders)."""
     from transformers import AutoTokenizer
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    checkpoint = out / "checkpoint"
-    resuming = (checkpoint / "trainer.pt").is_file()
+    checkpoint = checkpoints.latest(out)
+    resuming = checkpoint is not None
     actor_dir = checkpoint / "actor" if resuming else Path(model)
     critic_dir = checkpoint / "critic" if resuming else _critic_beside(Path(model))
     tokenizer = AutoTokenizer.from_pretrained(actor_dir)
@@ -55,7 +56,7 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     # tools described in the system message, calls written as <tool_call> text (none in the single-turn warm-up)
     turns = TurnTokenizer(tokenizer, None if config.stage == "warmup" else SCHEMAS, tool_format="text")
     trainer = PPOTrainer(actor, critic, config.train, lambda *a: None)  # the log-prob fn is set per batch
-    extra = trainer.restore(checkpoint) if resuming else {}
+    extra = trainer.restore(checkpoint, log) if resuming else {}
     rng = random.Random(config.seed)
     if "rng" in extra:
         rng.setstate(extra["rng"])

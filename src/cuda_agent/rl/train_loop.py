@@ -1,7 +1,8 @@
 """The training loop every stage and the demo share (`RunConfig`): steps until `steps`, a checkpoint every
-`save_every` steps and at the last, a time limit that stops after the step that passes it (checkpointed: the same
-command continues), one metrics line per step. A run resumes where its checkpoint left off: the metrics and episode
-lines of later steps are dropped first, so the files always match the model."""
+`save_every` steps and at the last (the newest `keep_checkpoints` kept: checkpoints.py), a time limit that stops
+after the step that passes it (checkpointed: the same command continues), one metrics line per step. A run resumes
+where its checkpoint left off: the metrics and episode lines of later steps are dropped first, so the files always
+match the model."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from . import checkpoints
 from .config import RunConfig
 from .trainer import MetricsLog, PPOTrainer, cut_after
 
@@ -17,8 +19,8 @@ def run_steps(trainer: PPOTrainer, step: Callable[[], dict], out: Path, config: 
               state: Callable[[], dict] = dict,
               describe: Callable[[int, dict], str] = lambda step, record: f"step {step}",
               log: Callable[[str], None] = print) -> list[dict]:
-    """Call `step()` (one training step: it advances `trainer.step` and returns its metrics) until `config.steps`; saves
-    `out/checkpoint` with `state()` (the caller's RNGs) beside the trainer's. Returns this run's metrics."""
+    """Call `step()` (one training step: it advances `trainer.step` and returns its metrics) until `config.steps`;
+    checkpoints with `state()` (the caller's RNGs) beside the trainer's. Returns this run's metrics."""
     metrics = MetricsLog(out, trainer.step, log=log)
     cut_after(Path(out) / "episodes.jsonl", trainer.step)
     history, began = [], time.monotonic()
@@ -30,10 +32,13 @@ def run_steps(trainer: PPOTrainer, step: Callable[[], dict], out: Path, config: 
             record.setdefault("seconds", time.monotonic() - step_began)
             metrics.write(trainer.step, record)
             history.append({"step": trainer.step, **record})
-            log(describe(trainer.step, record))
+            per_step = (time.monotonic() - began) / len(history)
+            left = f", about {per_step * (steps - trainer.step) / 60:.1f} min left" if trainer.step < steps else ""
+            log(f"{describe(trainer.step, record)}  [{trainer.step}/{steps}, {per_step:.0f} s a step{left}]")
             out_of_time = time_limit_s is not None and time.monotonic() - began > time_limit_s
             if trainer.step % config.save_every == 0 or trainer.step == steps or out_of_time:
-                trainer.save(Path(out) / "checkpoint", tokenizer, state())
+                checkpoints.save(trainer, out, tokenizer, state(), keep=config.keep_checkpoints,
+                                 optimizer=config.save_optimizer, log=log)
             if out_of_time:
                 log(f"time limit of {time_limit_s:.0f} s reached after step {trainer.step}: the same command "
                     "continues")

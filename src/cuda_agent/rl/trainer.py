@@ -130,8 +130,9 @@ class PPOTrainer:
         return {"sft_loss": float(loss.detach()), "actor_grad_norm": float(norm), "tokens": float(mask.sum())}
 
     # ---- checkpoints ------------------------------------------------------------------------------------
-    def save(self, folder: Path, tokenizer=None, extra: dict | None = None) -> None:
-        """Actor (an HF folder, tokenizer included), critic, optimizers, step and RNG, replaced atomically."""
+    def save(self, folder: Path, tokenizer=None, extra: dict | None = None, *, optimizer: bool) -> Path:
+        """Actor (an HF folder, tokenizer included), critic, step, RNG and (`optimizer`) the optimizers' state,
+        replaced atomically. Returns the folder."""
         folder = Path(folder)
         staging = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
@@ -139,21 +140,27 @@ class PPOTrainer:
         if tokenizer is not None:
             tokenizer.save_pretrained(staging / "actor")
         self.critic.save(staging / "critic")
-        torch.save({"step": self.step, "actor_optim": self.actor_optim.state_dict(),
-                    "critic_optim": self.critic_optim.state_dict(), "torch_rng": torch.get_rng_state(),
-                    "extra": extra or {}}, staging / "trainer.pt")
+        state = {"step": self.step, "torch_rng": torch.get_rng_state(), "extra": extra or {}}
+        if optimizer:
+            state.update(actor_optim=self.actor_optim.state_dict(), critic_optim=self.critic_optim.state_dict())
+        torch.save(state, staging / "trainer.pt")
         old = folder.with_name(folder.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         if folder.exists():
             folder.rename(old)
         staging.rename(folder)
         shutil.rmtree(old, ignore_errors=True)
+        return folder
 
-    def restore(self, folder: Path) -> dict:
-        """Optimizers, step and RNG from a checkpoint whose actor and critic this trainer was built from."""
+    def restore(self, folder: Path, log: Callable[[str], None] = print) -> dict:
+        """Step, RNG and the optimizers' state (fresh ones when the checkpoint has none) from a checkpoint whose
+        actor and critic this trainer was built from."""
         state = torch.load(Path(folder) / "trainer.pt", map_location=self.actor.device, weights_only=False)
-        self.actor_optim.load_state_dict(state["actor_optim"])
-        self.critic_optim.load_state_dict(state["critic_optim"])
+        if "actor_optim" in state:
+            self.actor_optim.load_state_dict(state["actor_optim"])
+            self.critic_optim.load_state_dict(state["critic_optim"])
+        else:
+            log(f"{folder} holds no optimizer state (saved without --save-optimizer): the optimizers start afresh")
         torch.set_rng_state(state["torch_rng"].cpu())
         self.step = state["step"]
         return state["extra"]

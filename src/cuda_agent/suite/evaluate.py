@@ -2,12 +2,14 @@
 
 Layout: SUITE/level1/19_ReLU.py ... ; a solution is SOLUTIONS/level1/19_ReLU.py (single file) or
 SOLUTIONS/level1/19_ReLU/ (workspace). Each verdict is stored in SQLite under a key made of the task's and the
-solution's content hashes and every judge setting that can change a verdict, so an interrupted run resumes where it
-stopped and a changed solution or setting is judged again.
+solution's content hashes and everything else that can change a verdict (`measurement_key`: the judge's settings and
+version, the build toolchain and torch, the devices, their driver and CUDA), so an interrupted run resumes where it
+stopped, and a changed solution, setting, machine or upgrade is judged again.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 from concurrent.futures import Future, as_completed
@@ -47,13 +49,17 @@ def discover(suite_dir: Path, levels: Iterable[int] | None = None) -> list[Suite
     if not Path(suite_dir).is_dir():
         raise FileNotFoundError(f"suite {suite_dir}: no such folder")
     tasks = []
-    for level in levels_present(suite_dir) if levels is None else levels:
+    chosen = levels_present(suite_dir) if levels is None else list(levels)
+    for level in chosen:
         folder = Path(suite_dir) / f"level{level}"
         if not folder.is_dir():
             raise FileNotFoundError(f"suite {suite_dir}: no folder level{level}")
         files = [p for p in folder.glob("*.py") if not p.name.startswith("_")]
         files.sort(key=lambda p: (int(m.group(1)) if (m := re.match(r"(\d+)_", p.name)) else 10**9, p.name))
         tasks += [SuiteTask(f"level{level}", p) for p in files]
+    if not tasks:
+        raise FileNotFoundError(f"suite {suite_dir}: no tasks (.py files) in level(s) "
+                                f"{', '.join(map(str, chosen))}")
     return tasks
 
 
@@ -75,34 +81,26 @@ def missing_verdict(backend: str, reason: str) -> Verdict:
     return Verdict(reward=-1, compiled=False, correct=False, error=reason, backend=backend)
 
 
+def measurement_key(pool: JudgePool) -> str:
+    """Everything besides the task and the solution that changes a verdict: the judge's settings and version
+    (`verdict_key`), the build toolchain, torch and Python (`identity`), the devices, driver and CUDA (`machine`)."""
+    return "|".join([pool.config.verdict_key(), pool.backend.identity(), pool.backend.machine()])
+
+
 def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path, store: Store,
                    on_result: Callable[[SuiteTask, Verdict, bool], None] | None = None,
-                   notify: Callable[[str], None] = lambda message: None) -> list[dict]:
-    """Judge every task (reusing stored verdicts), as many at once as the pool takes; one record per task, in
-    the suite's order. Each verdict is stored the moment it is known. Interrupted (Ctrl-C), nothing new starts and
-    the evaluations in flight finish and are stored; interrupted again, they are abandoned."""
+                   notify: Callable[[str], None] = lambda message: None,
+                   rejudge: Iterable[str] = ()) -> list[dict]:
+    """Judge every task (reusing stored verdicts, except for the tasks whose names match a `rejudge` pattern, e.g.
+    "level1/19_*"), as many at once as the pool takes; one record per task, in the suite's order. Each verdict is
+    stored the moment it is known. Interrupted (Ctrl-C), nothing new starts and the evaluations in flight finish and
+    are stored; interrupted again, they are abandoned."""
     backend = pool.backend.name
-    settings = f"{backend}|{pool.config.verdict_key()}"
+    settings = measurement_key(pool)
+    rejudge = list(rejudge)
     verdicts: dict[int, Verdict] = {}
     pending: dict[Future, tuple[int, str]] = {}
     solutions = [find_solution(solutions_dir, task) for task in tasks]
-    for i, (task, solution) in enumerate(zip(tasks, solutions)):
-        try:
-            ref = load_task(task.path)
-            cand = load_candidate(solution) if solution else None
-        except (TaskError, CandidateError) as exc:
-            ref, cand, early = None, None, str(exc)
-        else:
-            single, workspace = solution_places(solutions_dir, task)
-            early = None if cand else f"no solution found for {task.name} (neither {single} nor a folder {workspace})"
-        key = f"{settings}|{ref.hash if ref else task.name}|{cand.hash if cand else 'none'}"
-        stored = store.get("suite", key)
-        if stored is not None or early:
-            verdicts[i] = Verdict.from_dict(stored) if stored is not None else missing_verdict(backend, early)
-            if on_result:
-                on_result(task, verdicts[i], stored is not None)
-        else:
-            pending[pool.submit(ref, cand)] = (i, key)
 
     def record(future: Future) -> None:
         i, key = pending[future]
@@ -116,9 +114,28 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
             on_result(tasks[i], verdicts[i], False)
 
     try:
+        for i, (task, solution) in enumerate(zip(tasks, solutions)):
+            try:
+                ref = load_task(task.path)
+                cand = load_candidate(solution) if solution else None
+            except (TaskError, CandidateError) as exc:
+                ref, cand, early = None, None, str(exc)
+            else:
+                single, workspace = solution_places(solutions_dir, task)
+                early = None if cand else \
+                    f"no solution found for {task.name} (neither {single} nor a folder {workspace})"
+            key = f"{settings}|{ref.hash if ref else task.name}|{cand.hash if cand else 'none'}"
+            again = any(fnmatch.fnmatchcase(task.name, pattern) for pattern in rejudge)
+            stored = None if again else store.get("suite", key)
+            if stored is not None or early:
+                verdicts[i] = Verdict.from_dict(stored) if stored is not None else missing_verdict(backend, early)
+                if on_result:
+                    on_result(task, verdicts[i], stored is not None)
+            else:
+                pending[pool.submit(ref, cand)] = (i, key)
         for future in as_completed(list(pending)):
             record(future)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # (also while tasks are still being submitted: those submitted finish)
         running = [f for f in list(pending) if not f.cancel()]
         notify(f"interrupted: finishing the {len(running)} evaluation(s) in flight (Ctrl-C again to abandon them)")
         for future in as_completed(running):

@@ -25,6 +25,7 @@ from ..judge.pool import JudgePool
 from ..judge.store import Store
 from ..workspace.candidate import load_candidate
 from .evaluate import SuiteTask, evaluate_suite, report
+from .runs import RunInfo, finish
 
 
 def run_dir_of(out_dir: Path, task: SuiteTask) -> Path:
@@ -37,7 +38,9 @@ def _episode(pool: JudgePool, task: SuiteTask, out_dir: Path, make_client: Calla
     run_dir = run_dir_of(out_dir, task)
     done = run_dir / "summary.json"
     if done.exists():
-        return EpisodeSummary.from_dict(json.loads(done.read_text())), True
+        summary = EpisodeSummary.from_dict(json.loads(done.read_text()))
+        if summary.stop != Stop.INTERRUPTED:
+            return summary, True
     if run_dir.exists():  # an episode that was interrupted: start it over
         shutil.rmtree(run_dir)
     try:
@@ -73,6 +76,7 @@ def optimize_suite(pool: JudgePool, tasks: list[SuiteTask], out_dir: Path, make_
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, EpisodeSummary] = {}
+    run = RunInfo.begin(pool, tasks[0].path.parent.parent, out_dir / "solutions")
     with ThreadPoolExecutor(concurrency, thread_name_prefix="episode") as episodes:
         futures = {episodes.submit(_episode, pool, task, out_dir, make_client, loop): task for task in tasks}
         try:
@@ -91,6 +95,6 @@ def optimize_suite(pool: JudgePool, tasks: list[SuiteTask], out_dir: Path, make_
         s = summaries[task.name]
         record["episode"] = {"run_dir": str(run_dir_of(out_dir, task)), "stop": s.stop, "stop_detail": s.stop_detail,
                              "turns": s.turns, "snapshots": s.snapshots, "failed": s.stop == Stop.EPISODE_FAILED}
-    rep = report(records)
+    rep = finish(report(records), run)
     (out_dir / "report.json").write_text(json.dumps(rep, indent=2, default=str))
     return rep

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -36,6 +37,7 @@ TEMPLATE_FILES = ("binding.cpp", "binding_registry.h")
 HEADER_SUFFIXES = (".h", ".cuh", ".hpp", ".inl")
 COMPILE_TIMEOUT_S = 600
 PCH_NAME = "cuda_agent_pch.h"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -189,13 +191,16 @@ class Builder:
             (pch_dir / PCH_NAME).write_text(header)
             tmp = pch_dir / f"{PCH_NAME}.gch.tmp"
             t0 = time.perf_counter()
+            log.info("building torch's precompiled header, once for this machine and cache (30-60 s): %s", pch_dir)
             proc = _run([self.backend.cxx, *flags, "-x", "c++-header", PCH_NAME, "-o", tmp.name], pch_dir)
             if proc.returncode != 0:
                 tmp.unlink(missing_ok=True)
                 return [], f"precompiled header unavailable, compiling without it: {_first_error(proc.stdout)}", \
                     pch_dir
             os.replace(tmp, gch)
-            return use, f"built precompiled header in {time.perf_counter() - t0:.1f}s", pch_dir
+            note = f"built precompiled header in {time.perf_counter() - t0:.1f}s ({gch.stat().st_size / 1e6:.0f} MB)"
+            log.info("%s: %s", note, gch)
+            return use, note, pch_dir
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:

@@ -41,13 +41,17 @@ class Candidate:
         return {rel: data.decode(errors="replace") for rel, data in self.files.items()}
 
     def missing_model_new(self) -> str | None:
-        """Why the judge could not import ModelNew from model_new.py, seen without running it (None: defined, or
-        not decidable statically, e.g. a syntax error, which the import reports with its line)."""
+        """Why the judge could not import ModelNew from model_new.py, seen without running it: no such file, a
+        syntax error (placed in the file the user wrote), no ModelNew defined (None: defined, or not decidable
+        statically)."""
         if "model_new.py" not in self.files:
             return "no model_new.py in the workspace (it must define ModelNew)"
+        where = self.origin.name if self.kind == "single_file" else "model_new.py"
         try:
-            tree = parse_python(self.files["model_new.py"])
-        except (SyntaxError, ValueError):
+            tree = parse_python(self.files["model_new.py"], filename=where)
+        except SyntaxError as exc:
+            return f"syntax error: {where} line {exc.lineno}: {exc.msg}; nothing was built"
+        except ValueError:  # null bytes: the import says so
             return None
         for node in ast.walk(tree):
             if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == "ModelNew":
@@ -57,7 +61,6 @@ class Candidate:
             if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
                     (alias.asname or alias.name) == "ModelNew" or alias.name == "*" for alias in node.names):
                 return None
-        where = self.origin.name if self.kind == "single_file" else "model_new.py"
         return f"{where} defines no ModelNew (the judge imports ModelNew from it); nothing was built"
 
     def write_to(self, root: Path) -> None:

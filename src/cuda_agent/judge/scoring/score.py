@@ -7,7 +7,7 @@ from typing import Any
 
 from ..config import JudgeConfig
 from ..timekeeper import TimingOutcome
-from ..verdict import Verdict
+from ..verdict import NOISY_TIMING, Verdict
 from .reward import milestone_reward
 from .speed_of_light import bounds, hard_problem
 
@@ -41,7 +41,7 @@ def score(config: JudgeConfig, timing_method: str, outcome: TimingOutcome, work:
                       "eager": baselines["eager"], "compile": baselines["compile"], "candidate": stats}
     if outcome.noisy:  # a speed claim needs a clean comparison: correct, nothing more
         verdict.reward = milestone_reward(True, t, t, t, config.speedup_threshold)
-        verdict.warnings.append("timing too noisy to credit any speedup (" + "; ".join(outcome.record["problems"])
+        verdict.warnings.append(f"{NOISY_TIMING} to credit any speedup (" + "; ".join(outcome.record["problems"])
                                 + "): reward for correctness only; rerun on a quieter machine")
     else:
         verdict.reward = milestone_reward(True, t, t_eager, t_compile, config.speedup_threshold)

@@ -1,0 +1,65 @@
+"""A run folder's checkpoints: one `checkpoint-NNNNNN` folder per save (NNNNNN: the step), the newest `keep` of them
+kept, and `checkpoint` a link to the newest: what the next stage reads (`OUT/checkpoint/actor`). A save is written
+in full before the link moves to it (one rename) and before older ones are deleted, so a crash at any point leaves
+a whole checkpoint to resume from."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from .trainer import PPOTrainer
+
+LINK = "checkpoint"
+STEP_FOLDER = re.compile(r"checkpoint-(\d+)")
+
+
+def _step_folders(out: Path) -> list[Path]:
+    """The complete checkpoints of a run folder, oldest first (one still being written ends in .tmp)."""
+    found = [p for p in Path(out).glob("checkpoint-*") if STEP_FOLDER.fullmatch(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: int(STEP_FOLDER.fullmatch(p.name)[1]))
+
+
+def latest(out: Path) -> Path | None:
+    """The checkpoint a run resumes from: the newest step folder, else a `checkpoint` folder an earlier version of
+    this package wrote; None when there is neither."""
+    folders = _step_folders(out)
+    if folders:
+        return folders[-1]
+    old = Path(out) / LINK
+    return old if (old / "trainer.pt").is_file() else None
+
+
+def save(trainer: PPOTrainer, out: Path, tokenizer, extra: dict, *, keep: int, optimizer: bool,
+         log: Callable[[str], None] = print) -> Path:
+    """Write the trainer's checkpoint at its step, point `checkpoint` at it, delete all but the newest `keep`, and
+    log its size on disk. Returns its folder."""
+    out = Path(out)
+    folder = trainer.save(out / f"checkpoint-{trainer.step:06d}", tokenizer, extra, optimizer=optimizer)
+    link, old = out / LINK, out / (LINK + ".old")
+    if link.is_dir() and not link.is_symlink():  # an earlier version's folder: its place goes to the link
+        shutil.rmtree(old, ignore_errors=True)
+        link.rename(old)
+    staged = out / (LINK + ".link")
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(folder.name)
+    os.replace(staged, link)
+    shutil.rmtree(old, ignore_errors=True)
+    kept = {p.name for p in _step_folders(out)[-keep:]} | {folder.name}
+    for stale in out.glob("checkpoint-*"):  # older checkpoints and any left half-written by a crash
+        if stale.name not in kept:
+            shutil.rmtree(stale, ignore_errors=True)
+    log(f"checkpoint step {trainer.step}: {_size(_disk_bytes(folder))} in {folder} (optimizer state "
+        f"{'kept' if optimizer else 'not kept'})")
+    return folder
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
