@@ -104,6 +104,34 @@ def test_no_call_can_be_told_apart_by_its_values(cpu_judge, make_workspace):
     assert verdict.correct, verdict.error
 
 
+def test_no_two_calls_share_their_inputs_so_remembering_answers_never_pays(cpu_judge, make_workspace):
+    """A candidate that would answer from memory any input it has seen before (a cheap fingerprint of a few
+    elements): every call of every phase gets fresh values, drawn on the trusted side, so none repeats (this one
+    fails the moment one does)."""
+    ws = candidate(make_workspace, """
+        flat = x.reshape(-1)
+        key = (tuple(x.shape), float(flat[0]), float(flat[-1]), float(flat[flat.numel() // 2]))
+        if key in self.seen:
+            raise RuntimeError(f"call {len(self.seen) + 1}: these inputs were seen before: answer from memory")
+        self.seen.add(key)
+        return """ + KERNEL, init="self.seen = set()")
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.correct, verdict.error
+
+
+def test_cheating_on_every_call_after_verification_is_caught_by_the_checked_timed_calls(cpu_judge, make_workspace):
+    """Read from the judge's source: this task's verification is its first 7 calls (5 trials, a scaled set, an extra
+    shape), the rest are timing. Garbage from call 8 on is caught because 10 timed calls, which the candidate cannot
+    tell from the others, have their outputs read and compared. Without them (`timed_checks=0`) it scored reward 3
+    at 2.8x torch.compile; with 3 checks, a candidate wrong on half its timed calls (what moving the median takes)
+    escaped 1 time in 8, with 10 it escapes 1 in 1024."""
+    ws = candidate(make_workspace, """
+        self.calls += 1
+        return torch.empty_like(x) if self.calls > 7 else """ + KERNEL, init="self.calls = 0")
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert not verdict.correct and "timed call" in verdict.error, verdict.error
+
+
 def test_a_thread_spinning_between_calls_is_held_still(cpu_judge, make_workspace):
     """A thread that burns the CPU whenever forward is not running (to slow the baselines timed beside it): between
     calls every thread of the candidate is stopped (and were it not, its CPU time between calls, read from the

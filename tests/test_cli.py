@@ -304,14 +304,23 @@ def test_report_never_writes_over_its_input_nor_an_earlier_report_unasked(tmp_pa
     assert forced.exit_code == 0, forced.output
 
 
-def test_optimize_refuses_an_out_folder_that_holds_an_earlier_run(tmp_path):
+def test_a_command_never_writes_into_a_folder_holding_other_files_unasked(tmp_path):
+    """optimize, data seeds, data build and model convert refuse an --out that holds files they did not write
+    (data build and data seeds continue their own earlier run); --overwrite allows it."""
     earlier = tmp_path / "run"
     earlier.mkdir()
     (earlier / "trajectory.jsonl").write_text('{"type": "system"}\n')
-    result = runner.invoke(app, ["optimize", str(TASKS / "affine_relu.py"), "--model", "m", "--backend", "cpu",
-                                 "--out", str(earlier)])
-    assert result.exit_code == 2 and "earlier run" in result.output and "--overwrite" in result.output
-    assert (earlier / "trajectory.jsonl").read_text() == '{"type": "system"}\n'
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    for args in (["optimize", str(TASKS / "affine_relu.py"), "--model", "m", "--backend", "cpu"],
+                 ["data", "seeds"], ["data", "build", "--target", "1", "--backend", "cpu"],
+                 ["model", "convert", str(gguf)]):
+        result = runner.invoke(app, [*args, "--out", str(earlier)])
+        assert result.exit_code == 2 and "earlier run" in result.output and "--overwrite" in result.output, args
+        assert [p.name for p in earlier.iterdir()] == ["trajectory.jsonl"]
+        assert (earlier / "trajectory.jsonl").read_text() == '{"type": "system"}\n'
+    converted = runner.invoke(app, ["model", "convert", str(gguf), "--out", str(earlier), "--overwrite"])
+    assert "earlier run" not in converted.output and "cannot convert" in converted.output  # it went on
 
 
 def test_smaller_faults_are_told_plainly(cache_dir, tmp_path):
@@ -330,7 +339,11 @@ def test_smaller_faults_are_told_plainly(cache_dir, tmp_path):
     (tmp_path / "suite" / "level1").mkdir(parents=True)
     (tmp_path / "one" / "level1").mkdir(parents=True)
     shutil.copy(task, tmp_path / "one" / "level1" / "1_Affine.py")
+    absent = tmp_path / "needs_a_module.py"  # said before any build, not after the candidate's
+    absent.write_text("import not_a_module_here\n" + (TASKS / "affine_relu.py").read_text())
     for args, said in (
+            (["eval", str(absent), "--solution", str(single), "--backend", "cpu"],
+             "imports not_a_module_here, which is not installed"),
             (["eval", task, "--row", "3", "--solution", str(single), "--backend", "cpu"], "--row picks a row"),
             (["eval-suite", str(tmp_path / "suite"), "--solutions", str(tmp_path), "--backend", "cpu"], "no tasks"),
             (["eval-suite", str(tmp_path / "one"), "--solutions", str(tmp_path), "--backend", "cpu", "--gpus", "0"],

@@ -333,7 +333,8 @@ def test_out_of_memory_is_a_failure_verdict(cpu_judge, tmp_path):
 
 @pytest.mark.parametrize("name, message", [
     ("no_model.py", "missing Model"),
-    ("import_error.py", "importing the reference failed: ModuleNotFoundError"),
+    ("import_error.py", "imports a_module_that_does_not_exist, which is not installed here"),  # before any build
+    ("import_raises.py", "importing the reference failed: RuntimeError: this reference fails when imported"),
     ("bad_inputs.py", "get_inputs() failed: RuntimeError: this reference cannot make inputs"),
 ])
 def test_broken_reference_is_a_clear_task_error(cpu_judge, name, message):

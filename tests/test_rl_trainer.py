@@ -171,3 +171,43 @@ def test_each_training_step_says_how_far_it_is_and_how_long_is_left(tmp_path):
     lines = [line for line in said if line.startswith("step ")]
     assert [line.split("[")[1].split(",")[0] for line in lines] == ["1/3", "2/3", "3/3"]
     assert "min left]" in lines[0] and "min left" not in lines[-1]
+
+
+@pytest.mark.parametrize("updating", [False, True])
+def test_an_interrupted_run_keeps_the_steps_it_ended_unless_the_weights_were_changing(tmp_path, updating):
+    """Ctrl-C or SIGTERM in step 3 of a run that checkpoints every 10: steps 1-2 are saved (with the RNG as step 2
+    left it), unless step 3 was changing the weights, whose half-updated state must never be saved."""
+    from cuda_agent.rl.config import RunConfig
+    from cuda_agent.rl.train_loop import run_steps
+
+    class Trainer:
+        step, updating = 0, False
+
+        def save(self, folder, tokenizer, extra, *, optimizer):
+            folder.mkdir(parents=True)
+            torch.save({"step": self.step, "torch_rng": torch.get_rng_state(), "extra": extra}, folder / "trainer.pt")
+            return folder
+
+    trainer, said = Trainer(), []
+
+    def step():
+        torch.rand(3)  # the step draws from the RNG
+        if trainer.step == 2:
+            trainer.updating = updating
+            raise KeyboardInterrupt
+        trainer.step += 1
+        return {}
+
+    torch.manual_seed(0)
+    with pytest.raises(KeyboardInterrupt):
+        run_steps(trainer, step, tmp_path, RunConfig(steps=5, save_every=10), tokenizer=None, log=said.append,
+                  state=lambda: {"rng_step": trainer.step})
+    if updating:
+        assert checkpoints.latest(tmp_path) is None and any("nothing saved" in line for line in said)
+        return
+    saved = torch.load(checkpoints.latest(tmp_path) / "trainer.pt", weights_only=False)
+    assert saved["step"] == 2 and saved["extra"] == {"rng_step": 2}
+    torch.manual_seed(0)  # the RNG as step 2 left it: what an uninterrupted run's step 3 starts from
+    for _ in range(2):
+        torch.rand(3)
+    assert torch.equal(saved["torch_rng"], torch.get_rng_state())

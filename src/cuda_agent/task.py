@@ -1,7 +1,8 @@
 """A reference task in KernelBench format: `class Model`, `get_inputs()`, `get_init_inputs()`.
 
-The judge's process only parses the file; it is imported and run in the reference worker, which reports
-import and run failures back as `TaskError`s (a broken reference is the user's error, not the candidate's).
+The judge's process only parses the file (and finds the modules its top level imports); it is imported and run in
+the reference worker, which reports import and run failures back as `TaskError`s (a broken reference is the user's
+error, not the candidate's).
 """
 
 from __future__ import annotations
@@ -54,7 +55,19 @@ def load_task(path: str | Path) -> Task:
     if missing:
         raise TaskError(f"reference {path}: missing {', '.join(missing)} (KernelBench format needs "
                         "class Model, get_inputs() and get_init_inputs())")
+    absent = _absent_modules(tree, path.parent)
+    if absent:  # said now, not after the candidate's build, when the reference worker fails to import it
+        raise TaskError(f"reference {path}: imports {absent[0]}, which is not installed here")
     return Task(path=path.resolve(), source=source)
+
+
+def _absent_modules(tree: ast.Module, folder: Path) -> list[str]:
+    """The top-level modules the reference imports at its top level that neither Python nor its folder has."""
+    names = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module and not node.level]
+    roots = dict.fromkeys(name.split(".")[0] for name in names)
+    return [root for root in roots if importlib.util.find_spec(root) is None
+            and not (folder / f"{root}.py").exists() and not (folder / root).is_dir()]
 
 
 DATASET_SUFFIXES = (".parquet", ".jsonl")

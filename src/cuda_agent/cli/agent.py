@@ -11,9 +11,10 @@ from ..agent.config import LoopConfig
 from ..backend import BackendError
 from ..task import DATASET_SUFFIXES, TaskError, dataset_row
 from . import common
-from .common import (app, err, fail, fmt, integers, make_judge, make_pool, notify, out, print_report,
+from .common import (app, err, fail, fmt, fresh_folder, integers, make_judge, make_pool, notify, out, print_report,
                      writable)
-from .options import AGENT_SANDBOX, BACKEND_HELP, MAX_TOKENS, SUITE_HELP, TEMPERATURE, TOOL_FORMAT, TOP_P, Backends
+from .options import (AGENT_SANDBOX, BACKEND_HELP, MAX_TOKENS, OVERWRITE, SUITE_HELP, TEMPERATURE, TOOL_FORMAT,
+                      TOP_P, Backends)
 from .progress import Progress
 
 @app.command("optimize")
@@ -36,13 +37,11 @@ def optimize_cmd(
     tool_format: Literal["native", "text"] = TOOL_FORMAT,
     sandbox_mode: Literal["required", "auto", "none"] = AGENT_SANDBOX,
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="run in an --out folder that holds an earlier run, "
-                                   "replacing it"),
+    overwrite: bool = OVERWRITE,
 ) -> None:
     """Run the agent on one task and keep the best verified kernel (workspace, trajectory, summary in --out)."""
     writable(out_dir, "--out")
-    if out_dir is not None and out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        fail(f"--out {out_dir} holds an earlier run: choose a new folder, or pass --overwrite to replace it")
+    fresh_folder(out_dir, "--out", overwrite)
     writable(cache_dir, "--cache-dir")
     if row is not None and reference.suffix not in DATASET_SUFFIXES:
         fail(f"--row picks a row of a dataset ({', '.join(DATASET_SUFFIXES)}); {reference} is a single task")

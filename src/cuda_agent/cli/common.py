@@ -126,6 +126,16 @@ def writable(path: Optional[Path], option: str, file: bool = False) -> None:
         fail(f"{option} {path}: cannot be created ({parent} is not a writable folder)")
 
 
+def fresh_folder(path: Optional[Path], option: str, overwrite: bool, resumes: Optional[str] = None) -> None:
+    """One line and exit 2 when `path` is a folder that holds files, unless they are this command's earlier run (it
+    holds `resumes`, which the command continues from) or `--overwrite` says to write over them."""
+    if overwrite or path is None or not path.is_dir() or not any(path.iterdir()):
+        return
+    if resumes is None or not (path / resumes).exists():
+        fail(f"{option} {path} holds files of an earlier run or another command: choose a new folder, or pass "
+             "--overwrite to write over them")
+
+
 def fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
     return "-" if x is None else f"{x:{spec}}{suffix}"
 

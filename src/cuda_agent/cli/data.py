@@ -8,9 +8,9 @@ from typing import Literal, Optional
 import typer
 
 from ..backend import BackendError
-from .common import app, err, fail, out, writable
+from .common import app, err, fail, fresh_folder, out, writable
 from .progress import Progress
-from .options import TEMPERATURE, Backends
+from .options import OVERWRITE, TEMPERATURE, Backends
 
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The fused-operator training set.")
 app.add_typer(data_app, name="data")
@@ -20,9 +20,11 @@ app.add_typer(data_app, name="data")
 def data_seeds_cmd(
     out_dir: Path = typer.Option(..., "--out", help="output folder"),
     transformers: bool = typer.Option(True, help="include transformers operators (needs the package)"),
+    overwrite: bool = OVERWRITE,
 ) -> None:
     """Write every crawled operator alone as a KernelBench task, and catalog.json (what could not be used, why)."""
     writable(out_dir, "--out")
+    fresh_folder(out_dir, "--out", overwrite, resumes="catalog.json")
     from ..data.seeds import write_seeds
 
     try:
@@ -64,9 +66,11 @@ def data_build_cmd(
                                            "(key from $OPENAI_API_KEY)"),
     temperature: float = TEMPERATURE,
     max_tokens: int = typer.Option(4096, min=1, help="tokens per reply of the LLM composer"),
+    overwrite: bool = OVERWRITE,
 ) -> None:
     """Compose fused tasks, filter them, deduplicate, export parquet + jsonl and a stats report."""
     writable(out_dir, "--out")
+    fresh_folder(out_dir, "--out", overwrite, resumes="attempts.jsonl")
     from ..llm import LLMError, OpenAIClient
     from ..data.build import BuildConfig, Builder, LLMComposer
     from ..data.filters import FilterConfig

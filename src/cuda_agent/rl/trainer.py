@@ -58,6 +58,7 @@ class PPOTrainer:
         if config.ppo.kl_coef:  # the frozen starting policy the KL term pulls towards
             self.reference = copy.deepcopy(actor.model).eval().requires_grad_(False)
         self.step = 0
+        self.updating = False  # the weights are being changed (a step's update begun, not ended): no checkpoint now
 
     def _values(self, batch: Batch) -> torch.Tensor:
         values = self.critic(batch.ids, batch.attention)  # the value before each next token
@@ -85,6 +86,7 @@ class PPOTrainer:
         self.actor.train(), self.critic.train()  # (checkpointing applies in training mode only)
         size = len(batch)
         per = max(1, math.ceil(size / cfg.minibatches))
+        self.updating = True
         for _ in range(cfg.epochs):
             order = torch.randperm(size, device=device)
             for first in range(0, size, per):
@@ -110,6 +112,7 @@ class PPOTrainer:
                     stats.setdefault(key, []).append(value)
         self.actor.eval(), self.critic.eval()
         self.step += 1
+        self.updating = False
         out = {key: sum(v) / len(v) for key, v in stats.items()}
         out["rollout_logp_gap"] = float(masked_mean((old_logp - batch.old_logp).abs(), batch.mask))
         out["tokens"] = float(batch.mask.sum())
@@ -124,9 +127,11 @@ class PPOTrainer:
         self.actor_optim.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.config.max_grad_norm)
+        self.updating = True
         self.actor_optim.step()
         self.actor.eval()
         self.step += 1
+        self.updating = False
         return {"sft_loss": float(loss.detach()), "actor_grad_norm": float(norm), "tokens": float(mask.sum())}
 
     # ---- checkpoints ------------------------------------------------------------------------------------
