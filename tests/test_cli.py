@@ -350,3 +350,23 @@ def test_smaller_faults_are_told_plainly(cache_dir, tmp_path):
              "--gpus picks GPUs for the cuda backend")):
         refused = runner.invoke(app, args)
         assert refused.exit_code == 2 and said in refused.output, (args, refused.output)
+
+
+def test_run_as_a_program_json_errors_and_narrow_help_are_whole():
+    """The installed command (not typer's test runner): with --json, a bad option value is JSON on stdout like every
+    other error; at 80 columns the help is click's plain layout, with choices and option names never cut."""
+    import os
+    import subprocess
+    import sys
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "cuda_agent", *args], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "COLUMNS": "80"})
+
+    bad = run("eval", str(TASKS / "affine_relu.py"), "--solution", "x", "--atol", "-1", "--json")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    error = json.loads(bad.stdout)
+    assert error["exit_code"] == 2 and "--atol" in error["error"]
+    help_text = run("eval", "--help").stdout
+    assert "<strict|kernelbench>" in help_text and "--max-error-ratio" in help_text and "--fail-on-reject" in help_text
+    assert "…" not in help_text and all(len(line) <= 80 for line in help_text.splitlines())

@@ -1,6 +1,7 @@
 """The candidate worker's Guard: CPU time of threads started after it (alive or ended) is the candidate's; the
 harness's own threads, however busy, are not."""
 
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -38,6 +39,9 @@ def test_the_guard_charges_candidate_threads_alive_or_ended_and_never_the_harnes
         ended = threading.Thread(target=burn, args=(0.03,), name="short-lived")
         ended.start()
         ended.join()
+        gone = time.monotonic() + 5  # join() returns before the kernel lets go of the thread's task entry
+        while os.path.exists(f"/proc/self/task/{ended.native_id}") and time.monotonic() < gone:
+            time.sleep(0.005)
         busy, threads = guard.busy_us(start)
         assert busy >= 25_000 and threads == {}, busy  # ended before anyone looked: still counted
 
