@@ -75,8 +75,13 @@ def terminate_in_flight(args: list[str], env: dict[str, str],
         stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         proc.kill()
-    left = [pid for pid, first in seen.items() if first and (now := started(pid)) and now[0] == first[0]
-            and now[1] != "Z"]
+    def alive() -> list[int]:
+        return [pid for pid, first in seen.items() if first and (now := started(pid)) and now[0] == first[0]
+                and now[1] not in "ZX"]
+
+    settle = time.monotonic() + 3  # a worker killed as the command ended may still be exiting: seconds, not ~50
+    while (left := alive()) and time.monotonic() < settle:
+        time.sleep(0.05)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert sent == times, f"no reference worker was seen, or the command ended first:\n{stderr}"
