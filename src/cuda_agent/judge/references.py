@@ -35,9 +35,13 @@ class ReferenceWorker:
     def __init__(self, task: Task, request: dict[str, Any], env: dict[str, str], root: Path):
         self.task = task
         self.folder = Path(tempfile.mkdtemp(prefix=f"ref-{task.name[:40]}-", dir=root))
-        self.process = WorkerProcess("cuda_agent.judge.trusted.reference_worker",
-                                     {**request, "task_path": str(task.path), "init_seed": secrets.randbelow(2**31)},
-                                     self.folder, env)
+        try:
+            self.process = WorkerProcess("cuda_agent.judge.trusted.reference_worker",
+                                         {**request, "task_path": str(task.path),
+                                          "init_seed": secrets.randbelow(2**31)}, self.folder, env)
+        except BaseException:  # (Ctrl-C or SIGTERM while it starts: no one else knows the folder yet)
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
         self.lock = threading.Lock()  # one evaluation at a time
         self.users = 0  # evaluations that reserved it
         self.failed = False
