@@ -374,6 +374,29 @@ def test_the_gpu_clock_charges_no_more_overhead_than_calibrated_and_sees_a_share
     assert GpuCalls.cost_us(303.0, 301.0) == RESOLUTION_US and GpuCalls.cost_us(340.0, 301.0) == 39.0
 
 
+def test_the_gpu_clocks_own_jitter_does_not_make_a_small_kernels_timing_too_noisy(tmp_path):
+    """On the H200 a 2.6 us kernel read p20-p80 of 3.3-6.1 us: wider than half its median, all of it the clock's own
+    jitter (its empty calls spread as much). Only the spread beyond the clock's counts against the candidate."""
+    from cuda_agent.judge.config import JudgeConfig
+    from cuda_agent.judge.store import Store
+    from cuda_agent.judge.timekeeper import Timekeeper, own_spread
+
+    jittery = {"median_us": 4.0, "p20_us": 3.3, "p80_us": 6.1, "clock_overhead_p20_p80_us": [297.0, 300.0]}
+    assert own_spread(jittery) == 0.0
+    assert own_spread({**jittery, "clock_overhead_p20_p80_us": [299.0, 300.0]}) == pytest.approx(1.8 / 4.0)
+    assert own_spread({k: v for k, v in jittery.items() if k != "clock_overhead_p20_p80_us"}) == pytest.approx(0.7)
+
+    def ref(command, event):
+        flat = {"median_us": 20.0, "p20_us": 20.0, "p80_us": 20.0}
+        return {"eager": flat, "compile": flat, "compile_error": None} if command["command"] == "time" else \
+            {"stats": flat}
+
+    keeper = Timekeeper(JudgeConfig(cache_dir=tmp_path), Store(tmp_path / "judge.sqlite"))
+    assert not keeper.run("key", ref, lambda record: jittery).noisy
+    without = {k: v for k, v in jittery.items() if k != "clock_overhead_p20_p80_us"}
+    assert keeper.run("key", ref, lambda record: without).noisy
+
+
 def test_a_cached_baseline_is_stale_only_when_both_checks_disagree_the_same_way():
     from cuda_agent.judge.timekeeper import agree, stale
 

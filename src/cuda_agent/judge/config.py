@@ -100,7 +100,8 @@ class JudgeConfig:
     timed_checks: int = 10
     check_iters: int = 10  # calls of the short eager timings taken just before and after the candidate's
     baseline_tolerance: float = 0.10  # both beyond this (plus half the spreads) from the cached eager: re-time it
-    max_spread: float = 0.5  # (p80 - p20) / median of the candidate's calls beyond which its timing is retaken
+    max_spread: float = 0.5  # (p80 - p20) / median of the candidate's calls (less the clock's own spread) beyond
+    # which its timing is retaken
     timing_attempts: int = 2  # timings of the candidate before the verdict says "too noisy" instead of a speedup
     build_timeout_s: float = 900.0  # one build (the workspace's objects, or one load_inline call)
     build_budget_s: float = 600.0  # all of one evaluation's builds together (load_inline calls stop when it is spent)

@@ -163,9 +163,11 @@ class Evaluation:
         """Both sides construct their modules, with the same fresh weights; None when the candidate failed."""
         with self.judge.device_lock.shared():  # its first one runs Model on the device
             self.phases.mark("begin_queued")
+            # a worker that has begun before fails for reasons not the task's (a context an earlier candidate broke)
             begun = self.ref.call({"command": "begin", "init_seed": secrets.randbelow(2**31),
                                    "public_dir": str(self.slot.run_dir / "public")}, "begun",
-                                  self.cfg.reference_timeout_s, TaskError)
+                                  self.cfg.reference_timeout_s, ReferenceFailed if self.ref.begun else TaskError)
+            self.ref.begun += 1
             self.phases.mark("reference_begin")
         self.worker.send({"command": "init", "public_dir": str(self.slot.run_dir / "public")})
         initialised = self._candidate_step("initialised")

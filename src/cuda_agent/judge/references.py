@@ -45,6 +45,7 @@ class ReferenceWorker:
         self.lock = threading.Lock()  # one evaluation at a time
         self.users = 0  # evaluations that reserved it
         self.failed = False
+        self.begun = 0  # evaluations it began
         self.memory = 0  # bytes of device memory (host RAM on cpu) it held after its last evaluation
         self.peak = self.device_total = 0  # the most it ever held; the device's memory
         self._ready: dict[str, Any] | None = None

@@ -10,8 +10,10 @@ for `go` for good: after `LATE_GO_S` the window opens anyway, and closes only on
 
 The window's constant part (two context switches, ~285-310 us on the H200) is measured on the baseline callee's
 empty calls and subtracted: first once (`calibrate`: a candidate's call whose window is shorter than that ran its work
-outside it and fails), then by an empty call after every timed call (it drifts by microseconds over a run: a constant
-measured at the start read a 1.5 us kernel as -3 us on the H200). Timed calls are charged less the smaller of the two
+outside it and fails), then by empty calls just before and just after the timed calls (it drifts by microseconds
+over a run: a constant measured at the start read a 1.5 us kernel as -3 us on the H200; not between the timed calls:
+a window that follows another process's call holds one more context switch, which read a 2.6 us kernel as 10 us on
+the H200, where eager's calls, following its own empty calls, paid none). Timed calls are charged less the smaller of the two
 medians: another context's work on the GPU only lengthens empty windows (it takes time slices of ~2.1 ms), so neither
 can be inflated to shorten a call; and when the empty windows show such work (spread wide, longer than calibrated, or a
 calibration over `MAX_OVERHEAD_US`) the timing is marked `gpu_shared` and credits no speed (`timekeeper.py`). A call
@@ -51,6 +53,8 @@ MAX_OVERHEAD_US = 1000.0  # an empty window's median above this (half a time sli
 CALIBRATION_ROUNDS = 3
 SLICE_CHECKED_US = 1000.0  # a window this long may have cut work queued after `done` (the GPU's time slice, ~2.1 ms)
 MAX_BLOCKS = 4096
+DRAIN_S = 30.0  # how long closing waits for this side's queued reads of a callee's memory
+_STILL_IN_USE: list = []  # memory whose queued reads did not end in time: never unmapped
 
 
 class GpuCalls(Calls):
@@ -260,8 +264,27 @@ class GpuCalls(Calls):
             self.checks_overhead = True
 
     def close(self) -> None:
+        """Unmap its blocks and buffers once this side's stream has ended its work on them (a failed call's window
+        is abandoned, but its output copies may still be queued behind another context's time slice: unmapped
+        under them, they fault and this process's CUDA context is lost for every later evaluation). Memory still in
+        use after `DRAIN_S` is kept mapped for good rather than unmapped under running work."""
+        if not drained(self.order.stream, DRAIN_S):
+            _STILL_IN_USE.append((self.blocks, self.buffers))
+            self.buffers = {}
         self.blocks = {}
         super().close()
+
+
+def drained(stream: torch.cuda.Stream, timeout_s: float) -> bool:
+    """Whether the work queued on `stream` so far ends within `timeout_s` (polled: never a wait without end)."""
+    done = torch.cuda.Event()
+    done.record(stream)
+    deadline = time.monotonic() + timeout_s
+    while not done.query():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def quantiles(values: list[float]) -> tuple[float, float, float]:

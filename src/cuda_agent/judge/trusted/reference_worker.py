@@ -64,6 +64,7 @@ GUESS = 4
 BASELINE_TIMEOUT_S = 900.0  # the baseline callee's compilation or timing at most
 BASELINE_READ_LIMIT = 0  # its outputs are never read
 SCALE_MAX = 4.0  # calls on the trusted path draw their inputs' scale from [1, SCALE_MAX], log-uniformly
+EMPTY_CALLS = 10  # the GPU clock's empty calls just before the timed calls, and again just after
 
 
 class Reference:
@@ -233,7 +234,12 @@ class Reference:
         flush = self.backend.make_cache_flusher()
         forced: list[str] = []  # calls checked because their window may have been cut (`Calls.must_check`)
         clock = self.baseline_calls() if isinstance(calls, GpuCalls) else None  # its empty calls: the GPU clock's
-        empty: list[float] = []  # constant part, measured after every call (it drifts by microseconds)
+        empty: list[float] = []  # constant part, measured just before and after the timed calls (it drifts)
+
+        def empty_calls() -> None:
+            # in a block, the first left out: a window that follows another process's call holds one more
+            # context switch (~7 us on the H200), so empty calls between timed ones would charge the callee it
+            empty.extend([clock.empty_window(deadline) for _ in range(EMPTY_CALLS + 1)][1:])
 
         def one(label: str, picked: bool):
             inputs = make_inputs(self.module, rng.randrange(2**31), self.device, None, self.draw_scale(rng))
@@ -250,8 +256,6 @@ class Reference:
                 self._inputs_kept(calls, label) if inputs_checked else {"ok": True}
             if not result["ok"]:
                 raise CallFailed(result["reason"])
-            if clock is not None:
-                empty.append(clock.empty_window(deadline))
             return call
 
         warm = [one(f"warm-up call {i}", False).window_us for i in range(max(1, int(timing["warmup"])))]
@@ -259,8 +263,11 @@ class Reference:
         iters = int(min(timing["max_iters"], max(timing["min_iters"],
                                                   math.ceil(timing["target_time_s"] / max(per_call, 1e-6)))))
         picked = set(rng.sample(range(iters), min(iters, checks)))
-        empty.clear()
+        if clock is not None:
+            empty_calls()
         timed = [one(f"timed call {i} (fresh values in the timed buffers)", i in picked) for i in range(iters)]
+        if clock is not None:
+            empty_calls()
         windows, cpu = [call.window_us for call in timed], [call.cpu_us for call in timed]
         self._release()
         gpu = {}
