@@ -289,6 +289,19 @@ def test_single_turn_mode_judges_the_files_of_one_reply(judge, tmp_path):
     assert replay.messages[0]["content"] == reply
 
 
+def test_a_malformed_tool_call_is_answered_with_its_parse_error_not_as_no_call(judge, tmp_path):
+    """A small model's typical slip: a raw newline inside a JSON string. It is told what did not parse, not that
+    it called no tool."""
+    broken = '<tool_call>{"name": "write_file", "arguments": {"path": "a.py", "content": "x = 1\ny = 2"}}</tool_call>'
+    client = ScriptedClient([{"role": "assistant", "content": broken}] * 2)
+    run_dir = tmp_path / "malformed"
+    run_episode(Environment(judge, run_dir, use_sandbox=SANDBOX), client, AFFINE, run_dir, LoopConfig(max_invalid=2))
+    told = [json.loads(line)["message"]["content"] for line in (run_dir / "trajectory.jsonl").read_text().splitlines()
+            if json.loads(line).get("type") == "user" and json.loads(line).get("turn")]
+    assert told[0].startswith("Your tool call could not be read: <tool_call> block 1: invalid JSON"), told
+    assert "Invalid control character" in told[0] and "No tool was called" not in told[0], told
+
+
 def test_replies_without_tool_calls_end_the_episode(judge, tmp_path):
     client = ScriptedClient([{"role": "assistant", "content": "Thinking..."}] * 3)
     run_dir = tmp_path / "idle"

@@ -49,6 +49,7 @@ class Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens, total_tokens
     finish_reason: str | None = None  # "length": cut off at max_tokens
+    malformed: list[str] = field(default_factory=list)  # why `<tool_call>` blocks written as text did not parse
 
     def message(self) -> dict[str, Any]:
         """The assistant message for the conversation (tool calls in the API's format)."""
@@ -67,18 +68,24 @@ def _as_call(data: Any) -> ToolCall | None:
     return ToolCall(f"call_{uuid.uuid4().hex[:12]}", data["name"], arguments)
 
 
-def parse_text_tool_calls(content: str) -> list[ToolCall]:
+def parse_text_tool_calls(content: str, malformed: list[str] | None = None) -> list[ToolCall]:
     """Tool calls a model wrote into its text: `<tool_call>{json}</tool_call>` blocks (the closing tag may be missing,
-    the JSON may sit in a ```json fence), or a reply that is nothing but one such JSON object."""
+    the JSON may sit in a ```json fence), or a reply that is nothing but one such JSON object. Why a block did not
+    parse is appended to `malformed`."""
     content = content or ""
     decoder, calls = json.JSONDecoder(), []
-    for match in TOOL_CALL_OPEN.finditer(content):
+    for n, match in enumerate(TOOL_CALL_OPEN.finditer(content), 1):
         try:
             data, _ = decoder.raw_decode(content, match.end())
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as exc:
+            if malformed is not None:
+                malformed.append(f"<tool_call> block {n}: invalid JSON ({exc.msg}, {exc.pos - match.end()} characters "
+                                 f"in: {content[exc.pos:exc.pos + 40]!r})")
             continue
         if call := _as_call(data):
             calls.append(call)
+        elif malformed is not None:
+            malformed.append(f"<tool_call> block {n}: not an object with a \"name\" string and \"arguments\"")
     if not calls and "<tool_call>" not in content:
         bare = content.strip()
         fenced = FENCED.match(bare)
@@ -141,9 +148,10 @@ def with_text_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
 def reply_from(content: str | None, tool_calls: list[ToolCall], usage: dict[str, int],
                 finish_reason: str | None = None) -> Reply:
     content = content or ""
+    malformed: list[str] = []
     if not tool_calls:
-        tool_calls = parse_text_tool_calls(content)
-    return Reply(content, tool_calls, usage, finish_reason)
+        tool_calls = parse_text_tool_calls(content, malformed)
+    return Reply(content, tool_calls, usage, finish_reason, malformed)
 
 
 TEMPERATURE, MAX_TOKENS = 1.0, 16384  # the agent's sampling unless told otherwise (the command line's defaults too)

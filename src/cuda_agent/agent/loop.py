@@ -23,6 +23,8 @@ from .summary import EpisodeSummary, LoopState, Stop
 from .tools import ToolError, parse_arguments
 
 NUDGE = "No tool was called. Use the tools to work on the task, and call `finish` when you are done."
+MALFORMED = ("Your tool call could not be read: {errors}. Write each call as <tool_call>{{\"name\": \"TOOL\", "
+             "\"arguments\": {{...}}}}</tool_call> with valid JSON (strings escaped: \\n for a newline, \\\" for a quote).")
 SINGLE_TURN = """Answer in one reply, without tools: give every file of your solution (model_new.py and the \
 files under kernels/) as a heading `### FILE: <path>` followed by one fenced code block with its whole content."""
 FILE_BLOCK = re.compile(r"^#+\s*FILE:\s*(\S+)\s*\n```[^\n]*\n(.*?)\n```", re.MULTILINE | re.DOTALL)
@@ -50,6 +52,11 @@ def context_tokens(reply: Reply, messages: list[dict]) -> int:
     if reply.usage.get("total_tokens"):
         return reply.usage["total_tokens"]
     return sum(len(json.dumps(m)) for m in messages) // 4
+
+
+def malformed_call(errors: list[str]) -> str:
+    """What the model is told when it wrote a tool call that does not parse (not that it called none)."""
+    return MALFORMED.format(errors="; ".join(errors[:3])[:1000])
 
 
 def parse_files(text: str) -> dict[str, str]:
@@ -116,7 +123,7 @@ def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: lis
             if invalid >= config.max_invalid:
                 state.stopped(Stop.NO_TOOL_CALL, f"{invalid} replies in a row without a tool call")
                 return
-            messages.append({"role": "user", "content": NUDGE})
+            messages.append({"role": "user", "content": malformed_call(reply.malformed) if reply.malformed else NUDGE})
             traj.write("user", turn=state.turn, message=messages[-1])
             continue
         finished = False
