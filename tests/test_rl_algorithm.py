@@ -78,3 +78,27 @@ def test_ppo_losses_combine_the_terms_as_configured():
     kl = (float(kl_penalty(t([0.1]), t([0.0]))) + float(kl_penalty(t([-0.1]), t([0.0])))) / 2
     assert float(full[0]) == pytest.approx(float(plain[0]) + 0.5 * kl - 0.1 * 2.0)
     assert full[2]["kl"] == pytest.approx(kl) and full[2]["entropy"] == pytest.approx(2.0)
+
+
+def test_the_default_lambdas_carry_the_outcome_to_the_first_token_of_a_kernel_writing_turn():
+    """A `write_file` turn that holds a kernel is ~1,300 model tokens; with the paper's lambda 0.95 and a critic
+    that knows nothing, its first token gets 0.95^1300 of the outcome: nothing. The defaults (1 for the actor and
+    the critic) give every token the whole outcome less its value."""
+    from cuda_agent.rl.algorithm import advantages_and_returns
+
+    mask = torch.ones(1, 1300)
+    rewards = outcome_rewards(torch.tensor([3.0]), mask)
+    values = torch.zeros(1, 1300)
+    advantages, returns = advantages_and_returns(rewards, values, mask, PPOConfig())
+    assert float(advantages[0, 0]) == pytest.approx(3.0) and torch.allclose(returns, torch.full((1, 1300), 3.0))
+    paper, _ = advantages_and_returns(rewards, values, mask, PPOConfig(lam=0.95, critic_lam=0.95))
+    assert float(paper[0, 0]) < 1e-20
+    apart = advantages_and_returns(rewards, values, mask, PPOConfig(lam=0.95, critic_lam=1.0))
+    assert float(apart[0][0, 0]) < 1e-20 and float(apart[1][0, 0]) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="lam must be in"):
+        PPOConfig(lam=1.5)
+
+
+def test_the_value_loss_without_a_clip_is_the_plain_squared_error():
+    loss, stats = value_loss(t([1.0]), t([0.5]), t([2.0]), t([1]), clip=None)
+    assert float(loss) == pytest.approx(0.5) and stats["value_clip_fraction"] == 0.0

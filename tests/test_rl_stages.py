@@ -17,7 +17,8 @@ from cuda_agent.agent.loop import LoopConfig
 from cuda_agent.agent.tools import SCHEMAS
 from cuda_agent.cli import app
 from cuda_agent.llm import with_text_tools
-from cuda_agent.rl.rollout import actor_sampler, batch_of, play, response_logprob_fn
+from cuda_agent.rl.batcher import BatchSampler
+from cuda_agent.rl.rollout import batch_of, play, response_logprob_fn
 from cuda_agent.rl.tokens import TurnTokenizer
 
 from conftest import TASKS
@@ -79,9 +80,12 @@ def test_sampled_episodes_batch_up_and_the_trainer_recomputes_their_log_probs(ti
     for i, (tools, single) in enumerate([(SCHEMAS, False), (None, True)]):  # two prompt lengths
         turns = TurnTokenizer(tokenizer, tools, tool_format="text")
         env = Environment(cpu_judge, tmp_path / f"run{i}", use_sandbox=False)
-        sample = actor_sampler(actor, generator=torch.Generator().manual_seed(i))
-        episodes.append(play(env, sample, turns, TASKS / "affine_relu.py", tmp_path / f"run{i}",
-                             LoopConfig(max_turns=2, single_turn=single), max_new_tokens=12))
+        sample = BatchSampler(actor.model, tokenizer.pad_token_id, seed=i)
+        try:
+            episodes.append(play(env, sample, turns, TASKS / "affine_relu.py", tmp_path / f"run{i}",
+                                 LoopConfig(max_turns=2, single_turn=single), max_new_tokens=12))
+        finally:
+            sample.close()
     lengths = [e.trajectory.prompt_length for e in episodes]
     assert lengths[0] != lengths[1]
     batch = batch_of(episodes, tokenizer.pad_token_id)

@@ -9,6 +9,9 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 
 from conftest import TASKS  # noqa: E402
 from cuda_agent.agent.environment import opening_messages  # noqa: E402
+from cuda_agent.agent.tools import SCHEMAS  # noqa: E402
+from cuda_agent.llm import with_text_tools  # noqa: E402
+from cuda_agent.rl.tokens import TurnTokenizer  # noqa: E402
 from cuda_agent.rl.verl_data import verl_rows, write_parquet  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
@@ -29,5 +32,8 @@ def test_exported_tasks_load_with_verls_dataset_and_overlong_prompts_are_filtere
     row = data[1]
     assert row["agent_name"] == "cuda_agent" and row["data_source"] == "cuda_agent"
     assert row["extra_info"]["reference"] == tasks[1].read_text() and row["extra_info"]["backend"] == "cuda"
-    assert list(row["raw_prompt"]) == opening_messages(tasks[1].read_text(), "cuda")
-    assert len(dataset(64)) == 0  # the prompt verl measures is the real one (about 1.5k tokens)
+    assert list(row["raw_prompt"]) == with_text_tools(opening_messages(tasks[1].read_text(), "cuda"), SCHEMAS)
+    # the prompt verl measures is the one the model reads (the tools' descriptions too): exactly its length
+    read = [len(TurnTokenizer(tokenizer, SCHEMAS).start(opening_messages(t.read_text(), "cuda")).ids) for t in tasks]
+    for limit in (max(read), min(read), min(read) - 1):
+        assert len(dataset(limit)) == sum(n <= limit for n in read), (limit, read)

@@ -43,13 +43,13 @@ def pool(cache_dir):
         yield pool
 
 
-def episode(tokenizer, pool, tmp_path, texts, response_length=8192):
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096,
+def episode(tokenizer, pool, tmp_path, texts, response_length=8192, prompt_length=4096, server_class=None):
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": prompt_length,
                                                                  "response_length": response_length}},
                                "data": {}})
     loop = CudaAgentLoop(DictConfigWrap(config), None, tokenizer, None, None, DictConfigWrap(config.data),
                          backend="cpu", max_turns=6, episodes_dir=str(tmp_path), pool=pool)
-    loop.server_manager = server = ScriptedServer(tokenizer, texts, loop.turns.end_of_turn)
+    loop.server_manager = server = (server_class or ScriptedServer)(tokenizer, texts, loop.turns.end_of_turn)
     row = {"extra_info": {"reference": (TASKS / "affine_relu.py").read_text()}}
     return asyncio.run(loop.run({"temperature": 1.0}, **row)), server, loop
 
@@ -112,3 +112,38 @@ def test_a_workers_episodes_all_run_at_once(smollm2, pool, tmp_path):
 
     outputs = asyncio.run(main())
     assert len(outputs) == count and all(o.extra_fields["stop"] == "finish" for o in outputs)
+
+
+def test_an_aborted_generation_goes_on_from_where_it_stopped(smollm2, pool, tmp_path):
+    """verl aborts generations when it updates the weights mid-rollout: the turn is sent again with what was sampled
+    so far, not ended at -1."""
+    class Aborting(ScriptedServer):
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            if len(self.requests) == 0:
+                self.requests.append({"prompt_ids": list(prompt_ids), **sampling_params})
+                ids = self.replies[0][:5]
+                self.replies[0] = self.replies[0][5:]
+                return TokenOutput(token_ids=ids, log_probs=[-0.5] * 5, stop_reason="aborted")
+            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2)
+    texts = ["Done here.\n" + call("finish")]
+    out, server, _ = episode(tokenizer, pool, tmp_path, texts, server_class=Aborting)
+    assert out.extra_fields["stop"] == "finish", out.extra_fields
+    first, again = server.requests
+    assert again["prompt_ids"] == first["prompt_ids"] + out.response_ids[:5]
+    assert again["max_tokens"] == first["max_tokens"] - 5
+    assert tokenizer.decode([i for i, m in zip(out.response_ids, out.response_mask) if m]) == texts[0] + "<|im_end|>"
+    assert out.metrics.generate_sequences > 0 and out.metrics.tool_calls > 0
+
+
+def test_a_prompt_longer_than_verl_allows_cannot_break_the_batch(smollm2, pool, tmp_path):
+    """One overlong prompt used to crash the whole rollout batch in verl's torch.cat: it now ends its episode at -1
+    with a prompt of prompt_length tokens and one untrained response token, and never reaches the server."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2)
+    out, server, loop = episode(tokenizer, pool, tmp_path, [call("finish")], prompt_length=256)
+    assert server.requests == [] and out.reward_score == -1
+    assert len(out.prompt_ids) == 256 and out.response_ids == [loop.turns.end_of_turn] and out.response_mask == [0]
+    assert "longer than prompt_length" in out.extra_fields["stop_detail"]
+    tensors = out.as_dict()
+    assert float(tensors["rm_scores"][-1]) == -1

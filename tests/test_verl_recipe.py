@@ -2,6 +2,7 @@
 agent loop importable from the file they name, and the data loading with verl's dataset classes."""
 
 import json
+import shutil
 
 import pytest
 
@@ -12,7 +13,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from conftest import TASKS  # noqa: E402
 from cuda_agent.cli import app  # noqa: E402
-from cuda_agent.rl.verl_recipe import Recipe, prepare  # noqa: E402
+from cuda_agent.rl.config import PPOConfig  # noqa: E402
+from cuda_agent.rl.verl_recipe import UNCLIPPED, Recipe, prepare  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,7 +33,10 @@ def test_ppo_stages_compose_validate_and_name_our_agent_loop_and_reward(stage, t
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
     assert (actor.optim.lr, config.critic.optim.lr) == (3e-6, 6e-6)
-    assert config.algorithm.adv_estimator == "gae" and config.algorithm.lam == 0.95 and config.algorithm.gamma == 1
+    assert config.algorithm.adv_estimator == "gae" and config.algorithm.gamma == 1
+    assert config.algorithm.lam == PPOConfig.lam and config.data.filter_overlong_prompts  # as on the local path
+    assert config.critic.cliprange_value == (UNCLIPPED if stage == "value" else PPOConfig.value_clip)
+    assert config.critic.model.path == str(tiny_smollm2)
     assert config.trainer.critic_warmup == (3 if stage == "value" else 0) and config.trainer.total_training_steps == 3
     [loop] = OmegaConf.load(rollout.agent.agent_loop_config_path)
     assert get_class(loop["_target_"]).__name__ == "CudaAgentLoop" and loop.backend == "cuda"
@@ -40,6 +45,20 @@ def test_ppo_stages_compose_validate_and_name_our_agent_loop_and_reward(stage, t
         assert config.reward.custom_reward_function.path == "pkg://cuda_agent.rl.verl_reward"
     else:
         assert rollout.agent.default_agent_loop == "cuda_agent"
+
+
+def test_the_agentic_stage_takes_the_value_stages_critic(tiny_smollm2, tmp_path):
+    critic = tmp_path / "value-critic"
+    shutil.copytree(tiny_smollm2, critic)
+    result = CliRunner().invoke(app, ["train", "verl", "--stage", "agentic", "--model", str(tiny_smollm2),
+                                      "--critic", str(critic), "--data", str(TASKS / "affine_relu.py"), "--out",
+                                      str(tmp_path / "run"), "--gpus-per-node", "2", "--batch", "8", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert OmegaConf.load(tmp_path / "run" / "verl_agentic.yaml").critic.model.path == str(critic.resolve())
+    bad = CliRunner().invoke(app, ["train", "verl", "--stage", "agentic", "--model", str(tiny_smollm2), "--critic",
+                                   str(tmp_path), "--data", str(TASKS / "affine_relu.py"), "--out",
+                                   str(tmp_path / "run2"), "--dry-run"])
+    assert bad.exit_code != 0 and "is not an HF model folder" in bad.output
 
 
 def test_a_cluster_run_with_the_judge_on_ray_joins_the_cluster_and_says_where_to_judge(tiny_smollm2, tmp_path):

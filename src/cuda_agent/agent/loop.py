@@ -24,7 +24,8 @@ from .tools import ToolError, parse_arguments
 
 NUDGE = "No tool was called. Use the tools to work on the task, and call `finish` when you are done."
 MALFORMED = ("Your tool call could not be read: {errors}. Write each call as <tool_call>{{\"name\": \"TOOL\", "
-             "\"arguments\": {{...}}}}</tool_call> with valid JSON (strings escaped: \\n for a newline, \\\" for a quote).")
+             "\"arguments\": {{...}}}}</tool_call> with valid JSON (strings escaped: \\n for a newline, \\\" for "
+             "a quote).")
 SINGLE_TURN = """Answer in one reply, without tools: give every file of your solution (model_new.py and the \
 files under kernels/) as a heading `### FILE: <path>` followed by one fenced code block with its whole content."""
 FILE_BLOCK = re.compile(r"^#+\s*FILE:\s*(\S+)\s*\n```[^\n]*\n(.*?)\n```", re.MULTILINE | re.DOTALL)

@@ -19,6 +19,8 @@ CriticLr = Annotated[float, typer.Option(min=0.0, help="critic learning rate (th
 SaveEvery = Annotated[int, typer.Option(min=1, help="checkpoint every N steps (and at the end)")]
 KeepCheckpoints = Annotated[int, typer.Option(min=1, help="checkpoints kept: the newest N (OUT/checkpoint-STEP; "
                                               "OUT/checkpoint is the newest)")]
+Temperature = Annotated[float, typer.Option(min=0.01, help="sampling temperature of the rollouts (training "
+                                            "recomputes log-probs at the same one)")]
 SaveOptimizer = Annotated[bool, typer.Option("--save-optimizer/--no-save-optimizer", help="keep the optimizers' "
                                              "state in checkpoints (twice the weights' size; without it a resume "
                                              "starts the optimizers afresh)")]
@@ -41,6 +43,7 @@ def train_demo_cmd(
     actor_lr: ActorLr = TrainConfig.actor_lr,
     critic_lr: CriticLr = TrainConfig.critic_lr,
     seed: int = typer.Option(DemoConfig.seed, help="sampling and initialisation seed"),
+    temperature: Temperature = DemoConfig.temperature,
     save_every: SaveEvery = DemoConfig.save_every,
     keep_checkpoints: KeepCheckpoints = DemoConfig.keep_checkpoints,
     save_optimizer: SaveOptimizer = DemoConfig.save_optimizer,
@@ -75,7 +78,8 @@ def train_demo_cmd(
                 fail(str(exc))
         if not (Path(model) / "config.json").is_file():
             fail(f"{model} is not an HF model folder (no config.json)")
-        config = DemoConfig(backend=backend, steps=steps, batch=batch, seed=seed, save_every=save_every,
+        config = DemoConfig(backend=backend, steps=steps, batch=batch, seed=seed, temperature=temperature,
+                            save_every=save_every,
                             keep_checkpoints=keep_checkpoints, save_optimizer=save_optimizer,
                             time_limit_s=time_limit, train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr))
         history = run_demo(config, Path(model), out_dir, random_init=random_init,
@@ -142,6 +146,7 @@ def train_cmd(
     actor_lr: ActorLr = TrainConfig.actor_lr,
     critic_lr: CriticLr = TrainConfig.critic_lr,
     seed: int = typer.Option(StageConfig.seed, help="task order and sampling seed"),
+    temperature: Temperature = StageConfig.temperature,
     save_every: SaveEvery = StageConfig.save_every,
     keep_checkpoints: KeepCheckpoints = StageConfig.keep_checkpoints,
     save_optimizer: SaveOptimizer = StageConfig.save_optimizer,
@@ -175,6 +180,7 @@ def train_cmd(
         tasks = _stage_tasks(data, out_dir / "tasks") if data is not None else []
         config = StageConfig(stage=stage, steps=steps, batch=batch, max_turns=max_turns,
                              max_new_tokens=max_new_tokens, max_context=max_context, seed=seed,
+                             temperature=temperature,
                              save_every=save_every, keep_checkpoints=keep_checkpoints,
                              save_optimizer=save_optimizer, time_limit_s=time_limit,
                              train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr))
@@ -202,6 +208,8 @@ def train_cmd(
 def train_verl_cmd(
     stage: Stages = typer.Option(..., help="the stage (docs/training.md)"),
     model: Path = typer.Option(..., help="an HF causal-LM folder"),
+    critic: Optional[Path] = typer.Option(None, help="the critic's HF folder (agentic: the value stage's critic, "
+                                          "merged with verl's model_merger; default: the model's backbone)"),
     out_dir: Path = typer.Option(..., "--out", help="run folder: data, verl config, launch.sh, checkpoints"),
     data: Optional[Path] = typer.Option(None, help="tasks: a reference .py, a folder of them (KernelBench layout "
                                         "too) or a `data build` export"),
@@ -226,8 +234,10 @@ def train_verl_cmd(
         fail(f"training on verl needs the `train` extra (pip install -e '.[train]'): {exc}")
     _check_stage_inputs(stage, model, data, runs)
     try:
+        if critic is not None and not (critic / "config.json").is_file():
+            fail(f"--critic {critic} is not an HF model folder (no config.json)")
         recipe = Recipe(stage, model.resolve(), out_dir.resolve(), backend, judge, nodes, gpus_per_node, steps,
-                        batch, max_turns, max_prompt, max_response)
+                        batch, max_turns, max_prompt, max_response, critic.resolve() if critic else None)
         tasks = [t.resolve() for t in _stage_tasks(data, out_dir / "tasks")] if data is not None else None
         run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else None
         script = prepare(recipe, tasks, run_dirs)

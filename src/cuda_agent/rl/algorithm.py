@@ -4,7 +4,14 @@ Every tensor is `[batch, tokens]` over an episode's response (everything after t
 tokens the model sampled and 0 on tool observations and chat-template tokens between its turns. Those tokens are
 not steps: GAE skips them, so the model token before a tool result bootstraps from the model's next token, and
 the outcome reward sits on the last model token. Losses are token means over every model token of the batch
-(verl's `token-mean`). Defaults are the paper's: gamma 1, lambda 0.95, ratio clip 0.2 low / 0.28 high.
+(verl's `token-mean`). Ratio clip 0.2 low / 0.28 high and gamma 1 are the paper's; lambda is the actor's and the
+critic's apart (config.py says why both are 1 here).
+
+A batch whose episodes all scored the same (all -1: the common case for a small model) teaches the actor nothing:
+whitening would turn the critic's errors (a zero critic's ramp of lambda^k) into unit-scale advantages, measured
+at -4.7 std on a reply's last tokens, a push never to end one. Such a batch trains the critic only
+(`PPOConfig.skip_uniform`); chosen over a whitening floor, which still pushes by the critic's error, and over
+per-task groups, which need several episodes of each task in a batch.
 """
 
 from __future__ import annotations
@@ -56,6 +63,20 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, returns
 
 
+def advantages_and_returns(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, config: PPOConfig
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The actor's advantages (GAE with `lam`) and the critic's targets (with `critic_lam`)."""
+    advantages, returns = gae(rewards, values, mask, config.gamma, config.lam)
+    if config.critic_lam != config.lam:
+        returns = gae(rewards, values, mask, config.gamma, config.critic_lam)[1]
+    return advantages, returns
+
+
+def uniform(scores: torch.Tensor) -> bool:
+    """Whether every episode of a batch scored the same."""
+    return bool((scores == scores[0]).all())
+
+
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 clip_low: float = 0.2, clip_high: float = 0.28) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate with an asymmetric clip range; also the share of tokens clipped and the k1 KL
@@ -71,14 +92,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               clip: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
-    """Half the squared error to the returns, the worse of the unclipped and the clipped value (PPO's critic)."""
-    clipped = old_values + (values - old_values).clamp(-clip, clip)
+               clip: float | None = 0.5) -> tuple[torch.Tensor, dict[str, float]]:
+    """Half the squared error to the returns, the worse of the unclipped and the clipped value (PPO's critic;
+    `clip` None: unclipped)."""
+    clipped = values if clip is None else old_values + (values - old_values).clamp(-clip, clip)
     loss = 0.5 * masked_mean(torch.maximum((values - returns) ** 2, (clipped - returns) ** 2), mask)
     with torch.no_grad():
         stats = {"value_clip_fraction": float(masked_mean(((clipped - returns) ** 2 > (values - returns) ** 2)
-                                                          .to(values.dtype), mask)),
-                 "explained_variance": explained_variance(values, returns, mask)}
+                                                          .to(values.dtype), mask))}
     return loss, stats
 
 

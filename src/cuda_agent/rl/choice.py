@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .models import positions
 from .tokens import TokenTrajectory, TurnTokenizer
 
 
@@ -21,8 +22,8 @@ class Slot:
 
 
 class ChoiceReply:
-    def __init__(self, turns: TurnTokenizer, slots: list[Slot]):
-        self.turns, self.slots = turns, slots
+    def __init__(self, turns: TurnTokenizer, slots: list[Slot], temperature: float = 1.0):
+        self.turns, self.slots, self.temperature = turns, slots, temperature
         self.allowed: list[list[int]] = []
         for slot in slots:
             ids = []
@@ -49,7 +50,7 @@ class ChoiceReply:
     def _slot_logp(self, logits: torch.Tensor, slot: int) -> torch.Tensor:
         """[..., vocab] logits -> [..., options] log-probs renormalised over the slot's options."""
         allowed = torch.tensor(self.allowed[slot], device=logits.device)
-        return torch.log_softmax(logits.float().index_select(-1, allowed), dim=-1)
+        return torch.log_softmax(logits.float().index_select(-1, allowed) / self.temperature, dim=-1)
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompt: list[int], batch: int,
@@ -88,7 +89,8 @@ class ChoiceReply:
 
         def fn(model, ids, attention):
             kept = ids.shape[1] - prompt_length + 1  # logits from the prompt's last position on (not the prompt's)
-            logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=kept, use_cache=False).logits
+            logits = model(input_ids=ids, attention_mask=attention, position_ids=positions(attention),
+                           logits_to_keep=kept, use_cache=False).logits
             logps, entropies = [], []
             for slot in range(slots):
                 logp = self._slot_logp(logits[:, slot], slot)  # the logits that score the slot's token

@@ -10,16 +10,25 @@ STAGES = ("warmup", "rft", "value", "agentic")
 
 @dataclass
 class PPOConfig:
-    """The PPO update: GAE, the clipped objectives, their coefficients (algorithm.py)."""
+    """The PPO update: GAE, the clipped objectives, their coefficients (algorithm.py). The paper's lambda is 0.95
+    for both; here the actor's and the critic's are apart and 1 by default: with an outcome reward, token t gets
+    lambda^(model tokens to the end) of it, 0.95^1300 ~ 1e-29 at the end of a turn that writes a kernel."""
 
     gamma: float = 1.0
-    lam: float = 0.95
+    lam: float = 1.0  # the actor's GAE lambda (advantages)
+    critic_lam: float = 1.0  # the critic's (its targets: 1 is the episode's return itself)
     clip_low: float = 0.2  # ratio >= 1 - clip_low ...
     clip_high: float = 0.28  # ... and <= 1 + clip_high ("clip-higher": room for rare tokens to gain mass)
-    value_clip: float = 0.2  # the critic's new value stays within this of the rollout's
+    value_clip: float | None = 0.5  # the critic's new value stays within this of the rollout's (verl's); None: off
     kl_coef: float = 0.0  # KL to the reference policy, in the loss (k3 estimator); 0: off
     entropy_coef: float = 0.0
     whiten_advantages: bool = True
+    skip_uniform: bool = True  # a batch whose episodes all scored the same trains the critic only (below)
+
+    def __post_init__(self):
+        for name in ("gamma", "lam", "critic_lam"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1]")
 
 
 @dataclass
@@ -27,17 +36,19 @@ class TrainConfig:
     """One optimisation step of actor and critic (trainer.py)."""
 
     actor_lr: float = 3e-6  # the paper's
-    critic_lr: float = 6e-6
+    critic_lr: float = 6e-6  # the critic's backbone (the paper's)
+    value_head_lr: float = 1e-4  # its value head, which starts at zero: at 6e-6 it barely moves in a short run
     epochs: int = 2  # passes over each batch
     minibatches: int = 2  # optimizer steps per pass
     max_grad_norm: float = 1.0
     gradient_checkpointing: bool = True  # recompute each layer's activations in backward: memory for time
+    bf16: bool | None = None  # bf16 autocast over fp32 weights; None: on CUDA only
     ppo: PPOConfig = None  # type: ignore[assignment]
 
     def __post_init__(self):
         if self.ppo is None:
             self.ppo = PPOConfig()
-        for name in ("actor_lr", "critic_lr"):
+        for name in ("actor_lr", "critic_lr", "value_head_lr"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.epochs < 1 or self.minibatches < 1:

@@ -139,7 +139,7 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
     else:
         torch.manual_seed(config.seed)
         actor, critic = build_models(Path(model), random_init, device, dtype)
-    reply = ChoiceReply(TurnTokenizer(tokenizer), slots(config.backend))
+    reply = ChoiceReply(TurnTokenizer(tokenizer), slots(config.backend), config.temperature)
     reference = Path(str(TASK_DIR.joinpath("affine_relu.py")))
     judge_config = judge_config or JudgeConfig()
     with JudgePool(config.backend, judge_config, devices=devices) as pool:

@@ -1,7 +1,8 @@
 """The actor (a causal LM) and the critic (the same backbone with a value head) of PPO, on any HF checkpoint.
 
-The actor samples with its KV cache and returns the log-probs of what it sampled; training recomputes them with
-`Actor.logprobs` on the same ids and the same temperature, so the rollout's and the trainer's numbers agree.
+Rollouts sample from the actor's model through the batcher (batcher.py), which returns the log-probs of what it
+sampled; training recomputes them on the same ids at the same temperature, so the rollout's and the trainer's
+numbers agree.
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ from pathlib import Path
 import torch
 
 from .algorithm import entropy, token_logprobs
+
+
+def positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on each row's first real token (rows are left-padded): without them a padded
+    row's positions are shifted, exact only for a model whose positions are purely relative."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 class Actor(torch.nn.Module):
@@ -31,27 +38,9 @@ class Actor(torch.nn.Module):
     def logprobs(self, ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log p(ids[:, t] | ids[:, :t]) for t >= 1 (shape [batch, len - 1]), and the entropy at each position."""
-        logits = self.model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1] / temperature
+        logits = self.model(input_ids=ids, attention_mask=attention_mask,
+                            position_ids=positions(attention_mask)).logits[:, :-1] / temperature
         return token_logprobs(logits, ids[:, 1:]), entropy(logits) if with_entropy else None
-
-    @torch.no_grad()
-    def sample(self, prompt: list[int], max_new_tokens: int, stop: set[int], temperature: float = 1.0,
-               generator: torch.Generator | None = None) -> tuple[list[int], list[float]]:
-        """One reply: tokens sampled until a stop token (included) or the limit, with their log-probs."""
-        ids = torch.tensor([prompt], device=self.device)
-        out = self.model(input_ids=ids, use_cache=True)
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        for _ in range(max_new_tokens):
-            logp = torch.log_softmax(out.logits[0, -1].float() / temperature, dim=-1)
-            token = int(torch.multinomial(logp.exp().cpu(), 1, generator=generator))
-            tokens.append(token)
-            logprobs.append(float(logp[token]))
-            if token in stop:
-                break
-            out = self.model(input_ids=torch.tensor([[token]], device=self.device),
-                             past_key_values=out.past_key_values, use_cache=True)
-        return tokens, logprobs
 
 
 class Critic(torch.nn.Module):
@@ -81,5 +70,6 @@ class Critic(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """V(ids[:, :t+1]) for t < len - 1: the value before each next token (aligned with Actor.logprobs)."""
-        hidden = self.backbone(input_ids=ids, attention_mask=attention_mask, use_cache=False).last_hidden_state[:, :-1]
+        hidden = self.backbone(input_ids=ids, attention_mask=attention_mask, position_ids=positions(attention_mask),
+                               use_cache=False).last_hidden_state[:, :-1]
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)

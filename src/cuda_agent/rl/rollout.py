@@ -3,7 +3,7 @@
 `PolicyClient` stands where an OpenAI-compatible endpoint stands in `agent.loop.run_episode`: the same loop, the
 same Environment, the same tools and stop rules. Each `complete` appends what the loop added since the model's last
 turn (tool results, nudges) to the episode's `TokenTrajectory` as the chat template renders it, samples the next
-turn token in, token out (`Sampler`: the actor with its KV cache here, an inference server under verl), and
+turn token in, token out (`Sampler`: the batcher here, an inference server under verl), and
 returns the decoded text as the reply (tool calls parsed from `<tool_call>` tags, as for any text-tools model).
 The ids stay exactly what was sampled.
 """
@@ -20,17 +20,16 @@ from ..agent.environment import Environment
 from ..agent.loop import LoopConfig, run_episode
 from ..agent.summary import EpisodeSummary
 from ..llm import LLMError, Reply, reply_from
-from .models import Actor
+from .algorithm import entropy
+from .models import positions
 from .tokens import TokenTrajectory, TurnTokenizer
 from .trainer import Batch
 
 
+ENTROPY_CHUNK = 512  # positions per chunk of the entropy statistic
+
 Sampler = Callable[[list[int], int, set[int]], tuple[list[int], list[float]]]
 """(prompt ids, most new tokens, stop ids) -> (sampled ids, ending with a stop id unless cut; their log-probs)."""
-
-
-def actor_sampler(actor: Actor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Sampler:
-    return lambda ids, room, stop: actor.sample(ids, room, stop, temperature, generator)
 
 
 class PolicyClient:
@@ -72,7 +71,7 @@ class Episode:
 
 def play(env: Environment, sample: Sampler, turns: TurnTokenizer, reference: Path, run_dir: Path, loop: LoopConfig,
          max_new_tokens: int) -> Episode:
-    """One episode of `run_episode` with the model behind `sample` (e.g. `actor_sampler(actor)`) as the client."""
+    """One episode of `run_episode` with the model behind `sample` (e.g. a `batcher.BatchSampler`) as the client."""
     client = PolicyClient(sample, turns, max_new_tokens, loop.max_context)
     summary = run_episode(env, client, reference, run_dir, loop)
     if client.trajectory is None:
@@ -100,15 +99,24 @@ def batch_of(episodes: list[Episode], pad_id: int | None) -> Batch:
                  torch.tensor(logp), torch.tensor([e.score for e in episodes], dtype=torch.float))
 
 
-def response_logprob_fn(response_start: int, temperature: float = 1.0):
-    """Log-probs and entropies over the full vocabulary of a batch's response tokens (what `Actor.sample` drew)."""
+def response_logprob_fn(response_start: int, temperature: float = 1.0, entropy_grad: bool = False):
+    """Log-probs over the full vocabulary of a batch's response tokens (what the sampler drew) and their entropies:
+    without `entropy_grad` (no entropy bonus) the entropy is a statistic, computed without a graph in chunks (a
+    [batch, tokens, vocab] fp32 tensor is 8 GB for 8 x 5,000 tokens of a 49k vocabulary)."""
 
     def fn(model, ids, attention):
         kept = ids.shape[1] - response_start + 1
-        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=kept, use_cache=False).logits
-        logits = logits[:, :-1].float() / temperature  # position t scores token t + 1
-        logp = torch.log_softmax(logits, dim=-1)
-        chosen = logp.gather(-1, ids[:, response_start:].unsqueeze(-1)).squeeze(-1)
-        return chosen, -(logp.exp() * logp).sum(-1)
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions(attention),
+                       logits_to_keep=kept, use_cache=False).logits[:, :-1]  # position t scores token t + 1
+        chosen = ids[:, response_start:].unsqueeze(-1)
+        if entropy_grad:
+            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+            return logp.gather(-1, chosen).squeeze(-1), -(logp.exp() * logp).sum(-1)
+        scaled = logits.float() / temperature
+        token_logp = scaled.gather(-1, chosen).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+        with torch.no_grad():
+            token_entropy = torch.cat([entropy(part.float() / temperature)
+                                       for part in logits.detach().split(ENTROPY_CHUNK, dim=1)], dim=1)
+        return token_logp, token_entropy
 
     return fn

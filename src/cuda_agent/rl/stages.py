@@ -16,6 +16,9 @@ import json
 import random
 import shutil
 import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -30,7 +33,8 @@ from ..llm import assistant_text
 from . import checkpoints
 from .models import Actor, Critic
 from .rft import RFTFilter, export
-from .rollout import actor_sampler, batch_of, play, response_logprob_fn
+from .batcher import BatchSampler
+from .rollout import batch_of, play, response_logprob_fn
 from .tokens import TokenTrajectory, TurnTokenizer
 from .config import StageConfig
 from .train_loop import run_steps
@@ -92,25 +96,43 @@ def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, po
     loop = LoopConfig(max_turns=config.max_turns, max_context=config.max_context,
                       single_turn=config.stage == "warmup")
     step = trainer.step + 1
-    episodes = []
-    with (out / "episodes.jsonl").open("a") as log:
-        for i in range(config.batch):
-            task = tasks[rng.randrange(len(tasks))]
-            run_dir = out / "episodes" / f"step_{step:04d}" / f"{i:02d}"
-            env = Environment(pool, run_dir, use_sandbox=pool.sandboxed)
-            episode = play(env, actor_sampler(trainer.actor, config.temperature, generator), turns, task, run_dir,
-                           loop, config.max_new_tokens)
-            episodes.append(episode)
+    picked = [tasks[rng.randrange(len(tasks))] for _ in range(config.batch)]
+    sampler = BatchSampler(trainer.actor.model, turns.tokenizer.pad_token_id, config.temperature,
+                           seed=int(torch.randint(2**62, (1,), generator=generator)))
+    sampler.expected = config.batch  # every episode of the step plays at once; the batcher serves their turns
+
+    def one(i: int):
+        run_dir = out / "episodes" / f"step_{step:04d}" / f"{i:02d}"
+        try:
+            return play(Environment(pool, run_dir, use_sandbox=pool.sandboxed), sampler, turns, picked[i], run_dir,
+                        loop, config.max_new_tokens)
+        finally:
+            with lock:
+                sampler.expected -= 1  # (an ended episode asks no more: the others need not wait for it)
             shutil.rmtree(run_dir / "workspace", ignore_errors=True)  # trajectory, summary and snapshots stay
+
+    lock = threading.Lock()
+    began = time.monotonic()
+    try:
+        with ThreadPoolExecutor(config.batch, thread_name_prefix="episode") as threads:
+            episodes = list(threads.map(one, range(config.batch)))
+    finally:
+        sampler.close()
+    rollout_s = time.monotonic() - began
+    with (out / "episodes.jsonl").open("a") as log:
+        for i, (task, episode) in enumerate(zip(picked, episodes)):
             log.write(json.dumps({"step": step, "episode": i, "task": str(task), "reward": episode.score,
                                   "turns": episode.summary.turns, "stop": episode.summary.stop,
                                   "tokens": len(episode.trajectory.response)}) + "\n")
     batch = batch_of(episodes, turns.tokenizer.pad_token_id)
-    trainer.logprob_fn = response_logprob_fn(batch.response_start, config.temperature)
+    trainer.logprob_fn = response_logprob_fn(batch.response_start, config.temperature,
+                                             entropy_grad=config.train.ppo.entropy_coef > 0)
     stats = trainer.update(batch, train_actor=config.stage != "value")
     scores = [e.score for e in episodes]
+    sampled = sum(sum(e.trajectory.mask) for e in episodes)
     return {"reward_mean": statistics.fmean(scores), "pass_rate": sum(s >= 1 for s in scores) / len(scores),
-            "turns_mean": statistics.fmean(e.summary.turns for e in episodes), **stats}
+            "turns_mean": statistics.fmean(e.summary.turns for e in episodes), "rollout_s": rollout_s,
+            "rollout_tokens_per_s": sampled / max(rollout_s, 1e-9), "sampler_batches": sampler.batches, **stats}
 
 
 def _rft_rows(runs: list[Path], out: Path, log: Callable[[str], None]) -> list[dict]:

@@ -18,9 +18,9 @@ from ..llm import with_text_tools
 SENTINEL = "SENTINEL"
 
 
-def render_ids(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> list[int]:
+def render_ids(tokenizer: Any, messages: list[dict], generation_prompt: bool, **template_kwargs) -> list[int]:
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True,
-                                        return_dict=True)["input_ids"]
+                                        return_dict=True, **template_kwargs)["input_ids"]
     return list(ids)
 
 
@@ -46,11 +46,14 @@ class TokenTrajectory:
 class TurnTokenizer:
     """Turns an episode's messages into a TokenTrajectory with one tokenizer and chat template."""
 
-    def __init__(self, tokenizer: Any, tools: list[dict] | None = None, tool_format: str = "text"):
+    def __init__(self, tokenizer: Any, tools: list[dict] | None = None, tool_format: str = "text",
+                 template_kwargs: dict | None = None):
+        """`template_kwargs`: more arguments of the chat template (verl's `apply_chat_template_kwargs`)."""
         self.tokenizer, self.tools = tokenizer, tools
+        self.template_kwargs = dict(template_kwargs or {})
         self.text_tools = bool(tools) and tool_format == "text"
         prefix = [{"role": "user", "content": "x"}, {"role": "assistant", "content": SENTINEL}]
-        rendered = render_ids(tokenizer, self._view(prefix), False)
+        rendered = render_ids(tokenizer, self._view(prefix), False, **self.template_kwargs)
         sentinel = tokenizer.encode(SENTINEL, add_special_tokens=False)
         at = _find_last(rendered, sentinel)
         if at < 0 or at + len(sentinel) >= len(rendered):
@@ -63,7 +66,7 @@ class TurnTokenizer:
 
     def start(self, opening: list[dict]) -> TokenTrajectory:
         """The prompt: the opening messages and the generation prompt of the first model turn."""
-        ids = render_ids(self.tokenizer, self._view(opening), True)
+        ids = render_ids(self.tokenizer, self._view(opening), True, **self.template_kwargs)
         return TokenTrajectory(ids, len(ids))
 
     def model_turn(self, trajectory: TokenTrajectory, ids: list[int], logprobs: list[float] | None = None) -> None:
@@ -75,7 +78,7 @@ class TurnTokenizer:
     def observations(self, trajectory: TokenTrajectory, messages: list[dict]) -> None:
         """Append the template's rendering of the messages after a model turn (tool results, nudges), up to the
         generation prompt of the next model turn."""
-        full = render_ids(self.tokenizer, self._view(self._prefix + messages), True)
+        full = render_ids(self.tokenizer, self._view(self._prefix + messages), True, **self.template_kwargs)
         if full[:len(self._base)] != self._base:
             raise ValueError("the chat template renders earlier turns differently once more follow")
         trajectory.add(full[len(self._base):], False)

@@ -18,7 +18,8 @@ from typing import Callable
 
 import torch
 
-from .algorithm import gae, masked_mean, masked_whiten, outcome_rewards, ppo_losses
+from .algorithm import (advantages_and_returns, explained_variance, masked_mean, masked_whiten, outcome_rewards,
+                        ppo_losses, uniform)
 from .config import TrainConfig
 from .models import Actor, Critic
 
@@ -50,7 +51,10 @@ class PPOTrainer:
     def __init__(self, actor: Actor, critic: Critic, config: TrainConfig, logprob_fn: LogprobFn):
         self.actor, self.critic, self.config, self.logprob_fn = actor, critic, config, logprob_fn
         self.actor_optim = torch.optim.AdamW(actor.parameters(), lr=config.actor_lr, weight_decay=0.0)
-        self.critic_optim = torch.optim.AdamW(critic.parameters(), lr=config.critic_lr, weight_decay=0.0)
+        self.critic_optim = torch.optim.AdamW([
+            {"params": critic.backbone.parameters(), "lr": config.critic_lr},
+            {"params": critic.head.parameters(), "lr": config.value_head_lr}], weight_decay=0.0)
+        self.bf16 = config.bf16 if config.bf16 is not None else actor.device.type == "cuda"
         if config.gradient_checkpointing:
             actor.model.gradient_checkpointing_enable()
             critic.backbone.gradient_checkpointing_enable()
@@ -60,28 +64,37 @@ class PPOTrainer:
         self.step = 0
         self.updating = False  # the weights are being changed (a step's update begun, not ended): no checkpoint now
 
+    def autocast(self):
+        """bf16 compute over fp32 weights (the optimizers step fp32 master weights), when configured."""
+        return torch.autocast(self.actor.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
     def _values(self, batch: Batch) -> torch.Tensor:
-        values = self.critic(batch.ids, batch.attention)  # the value before each next token
+        with self.autocast():
+            values = self.critic(batch.ids, batch.attention)  # the value before each next token
         start, length = batch.response_start - 1, batch.mask.shape[1]
         return values[:, start:start + length].float()
 
     def update(self, batch: Batch, train_actor: bool = True) -> dict[str, float]:
         """GAE from the critic's values before the update, then `epochs` x `minibatches` PPO steps. With
-        `train_actor=False` only the critic learns (value pretraining)."""
+        `train_actor=False` only the critic learns, unclipped (value pretraining); so it does on a batch whose
+        episodes all scored the same (`PPOConfig.skip_uniform`, algorithm.py says why)."""
         cfg = self.config
         device = self.actor.device
         batch = Batch(batch.ids.to(device), batch.attention.to(device), batch.response_start,
                       batch.mask.to(device).float(), batch.old_logp.to(device).float(), batch.scores.to(device).float())
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             old_values = self._values(batch)
             old_logp, _ = self.logprob_fn(self.actor.model, batch.ids, batch.attention)
             ref_logp = (self.logprob_fn(self.reference, batch.ids, batch.attention)[0]
                         if self.reference is not None else None)
+        with torch.no_grad():
             rewards = outcome_rewards(batch.scores, batch.mask)
-            advantages, returns = gae(rewards, old_values, batch.mask, cfg.ppo.gamma, cfg.ppo.lam)
+            advantages, returns = advantages_and_returns(rewards, old_values, batch.mask, cfg.ppo)
             if cfg.ppo.whiten_advantages:  # over the whole batch, not per minibatch
                 advantages = masked_whiten(advantages, batch.mask)
-        ppo = replace(cfg.ppo, whiten_advantages=False)
+        skipped = train_actor and cfg.ppo.skip_uniform and uniform(batch.scores)
+        ppo = replace(cfg.ppo, whiten_advantages=False, value_clip=cfg.ppo.value_clip if train_actor else None)
+        train_actor = train_actor and not skipped
         stats: dict[str, list[float]] = {}
         self.actor.train(), self.critic.train()  # (checkpointing applies in training mode only)
         size = len(batch)
@@ -92,7 +105,8 @@ class PPOTrainer:
             for first in range(0, size, per):
                 index = order[first:first + per]
                 mb = batch.rows(index)
-                logp, token_entropy = self.logprob_fn(self.actor.model, mb.ids, mb.attention)
+                with self.autocast():
+                    logp, token_entropy = self.logprob_fn(self.actor.model, mb.ids, mb.attention)
                 values = self._values(mb)
                 actor_loss, critic_loss, mb_stats = ppo_losses(
                     ppo, logp, old_logp[index], advantages[index], values, old_values[index], returns[index],
@@ -115,6 +129,10 @@ class PPOTrainer:
         self.updating = False
         out = {key: sum(v) / len(v) for key, v in stats.items()}
         out["rollout_logp_gap"] = float(masked_mean((old_logp - batch.old_logp).abs(), batch.mask))
+        # how well the critic foresaw this batch's returns (before learning from it), over the whole batch: a
+        # minibatch of one task's episodes has returns of no variance
+        out["explained_variance"] = explained_variance(old_values, returns, batch.mask)
+        out["actor_skipped_uniform_rewards"] = float(skipped)
         out["tokens"] = float(batch.mask.sum())
         return out
 
@@ -122,7 +140,8 @@ class PPOTrainer:
         """One AdamW step of the actor on the tokens where `mask` [B, L-1] is 1 (their token-mean negative
         log-likelihood): rejection-sampling fine-tuning (the rft stage). Counts as a step like `update`."""
         self.actor.train()
-        logp, _ = self.actor.logprobs(ids, attention)
+        with self.autocast():
+            logp, _ = self.actor.logprobs(ids, attention)
         loss = -masked_mean(logp, mask)
         self.actor_optim.zero_grad(set_to_none=True)
         loss.backward()
@@ -145,7 +164,8 @@ class PPOTrainer:
         if tokenizer is not None:
             tokenizer.save_pretrained(staging / "actor")
         self.critic.save(staging / "critic")
-        state = {"step": self.step, "torch_rng": torch.get_rng_state(), "extra": extra or {}}
+        state = {"step": self.step, "torch_rng": torch.get_rng_state(), "extra": extra or {},
+                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
         if optimizer:
             state.update(actor_optim=self.actor_optim.state_dict(), critic_optim=self.critic_optim.state_dict())
         torch.save(state, staging / "trainer.pt")
@@ -167,6 +187,8 @@ class PPOTrainer:
         else:
             log(f"{folder} holds no optimizer state (saved without --save-optimizer): the optimizers start afresh")
         torch.set_rng_state(state["torch_rng"].cpu())
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
         self.step = state["step"]
         return state["extra"]
 

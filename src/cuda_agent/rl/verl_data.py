@@ -1,7 +1,9 @@
 """Tasks as rows of verl's RL dataset (parquet), the data `cuda-agent train verl` hands to verl's trainer.
 
-One row per task: `data_source` "cuda_agent"; `prompt`, the episode's opening messages (verl's dataset filters
-prompts by their length; the agent loop builds the same messages itself from the reference); `ability`;
+One row per task: `data_source` "cuda_agent"; `prompt`, the episode's opening messages as the model sees them (the
+tools' descriptions in the system message for the agent: verl's dataset filters prompts by this length, which
+without them was 1,667 SmolLM2 tokens where the model read 2,751; the agent loop builds the same messages itself
+from the reference); `ability`;
 `reward_model` (style "judge": the reward is the judge's verdict, there is no ground truth); `extra_info` (index,
 task name, backend and the reference's source, which the agent loop judges against); `agent_name` "cuda_agent"
 (`rl/verl_loop.py`).
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from ..agent.environment import opening_messages
 from ..agent.loop import SINGLE_TURN
+from ..agent.tools import SCHEMAS
 from ..llm import with_text_tools
 from .rft import RFTFilter, export
 
@@ -27,7 +30,9 @@ def verl_rows(tasks: list[Path], backend: str, single_turn: bool = False, judge:
     rows = []
     for index, task in enumerate(tasks):
         source = Path(task).read_text()
-        prompt = opening_messages(source, backend) + ([{"role": "user", "content": SINGLE_TURN}] if single_turn else [])
+        opening = opening_messages(source, backend)
+        prompt = opening + [{"role": "user", "content": SINGLE_TURN}] if single_turn else with_text_tools(opening,
+                                                                                                        SCHEMAS)
         rows.append({"data_source": "cuda_agent", "prompt": prompt,
                      "ability": "cuda_kernels", "reward_model": {"style": "judge", "ground_truth": ""},
                      "extra_info": {"index": index, "task": Path(task).stem, "backend": backend, "judge": judge,

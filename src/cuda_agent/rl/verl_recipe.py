@@ -9,8 +9,11 @@ command that launches it.
 | value | `verl.trainer.main_ppo` | the `cuda_agent` agent loop; `trainer.critic_warmup` = all steps: critic only |
 | agentic | `verl.trainer.main_ppo` | the `cuda_agent` agent loop (`verl_loop.py`) |
 
-Every PPO stage: GAE with a critic (gamma 1, lambda 0.95), clip 0.2 low / 0.28 high, token-mean loss, no KL, actor
-lr 3e-6, critic lr 6e-6, the paper's batch of 1024 tasks and 150 steps unless told otherwise.
+Every PPO stage: GAE with a critic (gamma 1; lambda and the value clip are `PPOConfig`'s, as on the local path:
+verl has one lambda, the actor's, for both), clip 0.2 low / 0.28 high, token-mean loss, no KL, actor lr 3e-6,
+critic lr 6e-6, the paper's batch of 1024 tasks and 150 steps unless told otherwise. The value stage's critic is
+unclipped; the agentic stage's critic is `critic` (the value stage's, merged to an HF folder), else the model.
+Prompts longer than `max_prompt` are filtered out of the data (measured as the model sees them).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import STAGES, TrainConfig
+from .config import STAGES, PPOConfig, TrainConfig
+
+UNCLIPPED = 1e6  # a value clip no return in [-1, 3] reaches: verl's critic has no switch to turn it off
 
 
 @dataclass
@@ -37,6 +42,7 @@ class Recipe:
     max_turns: int = 200
     max_prompt: int = 8192
     max_response: int = 122880  # prompt + response = the paper's 128k context
+    critic: Path | None = None  # the critic's HF folder (the value stage's); None: the model's own backbone
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -51,12 +57,15 @@ class Recipe:
 def ppo_overrides(r: Recipe, train_file: Path, agent_loops: Path) -> list[str]:
     single = r.stage == "warmup"
     mini = min(256, r.batch)
+    ppo = PPOConfig()
     return [
-        f"actor_rollout_ref.model.path={r.model}", f"critic.model.path={r.model}",
+        f"actor_rollout_ref.model.path={r.model}", f"critic.model.path={r.critic or r.model}",
         f"data.train_files={train_file}", f"data.val_files={train_file}", f"data.train_batch_size={r.batch}",
         f"data.max_prompt_length={r.max_prompt}", f"data.max_response_length={r.max_response}",
-        "data.return_raw_chat=True",
-        "algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=0.95", "algorithm.use_kl_in_reward=False",
+        "data.return_raw_chat=True", "data.filter_overlong_prompts=True",
+        "algorithm.adv_estimator=gae", f"algorithm.gamma={ppo.gamma}", f"algorithm.lam={ppo.lam}",
+        "algorithm.use_kl_in_reward=False",
+        f"critic.cliprange_value={UNCLIPPED if r.stage == 'value' or ppo.value_clip is None else ppo.value_clip}",
         "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
         "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.actor.use_kl_loss=False",
         f"actor_rollout_ref.actor.optim.lr={TrainConfig.actor_lr}", f"critic.optim.lr={TrainConfig.critic_lr}",

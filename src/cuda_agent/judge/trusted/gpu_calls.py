@@ -13,11 +13,12 @@ empty calls and subtracted: first once (`calibrate`: a candidate's call whose wi
 outside it and fails), then by empty calls just before and just after the timed calls (it drifts by microseconds
 over a run: a constant measured at the start read a 1.5 us kernel as -3 us on the H200; not between the timed calls:
 a window that follows another process's call holds one more context switch, which read a 2.6 us kernel as 10 us on
-the H200, where eager's calls, following its own empty calls, paid none). Timed calls are charged less the smaller of the two
-medians: another context's work on the GPU only lengthens empty windows (it takes time slices of ~2.1 ms), so neither
-can be inflated to shorten a call; and when the empty windows show such work (spread wide, longer than calibrated, or a
-calibration over `MAX_OVERHEAD_US`) the timing is marked `gpu_shared` and credits no speed (`timekeeper.py`). A call
-costs at least `RESOLUTION_US`: the clock cannot tell shorter work from the drift of its own overhead. The host's
+the H200, where eager's calls, following its own empty calls, paid none). Timed calls are charged less the smaller
+of the two medians: another context's work on the GPU only lengthens empty windows (it takes time slices of ~2.1 ms),
+so neither can be inflated to shorten a call; and when the empty windows show such work (spread wide, longer than
+calibrated, or a calibration over `MAX_OVERHEAD_US`) the timing is marked `gpu_shared` and credits no speed
+(`timekeeper.py`). A call costs at least `RESOLUTION_US`: the clock cannot tell shorter work from the drift of its
+own overhead. The host's
 part of a call (from `call` to its answer, about 1 ms with a jitter of hundreds of microseconds: the stopped processes
 resumed and stopped again) is recorded but not charged: work queued before the window cannot see the call's inputs,
 which are written inside it, so whatever depends on them runs inside the window (a `forward` that waits for its own

@@ -1,0 +1,128 @@
+"""Rollout and trainer speed, side by side in one run (issue 31): tokens per second of the batch sampler at
+several batch sizes against one sequence at a time (the sampler before it), and of a PPO forward+backward in fp32
+and under bf16 autocast. A model of SmolLM2-135M's config with fresh weights (speed does not depend on the weights),
+or `--model` an HF folder. Prints one JSON line per measurement; `--out` keeps them all.
+
+    python3 benchmarks/rollout_speed.py [--device cuda] [--batches 1,32,64,128] [--tokens 256] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from cuda_agent.rl.batcher import BatchSampler  # noqa: E402
+from cuda_agent.rl.rollout import response_logprob_fn  # noqa: E402
+
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+                    tie_word_embeddings=True)
+PROMPT = 512  # tokens of each prompt
+NEVER = {-5}  # a stop id no row samples: every row runs to its room
+
+
+def model_of(args) -> torch.nn.Module:
+    import transformers
+
+    if args.model:
+        return transformers.AutoModelForCausalLM.from_pretrained(args.model).to(args.device).eval()
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMOLLM2_135M)).to(args.device).eval()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def one_at_a_time(model, prompt: list[int], tokens: int, device: str) -> float:
+    """The sampler before the batcher: one sequence, the KV cache, a host sync per token. Tokens per second."""
+    began = time.perf_counter()
+    out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+    for _ in range(tokens):
+        logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+        token = int(torch.multinomial(logp.exp().cpu(), 1))
+        out = model(input_ids=torch.tensor([[token]], device=device), past_key_values=out.past_key_values,
+                    use_cache=True)
+    sync(device)
+    return tokens / (time.perf_counter() - began)
+
+
+def batched(model, prompts: list[list[int]], tokens: int, device: str) -> float:
+    """Every prompt answered by the batcher at once, from threads as episodes call it. Tokens per second."""
+    sampler = BatchSampler(model, pad_id=0, gather_s=0.5)
+    sampler.expected = len(prompts)
+    out = []
+    threads = [threading.Thread(target=lambda p=p: out.append(sampler(p, tokens, NEVER))) for p in prompts]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    sync(device)
+    seconds = time.perf_counter() - began
+    sampler.close()
+    assert sampler.batches == 1, sampler.batches
+    return sum(len(t) for t, _ in out) / seconds
+
+
+def trainer_step(model, rows: int, length: int, device: str, bf16: bool) -> float:
+    """A PPO-style forward (log-probs of a response) and backward over `rows` x `length` tokens. Tokens per second."""
+    ids = torch.randint(0, 49152, (rows, length), device=device)
+    attention = torch.ones_like(ids)
+    fn = response_logprob_fn(PROMPT)
+    model.train()
+    for timed in (False, True):  # the first is a warm-up
+        began = time.perf_counter()
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+            logp, _ = fn(model, ids, attention)
+        (-logp.mean()).backward()
+        model.zero_grad(set_to_none=True)
+        sync(device)
+    model.eval()
+    return rows * (length - PROMPT) / (time.perf_counter() - began)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--batches", default="1,32,64,128")
+    parser.add_argument("--tokens", type=int, default=256, help="tokens sampled per row")
+    parser.add_argument("--train-rows", type=int, default=8)
+    parser.add_argument("--train-length", type=int, default=5000)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    model = model_of(args)
+    gen = torch.Generator().manual_seed(0)
+    prompt = lambda: torch.randint(1, 49152, (PROMPT,), generator=gen).tolist()  # noqa: E731
+    rows = []
+
+    def report(**row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    report(what="one sequence at a time (before)", batch=1, tokens_per_s=one_at_a_time(model, prompt(), args.tokens,
+                                                                                          args.device))
+    for size in [int(b) for b in args.batches.split(",")]:
+        report(what="batch sampler", batch=size,
+               tokens_per_s=batched(model, [prompt() for _ in range(size)], args.tokens, args.device))
+    for bf16 in (False, True):
+        report(what=f"trainer forward+backward, {'bf16 autocast' if bf16 else 'fp32'}", rows=args.train_rows,
+               length=args.train_length,
+               tokens_per_s=trainer_step(model, args.train_rows, args.train_length, args.device, bf16))
+    if args.out:
+        args.out.write_text(json.dumps({"device": args.device, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The batch sampler on a tiny Llama initialised here: requests of different prompt lengths answered together
+carry the log-probs that training recomputes for each alone, each row ends at its own stop or room, and episode
+threads calling at once are served in shared batches."""
+
+import threading
+
+import pytest
+import torch
+
+from cuda_agent.rl.batcher import BatchSampler
+from cuda_agent.rl.models import Actor
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def actor(tmp_path_factory):
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-llama-batcher")
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return Actor.load(path)
+
+
+def test_rows_sampled_together_carry_the_log_probs_each_has_alone(actor):
+    sampler = BatchSampler(actor.model, pad_id=0, temperature=0.8, seed=3)
+    try:
+        prompts = [[5, 9, 11, 3], [7, 2], [4, 4, 8, 9, 10, 12, 13], [6]]
+        rooms, stops = [20, 6, 20, 20], [{63}, {63}, {1, 2}, {63}]
+        sampler.expected = len(prompts)
+        replies = [None] * len(prompts)
+
+        def play(i):
+            replies[i] = sampler(prompts[i], rooms[i], stops[i])
+
+        threads = [threading.Thread(target=play, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sampler.batches == 1  # all four answered by one batch
+        for prompt, room, stop, (tokens, logprobs) in zip(prompts, rooms, stops, replies):
+            assert 1 <= len(tokens) == len(logprobs) <= room
+            assert tokens[-1] in stop or len(tokens) == room, (tokens, stop, room)
+            assert not set(tokens[:-1]) & stop  # nothing sampled after a stop
+            ids = torch.tensor([prompt + tokens])
+            with torch.no_grad():
+                alone = actor.logprobs(ids, torch.ones_like(ids), temperature=0.8)[0][0, len(prompt) - 1:]
+            assert torch.allclose(alone, torch.tensor(logprobs), atol=1e-4), (alone, logprobs)
+    finally:
+        sampler.close()
+
+
+def test_many_episode_threads_share_batches_and_a_failure_reaches_every_caller(actor):
+    sampler = BatchSampler(actor.model, pad_id=0, seed=1, gather_s=0.2)
+    try:
+        sampler.expected = 16
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(sampler([5, 6, 7], 4, {63}))) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(results) == 16 and sampler.batches < 16
+        with pytest.raises(RuntimeError, match="the batch sampler failed"):
+            sampler([5, 6, 1000], 4, {63})  # an id outside the vocabulary
+        assert sampler([5, 6], 2, {63})[0]  # and it serves on
+    finally:
+        sampler.close()
