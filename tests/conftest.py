@@ -101,6 +101,20 @@ def tiny_smollm2(smollm2, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide Llama of a 64-token vocabulary with seeded random weights (no tokenizer)."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def cpu_judge(cache_dir) -> Judge:
     return Judge("cpu", fast_config(cache_dir))
 

@@ -14,13 +14,8 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def actor(tmp_path_factory):
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama-batcher")
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    return Actor.load(path)
+def actor(tiny_llama):
+    return Actor.load(tiny_llama)
 
 
 def test_rows_sampled_together_carry_the_log_probs_each_has_alone(actor):

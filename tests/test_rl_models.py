@@ -12,13 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    return path
+def tiny(tiny_llama):
+    return tiny_llama
 
 
 def test_a_ppo_step_moves_probability_to_the_rewarded_reply(tiny):
