@@ -302,6 +302,24 @@ def test_a_malformed_tool_call_is_answered_with_its_parse_error_not_as_no_call(j
     assert "Invalid control character" in told[0] and "No tool was called" not in told[0], told
 
 
+def test_a_compact_episode_offers_fewer_tools_leaves_the_skill_in_the_workspace_and_cuts_tool_output(judge, tmp_path):
+    """For a small model's context: six tools, SKILL.md read on demand, every tool result cut to its head and tail."""
+    client = ScriptedClient([
+        {"role": "assistant", "content": "", "tool_calls": [call("bash", command="ls")]},
+        {"role": "assistant", "content": "", "tool_calls": [call("read_file", path="SKILL.md")]},
+        {"role": "assistant", "content": "", "tool_calls": [call("finish")]}])
+    run_dir = tmp_path / "compact"
+    env = Environment(judge, run_dir, use_sandbox=SANDBOX, compact=True)
+    run_episode(env, client, AFFINE, run_dir, LoopConfig(tool_output_chars=300))
+    records = [json.loads(line) for line in (run_dir / "trajectory.jsonl").read_text().splitlines()]
+    opening = next(r["message"]["content"] for r in records if r["type"] == "user")
+    assert "SKILL.md (read it first)" in opening and (run_dir / "workspace" / "SKILL.md").read_text() not in opening
+    assert len(env.reset(AFFINE)["tools"]) == 6
+    bash, skill = [r["message"]["content"] for r in records if r["type"] == "tool"][:2]
+    assert bash.startswith("error: unknown tool 'bash'")
+    assert "characters cut" in skill and len(skill) < 400
+
+
 def test_replies_without_tool_calls_end_the_episode(judge, tmp_path):
     client = ScriptedClient([{"role": "assistant", "content": "Thinking..."}] * 3)
     run_dir = tmp_path / "idle"

@@ -22,7 +22,7 @@ from ..workspace.build import TEMPLATE_DIR
 from ..workspace.candidate import Candidate, load_candidate
 from ..workspace.single_file import ExportError, to_single_file
 from .summary import Outcome
-from .tools import SCHEMAS, Tools, ToolError
+from .tools import Tools, ToolError, schemas
 
 SYSTEM_PROMPT = """You are an expert GPU kernel engineer working in a sandboxed workspace. Your job: make the \
 PyTorch module in model.py faster with your own kernels, verified correct by the judge. Work like an engineer: \
@@ -68,22 +68,26 @@ def skill_text(backend: str) -> str:
     return resources.files("cuda_agent.agent").joinpath("skills", f"{backend}.md").read_text()
 
 
-def opening_messages(source: str, backend: str) -> list[dict[str, str]]:
-    """An episode's first messages: the system prompt, then the task (the reference's source and SKILL.md)."""
-    task = (f"Optimise this module for the `{backend}` backend. It is in model.py; the workspace holds SKILL.md "
-            f"(below), a starter model_new.py, kernels/ and the judge's binding files.\n\n## model.py\n\n"
-            f"```python\n{source}\n```\n\n{skill_text(backend)}")
+def opening_messages(source: str, backend: str, compact: bool = False) -> list[dict[str, str]]:
+    """An episode's first messages: the system prompt, then the task (the reference's source and SKILL.md;
+    `compact`: SKILL.md stays in the workspace, ~1,400 SmolLM2 tokens less)."""
+    skill = "SKILL.md (read it first)" if compact else "SKILL.md (below)"
+    task = (f"Optimise this module for the `{backend}` backend. It is in model.py; the workspace holds {skill}, "
+            f"a starter model_new.py, kernels/ and the judge's binding files.\n\n## model.py\n\n"
+            f"```python\n{source}\n```" + ("" if compact else f"\n\n{skill_text(backend)}"))
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}]
 
 
 class Environment:
-    def __init__(self, judge: Judge | JudgePool, run_dir: Path, use_sandbox: bool = True, bash_timeout: int = 180):
+    def __init__(self, judge: Judge | JudgePool, run_dir: Path, use_sandbox: bool = True, bash_timeout: int = 180,
+                 compact: bool = False):
+        """`compact`: for small contexts, the compact tool set and SKILL.md left in the workspace."""
         if judge.config.policy != "strict":  # rewards (and what the agent is told) follow CUDA Agent's rules only
             raise ValueError(f"the agent needs a judge with the strict policy, not {judge.config.policy!r}")
         if use_sandbox and not judge.sandboxed:
             raise ValueError("use_sandbox needs a sandboxed judge (JudgeConfig(sandbox='required'))")
         self.judge, self.run_dir = judge, Path(run_dir)
-        self.use_sandbox, self.bash_timeout = use_sandbox, bash_timeout
+        self.use_sandbox, self.bash_timeout, self.compact = use_sandbox, bash_timeout, compact
         self.workspace = self.run_dir / "workspace"
         self.snapshots: list[Snapshot] = []
         self.tools: Tools | None = None
@@ -102,8 +106,10 @@ class Environment:
         for name in ("binding.cpp", "binding_registry.h"):
             shutil.copyfile(TEMPLATE_DIR / name, self.workspace / name)
         self.snapshots = []
-        self.tools = Tools(self.workspace, self.reference, self.judge, self.use_sandbox, self.bash_timeout)
-        return {"messages": opening_messages(source, self.judge.backend.name), "tools": SCHEMAS}
+        offered = schemas(self.compact)
+        self.tools = Tools(self.workspace, self.reference, self.judge, self.use_sandbox, self.bash_timeout,
+                           tuple(s["function"]["name"] for s in offered))
+        return {"messages": opening_messages(source, self.judge.backend.name, self.compact), "tools": offered}
 
     def step(self, name: str, arguments: dict[str, Any]) -> StepResult:
         if self.tools is None:

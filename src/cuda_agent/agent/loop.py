@@ -20,7 +20,7 @@ from .config import LoopConfig
 from .environment import Environment, StepResult
 from ..llm import ChatClient, LLMError, Reply
 from .summary import EpisodeSummary, LoopState, Stop
-from .tools import ToolError, parse_arguments
+from .tools import ToolError, clip, parse_arguments
 
 NUDGE = "No tool was called. Use the tools to work on the task, and call `finish` when you are done."
 MALFORMED = ("Your tool call could not be read: {errors}. Write each call as <tool_call>{{\"name\": \"TOOL\", "
@@ -135,6 +135,8 @@ def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: lis
             except ToolError as exc:  # arguments that are not a JSON object
                 result = StepResult(f"error: {exc}", info={"error": True})
             observation, info, done = result.observation, result.info, result.done
+            if config.tool_output_chars:
+                observation = clip(observation, config.tool_output_chars)
             invalid = invalid + 1 if info.get("error") else 0
             tool_msg = {"role": "tool", "tool_call_id": call.id, "content": observation}
             messages.append(tool_msg)

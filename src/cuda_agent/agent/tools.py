@@ -80,6 +80,13 @@ SCHEMAS = [
             {"summary": _param("string", "what was achieved, in a sentence or two")}, []),
 ]
 TOOL_NAMES = [s["function"]["name"] for s in SCHEMAS]
+COMPACT = ("read_file", "write_file", "edit", "verify", "profile", "finish")  # for small contexts: a third of the
+# tools' description tokens (SmolLM2: ~1,100 -> ~400); bash, search and multi-file edits are what a small model drops
+
+
+def schemas(compact: bool = False) -> list[dict]:
+    """The tools offered: all, or the compact set."""
+    return [s for s in SCHEMAS if not compact or s["function"]["name"] in COMPACT]
 
 
 def clip(text: str, limit: int = OUTPUT_LIMIT) -> str:
@@ -106,13 +113,14 @@ class Tools:
     judge: Judge | JudgePool
     use_sandbox: bool = True
     bash_timeout: int = 180
+    names: tuple[str, ...] = tuple(TOOL_NAMES)  # the tools offered
     _verdicts: dict[str, Verdict] = field(default_factory=dict)  # candidate hash -> its full verdict
 
     # ---- dispatch ---------------------------------------------------------------------------------------
     def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         method = getattr(self, f"tool_{name}", None)
-        if name not in TOOL_NAMES or method is None:
-            raise ToolError(f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}")
+        if name not in self.names or method is None:
+            raise ToolError(f"unknown tool {name!r}; the tools are: {', '.join(self.names)}")
         try:
             result = method(**arguments)
         except TypeError as exc:

@@ -143,6 +143,11 @@ def train_cmd(
     max_turns: int = typer.Option(StageConfig.max_turns, min=1, help="model turns per episode"),
     max_new_tokens: int = typer.Option(StageConfig.max_new_tokens, min=1, help="tokens per model turn"),
     max_context: int = typer.Option(StageConfig.max_context, min=64, help="tokens per episode"),
+    tool_output_chars: int = typer.Option(StageConfig.tool_output_chars, min=100, help="each tool result cut to "
+                                          "its head and tail of this many characters"),
+    compact: bool = typer.Option(StageConfig.compact, "--compact/--full-tools", help="for small contexts: the "
+                                 "compact tool set (read_file, write_file, edit, verify, profile, finish) and "
+                                 "SKILL.md left in the workspace"),
     actor_lr: ActorLr = TrainConfig.actor_lr,
     critic_lr: CriticLr = TrainConfig.critic_lr,
     seed: int = typer.Option(StageConfig.seed, help="task order and sampling seed"),
@@ -180,7 +185,7 @@ def train_cmd(
         tasks = _stage_tasks(data, out_dir / "tasks") if data is not None else []
         config = StageConfig(stage=stage, steps=steps, batch=batch, max_turns=max_turns,
                              max_new_tokens=max_new_tokens, max_context=max_context, seed=seed,
-                             temperature=temperature,
+                             temperature=temperature, tool_output_chars=tool_output_chars, compact=compact,
                              save_every=save_every, keep_checkpoints=keep_checkpoints,
                              save_optimizer=save_optimizer, time_limit_s=time_limit,
                              train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr))

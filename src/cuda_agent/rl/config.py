@@ -100,10 +100,12 @@ class StageConfig(RunConfig):
     max_turns: int = 20
     max_new_tokens: int = 1024  # per model turn
     max_context: int = 8192  # tokens of an episode
+    tool_output_chars: int = 4000  # each tool result cut to this (~1,200 SmolLM2 tokens; 12,000 filled half of 8k)
+    compact: bool = False  # the compact tool set, SKILL.md left in the workspace (agent/tools.py)
 
     def __post_init__(self):
         super().__post_init__()
         if self.stage not in STAGES:
             raise ValueError(f"unknown stage {self.stage!r} (choose from {', '.join(STAGES)})")
-        if self.max_turns < 1 or self.max_new_tokens < 1:
-            raise ValueError("max_turns and max_new_tokens must be >= 1")
+        if self.max_turns < 1 or self.max_new_tokens < 1 or self.tool_output_chars < 100:
+            raise ValueError("max_turns and max_new_tokens must be >= 1, tool_output_chars >= 100")

@@ -27,7 +27,7 @@ import torch
 
 from ..agent.environment import Environment
 from ..agent.loop import LoopConfig
-from ..agent.tools import SCHEMAS
+from ..agent.tools import schemas
 from ..judge.pool import JudgePool
 from ..llm import assistant_text
 from . import checkpoints
@@ -58,7 +58,7 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     tokenizer = AutoTokenizer.from_pretrained(actor_dir)
     actor, critic = Actor.load(actor_dir, device), Critic.load(critic_dir, device)
     # tools described in the system message, calls written as <tool_call> text (none in the single-turn warm-up)
-    turns = TurnTokenizer(tokenizer, None if config.stage == "warmup" else SCHEMAS, tool_format="text")
+    turns = TurnTokenizer(tokenizer, None if config.stage == "warmup" else schemas(config.compact), tool_format="text")
     trainer = PPOTrainer(actor, critic, config.train, lambda *a: None)  # the log-prob fn is set per batch
     extra = trainer.restore(checkpoint, log) if resuming else {}
     rng = random.Random(config.seed)
@@ -94,7 +94,7 @@ def _critic_beside(model: Path) -> Path:
 def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, pool: JudgePool, tasks: list[Path],
               out: Path, rng: random.Random, generator: torch.Generator) -> dict:
     loop = LoopConfig(max_turns=config.max_turns, max_context=config.max_context,
-                      single_turn=config.stage == "warmup")
+                      single_turn=config.stage == "warmup", tool_output_chars=config.tool_output_chars)
     step = trainer.step + 1
     picked = [tasks[rng.randrange(len(tasks))] for _ in range(config.batch)]
     sampler = BatchSampler(trainer.actor.model, turns.tokenizer.pad_token_id, config.temperature,
@@ -104,8 +104,8 @@ def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, po
     def one(i: int):
         run_dir = out / "episodes" / f"step_{step:04d}" / f"{i:02d}"
         try:
-            return play(Environment(pool, run_dir, use_sandbox=pool.sandboxed), sampler, turns, picked[i], run_dir,
-                        loop, config.max_new_tokens)
+            return play(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=config.compact), sampler,
+                        turns, picked[i], run_dir, loop, config.max_new_tokens)
         finally:
             with lock:
                 sampler.expected -= 1  # (an ended episode asks no more: the others need not wait for it)
