@@ -1,0 +1,139 @@
+"""The expert's episodes: its kernels written through the real agent loop, Environment and judge, as run folders like
+`optimize` writes (trajectory.jsonl, summary.json, snapshots), which `rft.export` reads. Three shapes:
+
+- direct: write the files, verify, profile, finish;
+- improve: write them with slow knobs, profile, rewrite the kernel with fast ones, profile, finish;
+- fix: write them with a planted compile error, verify (the build fails), edit it away, verify, finish.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from ...agent.environment import Environment
+from ...agent.loop import LoopConfig, run_episode
+from ...agent.summary import EpisodeSummary
+from ...judge.pool import JudgePool
+from ...llm import ScriptedClient
+from .formulas import Unsupported
+from .kernels import BREAKABLE, FAST, SLOW, kernel_path, kernel_source, workspace_files
+from .trace import Program, trace
+
+SHAPES = ("direct", "improve", "fix")
+
+
+@dataclass
+class ExpertEpisode:
+    task: str
+    shape: str
+    run_dir: str
+    reward: float
+    stop: str
+    speedup_vs_compile: float | None
+
+
+def _episode(task: Path, shape: str, run_dir: Path, summary: EpisodeSummary) -> ExpertEpisode:
+    final = summary.final_verdict or {}
+    return ExpertEpisode(str(task), shape, str(run_dir), summary.reward, summary.stop, final.get("speedup_vs_compile"))
+
+
+def _call(name: str, **arguments) -> dict:
+    return {"type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def _turn(text: str, *calls: dict) -> dict:
+    return {"role": "assistant", "content": text, "tool_calls": list(calls)}
+
+
+def _describe(program: Program) -> tuple[str, str]:
+    """What the task computes and what one fused kernel does about it, in the expert's words."""
+    ops = " -> ".join(program.ops)
+    if program.pointwise:
+        return f"an element-wise chain ({ops})", "one fused kernel reads each element once and writes it once"
+    return (f"element-wise ops around reductions over the last dimension ({ops})",
+            "one kernel per row: a pass for each reduction, then one that writes the row, every step fused")
+
+
+def script(program: Program, backend: str, shape: str) -> list[dict]:
+    """The replies of one episode of `shape` (each a reply with its tool calls)."""
+    what, how = _describe(program)
+    summary = f"{' -> '.join(program.ops)} fused into one kernel"
+    path = kernel_path(backend)
+
+    def writes(knobs, kernel: str | None = None) -> list[dict]:
+        files = workspace_files(program, backend, knobs)
+        return [_call("write_file", path=p, content=kernel if p == path and kernel else c) for p, c in files.items()]
+
+    if shape == "direct":
+        return [_turn(f"The model is {what}: {how}.", *writes(FAST)),
+                _turn("Checking correctness.", _call("verify")),
+                _turn("Correct. Timing it against eager and torch.compile.", _call("profile")),
+                _turn("Fused and verified.", _call("finish", summary=summary))]
+    if shape == "improve":
+        return [_turn(f"The model is {what}: first a plain version, {how}.", *writes(SLOW)),
+                _turn("Timing it.", _call("profile")),
+                _turn("Rewriting the kernel with the faster settings: wider loads, more threads, warp-level "
+                      "reductions, softmax in one online pass.",
+                      _call("write_file", path=path, content=kernel_source(program, backend, FAST))),
+                _turn("Timing it again.", _call("profile")),
+                _turn("Faster and still correct.", _call("finish", summary=summary + ", tuned"))]
+    if shape == "fix":
+        broken = kernel_source(program, backend, FAST).replace(BREAKABLE, BREAKABLE[:-1], 1)
+        return [_turn(f"The model is {what}: {how}.", *writes(FAST, broken)),
+                _turn("Checking it.", _call("verify")),
+                _turn("The build failed: a missing semicolon after `(void)config`.",
+                      _call("edit", path=path, old=BREAKABLE[:-1] + "\n", new=BREAKABLE + "\n")),
+                _turn("Checking again.", _call("verify")),
+                _turn("Fixed and verified.", _call("finish", summary=summary))]
+    raise ValueError(f"unknown shape {shape!r} (choose from {', '.join(SHAPES)})")
+
+
+def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str, ...] = SHAPES, per_task: int = 1,
+                parallel: int = 1, log: Callable[[str], None] = print) -> tuple[list[ExpertEpisode], dict[str, str]]:
+    """Every shape `per_task` times on each task the expert can fuse, as run folders `out/TASK/SHAPE-K` (`parallel`
+    at once); returns the episodes and, for each task it cannot fuse, why (also in `out/skipped.json`). `log` hears
+    of each task skipped and each episode ended. Resumable: an episode whose folder holds its summary is read back,
+    not played again; each one played is appended to `out/episodes.jsonl` as it ends."""
+    backend = pool.backend.name
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs, skipped = [], {}
+    for task in tasks:
+        try:
+            program = trace(Path(task).read_text())
+            replies = {shape: script(program, backend, shape) for shape in shapes}
+        except Unsupported as exc:
+            skipped[str(task)] = str(exc)
+            log(f"{Path(task).name}: skipped ({exc})")
+            continue
+        jobs += [(Path(task), shape, k, replies[shape]) for shape in shapes for k in range(per_task)]
+    (out / "skipped.json").write_text(json.dumps(skipped, indent=1))
+    lock = threading.Lock()
+
+    def play(job) -> ExpertEpisode:
+        task, shape, k, replies = job
+        run_dir = out / task.stem / f"{shape}-{k}"
+        if (run_dir / "summary.json").is_file():
+            episode = _episode(task, shape, run_dir, EpisodeSummary.from_dict(json.loads(
+                (run_dir / "summary.json").read_text())))
+            log(f"{task.name} {shape} {k}: reward {episode.reward:g} (played before)")
+            return episode
+        shutil.rmtree(run_dir, ignore_errors=True)  # an episode cut short by a crash is played again
+        summary = run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed), ScriptedClient(replies),
+                              task, run_dir, LoopConfig(max_turns=len(replies)))
+        episode = _episode(task, shape, run_dir, summary)
+        with lock:
+            with open(out / "episodes.jsonl", "a") as f:
+                f.write(json.dumps(asdict(episode)) + "\n")
+            log(f"{task.name} {shape} {k}: reward {summary.reward:g} ({summary.stop})")
+        return episode
+
+    with ThreadPoolExecutor(max(1, parallel)) as executor:
+        episodes = list(executor.map(play, jobs))
+    return episodes, skipped

@@ -1,0 +1,162 @@
+"""The expert (rl/expert): its trace of a task into a row program, its kernels checked against the task's own
+output (compiled here and called through ctypes, every family and knob), and its episodes played through the real
+Environment and cpu judge, read back by rft.export."""
+
+import ctypes
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from cuda_agent.rl.expert.formulas import Unsupported
+from cuda_agent.rl.expert.kernels import FAST, MAX_PARAMS, NAME, SLOW, Knobs, kernel_source, workspace_files
+from cuda_agent.rl.expert.trace import trace
+
+HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+
+
+def task(forward: list[str], init: list[str] = (), shape: str = "BATCH, 6, 37") -> str:
+    body = "".join(f"        {line}\n" for line in init)
+    calls = "".join(f"        x = {line}\n" for line in forward)
+    return (f"{HEADER}class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n{body}\n"
+            f"    def forward(self, x):\n{calls}        return x\n\n\nBATCH = 4\n\n\n"
+            f"def get_inputs():\n    return [torch.randn({shape})]\n\n\ndef get_init_inputs():\n    return []\n")
+
+
+FAMILIES = {  # name -> (forward lines, constructor lines)
+    "pointwise": (["self.op0(x)", "torch.sigmoid(x) * x", "F.leaky_relu(x, 0.1)", "x * 2.0 + 1.0",
+                   "torch.clamp(x, min=-0.5, max=0.5)"], ["self.op0 = nn.Hardswish()"]),
+    "shrink": (["self.op0(x)", "self.op1(x)", "F.softplus(x)", "self.op2(x)"],
+               ["self.op0 = nn.Softshrink()", "self.op1 = nn.CELU(0.5)", "self.op2 = nn.LogSigmoid()"]),
+    "prelu": (["self.op0(x)", "torch.softmax(x, dim=-1)"], ["self.op0 = nn.PReLU()"]),
+    "softmax": (["F.gelu(x)", "self.op0(x)", "torch.relu(x)"], ["self.op0 = nn.Softmax(dim=-1)"]),
+    "log_softmax": (["torch.log_softmax(x * 3.0, dim=-1)", "x - 1.0"], []),
+    "softmin": (["self.op0(x)"], ["self.op0 = nn.Softmin(dim=2)"]),
+    "layer_norm": (["torch.tanh(x)", "self.op0(x)", "F.silu(x)"], ["self.op0 = nn.LayerNorm(37)"]),
+    "l2": (["x / (x.norm(dim=-1, keepdim=True) + 1e-6)", "x * x"], []),
+    "mean": (["F.mish(x)", "torch.mean(x, dim=-1, keepdim=True)", "torch.exp(x)"], []),
+    "sum_dropped": (["torch.abs(x)", "torch.sum(x, dim=-1)"], []),
+    "amax": (["torch.amax(x, dim=-1, keepdim=True)", "x + 1.0"], []),
+    "centered": (["x - torch.mean(x, dim=-1, keepdim=True)"], []),
+}
+
+
+def test_trace_tells_the_families_apart_and_keeps_parameter_names():
+    chain = trace(task(*FAMILIES["pointwise"]))
+    assert chain.pointwise and not chain.reduced and chain.ops[0] == "hardswish"
+    soft = trace(task(*FAMILIES["softmax"]))
+    reductions = [n.reduce for n in soft.nodes if n.reduce]
+    assert not soft.pointwise and reductions == ["max", "expsum"]
+    norm = trace(task(*FAMILIES["layer_norm"]))
+    assert norm.params == [("op0.weight", (37,)), ("op0.bias", (37,))]
+    mean = trace(task(*FAMILIES["mean"]))
+    assert mean.reduced and mean.keepdim
+    assert not trace(task(*FAMILIES["sum_dropped"])).keepdim
+
+
+@pytest.mark.parametrize("forward, init, why", [
+    (["self.op0(x)"], ["self.op0 = nn.Linear(37, 37)"], "Linear has no formula"),
+    (["torch.softmax(x, dim=1)"], [], "other than the last"),
+    (["torch.cumsum(x, dim=-1)"], [], "no formula for cumsum"),
+    (["torch.mean(x, dim=-1)", "torch.softmax(x, dim=-1)"], [], "of a reduced row"),
+    (["x.transpose(-1, -2)"], [], "no formula for transpose"),
+    (["self.op0(x)"], ["self.op0 = nn.PReLU(6)"], "a slope per channel"),
+    (["self.op0(x)"], ["self.op0 = nn.Bilinear(37, 37, 37)"], "Bilinear has no formula"),
+])
+def test_trace_says_why_it_cannot_fuse_a_task(forward, init, why):
+    with pytest.raises(Unsupported, match=why):
+        trace(task(forward, init))
+
+
+class Params(ctypes.Structure):
+    _fields_ = [("p", ctypes.c_void_p * MAX_PARAMS)]
+
+
+def compiled(source: str, folder: Path):
+    """The cpu kernel as a shared library (by the source's hash: one compile per kernel text)."""
+    lib = folder / f"{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"
+    if not lib.exists():
+        src = lib.with_suffix(".cpp")
+        src.write_text(source)
+        subprocess.run(["g++", "-O2", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True,
+                       capture_output=True)
+    return getattr(ctypes.CDLL(str(lib)), f"{NAME}_launcher")
+
+
+@pytest.fixture(scope="module")
+def lib_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("expert-kernels")
+
+
+@pytest.mark.parametrize("knobs", [FAST, SLOW, Knobs(online=False, simd=False)], ids=["fast", "slow", "two-pass"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_cpu_kernel_computes_what_the_task_computes(family, knobs, lib_dir):
+    """Every family and knob setting against the task's Model on random inputs and parameters (odd row length)."""
+    from cuda_agent.data.taskfile import load
+
+    source = task(*FAMILIES[family])
+    program = trace(source)
+    module = load(source)
+    torch.manual_seed(0)
+    model = module.Model()
+    for p in model.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.randn(3, 5, 37) * 2
+    expected = model(x).detach()
+    out = torch.empty_like(expected)
+    params = Params()
+    for i, (name, _) in enumerate(program.params):
+        params.p[i] = model.get_parameter(name).data_ptr()
+    launcher = compiled(kernel_source(program, "cpu", knobs), lib_dir)
+    launcher(ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(15), ctypes.c_int64(37),
+             params, ctypes.c_int(0))
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compiles only: no GPU runs it here)")
+@pytest.mark.parametrize("family", ["pointwise", "softmax", "layer_norm", "mean"])
+def test_the_cuda_kernels_compile(family, tmp_path):
+    for i, knobs in enumerate((FAST, SLOW)):
+        src = tmp_path / f"k{i}.cu"
+        src.write_text(kernel_source(trace(task(*FAMILIES[family])), "cuda", knobs))
+        done = subprocess.run(["nvcc", "-c", "-O2", "-arch=sm_90", str(src), "-o", str(tmp_path / f"k{i}.o")],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_model_new_owns_the_tasks_parameters_under_their_names():
+    program = trace(task(*FAMILIES["layer_norm"]))
+    source = workspace_files(program, "cpu", FAST)["model_new.py"]
+    assert "self.op0 = nn.Module()" in source and "[self.op0.weight, self.op0.bias], 0, 0)" in source
+
+
+def test_expert_episodes_are_judged_and_read_by_rft_export(cache_dir, tmp_path):
+    """Played through the Environment and the cpu judge: the direct episode's kernel is correct (reward >= 1), the
+    fix episode fails its first build, edits the planted error away and passes; both are kept by rft.export; a task
+    it cannot fuse is skipped with why; a rerun resumes without playing again."""
+    from conftest import fast_config
+
+    from cuda_agent.judge.pool import JudgePool
+    from cuda_agent.rl.expert.episodes import play_expert
+    from cuda_agent.rl.rft import export
+
+    softmax = tmp_path / "softmax_task.py"
+    softmax.write_text(task(*FAMILIES["softmax"], shape="BATCH, 16, 64"))
+    linear = tmp_path / "linear_task.py"
+    linear.write_text(task(["self.op0(x)"], ["self.op0 = nn.Linear(37, 37)"]))
+    out, heard = tmp_path / "runs", []
+    with JudgePool("cpu", fast_config(cache_dir)) as pool:
+        episodes, skipped = play_expert(pool, [softmax, linear], out, ("direct", "fix"), log=heard.append)
+        assert list(skipped) == [str(linear)] and "Linear" in skipped[str(linear)]
+        assert [(e.shape, e.stop) for e in episodes] == [("direct", "finish"), ("fix", "finish")]
+        assert all(e.reward >= 1 for e in episodes), episodes
+        fix = (out / "softmax_task" / "fix-0" / "trajectory.jsonl").read_text()
+        assert "compile error" in fix
+        again, _ = play_expert(pool, [softmax], out, ("direct", "fix"), log=heard.append)
+    assert [e.reward for e in again] == [e.reward for e in episodes] and heard[-1].endswith("(played before)")
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 2
+    counts = export([out / "softmax_task" / "direct-0", out / "softmax_task" / "fix-0"], tmp_path / "rft")
+    assert counts["kept"] == 2, counts
