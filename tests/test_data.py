@@ -264,3 +264,35 @@ def test_seed_tasks_are_every_crawled_operator_alone(tmp_path):
         module = load(path.read_text())
         out = module.Model(*module.get_init_inputs())(*module.get_inputs())
         assert out.is_floating_point(), path.name
+
+
+def test_the_expert_family_builds_only_tasks_the_expert_fuses_split_by_operator_combination(tmp_path):
+    from cuda_agent.data.families import split_of
+    from cuda_agent.rl.expert.trace import trace
+
+    cfg = BuildConfig(8, tmp_path / "ds", CPU, workers=2, family="expert", held_out=0.4, unseen_ops=("nn.Mish",),
+                      unseen_shapes=2, seed=20)
+    stats = Builder(cfg).run()
+    assert stats["kept"] == 8 and stats["family"] == "expert"
+    rows = [json.loads(line) for line in (tmp_path / "ds" / "dataset.jsonl").read_text().splitlines()]
+    for row in rows:
+        trace(row["code"])  # every kept task is one the expert fuses
+        assert row["split"] == split_of(json.loads(row["ops"]), 0.4, ("nn.Mish",))
+    combos = {}
+    for row in rows:
+        combos.setdefault(frozenset(json.loads(row["ops"])), set()).add(row["split"])
+    assert all(len(splits) == 1 for splits in combos.values())  # no combination in two splits
+    assert {"train", "held_out"} <= {row["split"] for row in rows}
+    splits = {p.stem: [json.loads(line) for line in p.read_text().splitlines()]
+              for p in (tmp_path / "ds" / "splits").glob("*.jsonl")}
+    assert sum(len(v) for k, v in splits.items() if k != "unseen_shape") == 8
+    assert sum(stats["splits"].values()) == 8 + len(splits.get("unseen_shape", []))
+    assert len(splits["unseen_shape"]) == min(2, len(splits["train"]))
+    for row in splits["unseen_shape"]:
+        program = trace(row["code"])
+        assert program.shape[-1] % 2 == 1  # an odd row length
+    rejected = [json.loads(line) for line in (tmp_path / "ds" / "attempts.jsonl").read_text().splitlines()]
+    assert all(r["checks"][0]["name"] != "expert_fuses" or not r["kept"] for r in rejected)
+    assert all(split_of(["a", "b"], 0.5, ()) == split_of(["b", "a", "b"], 0.5, ()) for _ in range(2))
+    with pytest.raises(ValueError, match="not operators of the expert family"):
+        Builder(BuildConfig(1, tmp_path / "other", CPU, family="expert", unseen_ops=("nn.Conv2d",)))

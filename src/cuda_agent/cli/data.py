@@ -66,9 +66,17 @@ def data_build_cmd(
                                            "(key from $OPENAI_API_KEY)"),
     temperature: float = TEMPERATURE,
     max_tokens: int = typer.Option(4096, min=1, help="tokens per reply of the LLM composer"),
+    family: Literal["all", "expert"] = typer.Option("all", help="all operators, or expert: only tasks the expert "
+                                                    "fuses (pointwise chains, row reductions; torch operators only)"),
+    held_out: float = typer.Option(0.0, "--held-out", min=0.0, max=0.99, help="share of operator combinations "
+                                   "in the held-out split (splits/held_out.jsonl)"),
+    unseen_ops: str = typer.Option("", "--unseen-ops", help="operators (catalog names, e.g. nn.Mish,F.mish) whose "
+                                   "tasks go only to splits/unseen_op.jsonl"),
+    unseen_shapes: int = typer.Option(0, "--unseen-shapes", min=0, help="train tasks re-sized to an odd row "
+                                      "length into splits/unseen_shape.jsonl"),
     overwrite: bool = OVERWRITE,
 ) -> None:
-    """Compose fused tasks, filter them, deduplicate, export parquet + jsonl and a stats report."""
+    """Compose fused tasks, filter them, deduplicate, export parquet + jsonl (with splits/) and a stats report."""
     writable(out_dir, "--out")
     fresh_folder(out_dir, "--out", overwrite, resumes="attempts.jsonl")
     from ..llm import LLMError, OpenAIClient
@@ -95,7 +103,7 @@ def data_build_cmd(
         get_backend(backend).check_toolchain()  # no GPU here: one line, as every command says it
     except BackendError as exc:
         fail(str(exc))
-    if transformers:
+    if transformers and family == "all":
         try:
             import transformers as _  # noqa: F401
         except ImportError:
@@ -103,7 +111,9 @@ def data_build_cmd(
     cfg = BuildConfig(target, out_dir, FilterConfig(device=backend, window_ms=(lo, hi), check_compile=compile_filter,
                                                    memory_budget_gb=memory_gb),
                       kernelbench=kernelbench, workers=workers, seed=seed, composer=llm,
-                      max_attempts=max_attempts, time_limit_s=time_limit, transformers=transformers)
+                      max_attempts=max_attempts, time_limit_s=time_limit, transformers=transformers, family=family,
+                      held_out=held_out, unseen_shapes=unseen_shapes,
+                      unseen_ops=tuple(op.strip() for op in unseen_ops.split(",") if op.strip()))
     try:
         builder = Builder(cfg)
     except (FileNotFoundError, ValueError) as exc:
@@ -122,6 +132,6 @@ def data_build_cmd(
     if stats["kept"] < target:
         err.print(f"[yellow]{stats['kept']} of {target} tasks after {stats['attempts']} attempts[/]")
     out.print("written:", highlight=False, soft_wrap=True)
-    for name in ("dataset.parquet", "dataset.jsonl", "stats.json", "stats.md", "attempts.jsonl"):
+    for name in ("dataset.parquet", "dataset.jsonl", "splits/", "stats.json", "stats.md", "attempts.jsonl"):
         out.print(f"  {out_dir / name}", highlight=False, soft_wrap=True)
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from .catalog import crawl_all
 from .compose import Composition, NoTask, compose, compose_llm, draw_source
+from .families import SPLITS, expert_blocker, family_ops, resized, split_of
 from .filters import Check, FilterConfig, check_task, check_task_sandboxed
 from .similarity import Index, fingerprint, operator_sequence
 
@@ -42,6 +43,18 @@ class BuildConfig:
     transformers_share: float | None = None  # 0-1, instead of the paper's share
     max_attempts: int | None = None  # default 20 x target
     time_limit_s: float | None = None  # stop starting attempts after this long, finish the running ones, export
+    family: str = "all"  # "expert": only tasks the expert fuses (data/families.py)
+    held_out: float = 0.0  # share of operator combinations in the held-out split
+    unseen_ops: tuple[str, ...] = ()  # operators whose tasks are only in the unseen_op split
+    unseen_shapes: int = 0  # train tasks re-sized into the unseen_shape split
+
+    def __post_init__(self):
+        if not 0.0 <= self.held_out < 1.0:
+            raise ValueError(f"held_out must be in [0, 1), got {self.held_out}")
+        if self.family == "expert":
+            self.transformers = False  # the expert fuses torch operators only
+            if self.composer is not None:  # its check runs the task's code, which only the sandbox may do for a model's
+                raise ValueError("the expert family is built by the offline composer only")
 
 
 @dataclass
@@ -70,13 +83,13 @@ class ReplayComposer:
 
 
 def _attempt(index: int, seed: int, cfg: FilterConfig, composer, workdir: Path, transformers: bool,
-             transformers_share: float | None) -> dict[str, Any]:
+             transformers_share: float | None, family: str = "all") -> dict[str, Any]:
     """Worker: compose candidate `index` and run the execution filters on it (sandboxed for model-written code)."""
     import torch
 
     torch.set_num_threads(1)
     rng = random.Random(seed + index)
-    ops, _, hf_ops, _ = _catalog(transformers)
+    ops, _, hf_ops, _ = _catalog(transformers, family)
     source = draw_source(rng, transformers_share if transformers else 0.0)
     num_ops = 1 if source == "transformers" else int(source.split("#")[1])
     head = {"index": index, "data_source": source, "num_ops": num_ops}
@@ -97,6 +110,10 @@ def _attempt(index: int, seed: int, cfg: FilterConfig, composer, workdir: Path, 
     if comp is None:
         return {**head, "ops": [], "kept": False, "source": "",
                 "checks": [asdict(Check("composes", False, detail="no chain of fitting shapes found"))]}
+    blocker = expert_blocker(comp.source) if family == "expert" else None
+    if blocker:
+        return {**head, "ops": comp.ops, "kept": False, "source": comp.source,
+                "checks": [asdict(Check("expert_fuses", False, detail=blocker))]}
     if composer is None or source == "transformers":
         result = check_task(comp.source, cfg)
     else:
@@ -107,11 +124,13 @@ def _attempt(index: int, seed: int, cfg: FilterConfig, composer, workdir: Path, 
 _CATALOG: dict[bool, tuple] = {}
 
 
-def _catalog(transformers: bool) -> tuple:
-    """(torch operators, their rejects, transformers operators, their rejects), crawled once per process."""
-    if transformers not in _CATALOG:
-        _CATALOG[transformers] = crawl_all(transformers)
-    return _CATALOG[transformers]
+def _catalog(transformers: bool, family: str = "all") -> tuple:
+    """(torch operators of `family`, their rejects, transformers operators, their rejects), crawled once per
+    process."""
+    if (transformers, family) not in _CATALOG:
+        ops, failed, hf_ops, hf_failed = crawl_all(transformers)
+        _CATALOG[transformers, family] = family_ops(ops, family), failed, hf_ops, hf_failed
+    return _CATALOG[transformers, family]
 
 
 class Builder:
@@ -127,6 +146,12 @@ class Builder:
                 raise ValueError(f"{cfg.workers} workers x {cfg.filters.memory_budget_gb:g} GiB do not fit the GPU's "
                                  f"{gib:.0f} GiB: lower --workers or --memory-gb")
         self.index = Index.from_suite(cfg.kernelbench)
+        if cfg.unseen_ops:
+            names = {op.name for op in _catalog(cfg.transformers, cfg.family)[0]}
+            unknown = sorted(set(cfg.unseen_ops) - names)
+            if unknown:
+                raise ValueError(f"unseen ops {', '.join(unknown)} are not operators of the {cfg.family} family "
+                                 f"(e.g. {', '.join(sorted(names)[:6])})")
         self.kept: dict[tuple[str, ...], int] = {}  # operator sequence -> the kept attempt that has it
         self.records: dict[int, dict] = {}
         if self.attempts_path.exists():  # resume
@@ -188,7 +213,7 @@ class Builder:
     def _submit(self, pool: ProcessPoolExecutor, index: int):
         cfg = self.cfg
         return pool.submit(_attempt, index, cfg.seed, cfg.filters, cfg.composer, cfg.out / "scratch", cfg.transformers,
-                           cfg.transformers_share)
+                           cfg.transformers_share, cfg.family)
 
     @staticmethod
     def _failure(index: int, why: str) -> dict:
@@ -223,13 +248,36 @@ class Builder:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
         write_parquet(rows, out / "dataset.parquet")
-        stats = self.stats(rows)
+        stats = self.stats(rows, self._write_splits(rows))
         (out / "stats.json").write_text(json.dumps(stats, indent=2))
         (out / "stats.md").write_text(stats_markdown(stats))
         return stats
 
+    def _write_splits(self, rows: list[dict]) -> dict[str, int]:
+        """`splits/SPLIT.jsonl`, rows as in the dataset; unseen_shape: the first train tasks at another row length.
+        Returns the count of each split."""
+        cfg, folder = self.cfg, self.cfg.out / "splits"
+        folder.mkdir(exist_ok=True)
+        resized_rows, rng = [], random.Random(cfg.seed)
+        for row in (r for r in rows if r["split"] == "train"):
+            if len(resized_rows) >= cfg.unseen_shapes:
+                break
+            code = resized(row["code"], rng)
+            if code is not None and (cfg.family != "expert" or expert_blocker(code) is None):
+                resized_rows.append({**row, "code": code, "split": "unseen_shape", "eager_ms": None,
+                                     "compile_ms": None})
+        counts = {}
+        for split in SPLITS:
+            chosen = [r for r in rows + resized_rows if r["split"] == split]
+            path = folder / f"{split}.jsonl"
+            path.unlink(missing_ok=True)
+            if chosen:
+                path.write_text("".join(json.dumps(r) + "\n" for r in chosen))
+            counts[split] = len(chosen)
+        return counts
+
     def _row(self, rec: dict) -> dict:
-        return {"code": rec["source"], "ops": json.dumps(rec["ops"]),
+        return {"split": split_of(rec["ops"], self.cfg.held_out, self.cfg.unseen_ops),"code": rec["source"], "ops": json.dumps(rec["ops"]),
                 "data_source": rec.get("data_source", f"torch#{rec['num_ops']}"),
                 "composer": "offline" if self.cfg.composer is None else type(self.cfg.composer).__name__,
                 "num_ops": rec["num_ops"], "eager_ms": rec["eager_ms"], "compile_ms": rec["compile_ms"],
@@ -237,16 +285,17 @@ class Builder:
                 "output_abs_max": rec["output_stats"].get("abs_max"),
                 "max_kernelbench_similarity": rec.get("max_kernelbench_similarity"), "attempt": rec["index"]}
 
-    def stats(self, rows: list[dict]) -> dict:
+    def stats(self, rows: list[dict], splits: dict[str, int]) -> dict:
         rejected = Counter()
         for rec in self.records.values():
             if not rec["kept"]:
                 rejected[next((c["name"] for c in rec["checks"] if not c["passed"]), "unknown")] += 1
         composition = Counter(r["data_source"] for r in rows)
-        ops, failed, hf_ops, hf_failed = _catalog(self.cfg.transformers)
+        ops, failed, hf_ops, hf_failed = _catalog(self.cfg.transformers, self.cfg.family)
         return {"kept": len(rows), "attempts": len(self.records), "rejected_by": dict(rejected),
                 "last_run": getattr(self, "last_run", None),
                 "composition": {k: round(v / max(1, len(rows)), 4) for k, v in sorted(composition.items())},
+                "family": self.cfg.family, "splits": splits,
                 "thresholds": {**asdict(self.cfg.filters),
                                "max_kernelbench_similarity": self.cfg.max_kernelbench_similarity,
                                "not_a_duplicate": DUPLICATE_RULE, "transformers_share": self.cfg.transformers_share,
@@ -260,7 +309,7 @@ def write_parquet(rows: list[dict], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = ["code", "ops", "data_source", "composer", "num_ops", "eager_ms", "compile_ms", "output_mean",
+    columns = ["code", "split", "ops", "data_source", "composer", "num_ops", "eager_ms", "compile_ms", "output_mean",
                "output_std", "output_abs_max", "max_kernelbench_similarity", "attempt"]
     table = pa.table({c: [r.get(c) for r in rows] for c in columns})
     pq.write_table(table, path)
@@ -273,6 +322,8 @@ def stats_markdown(stats: dict) -> str:
              f"{run.get('workers')} workers, {run.get('device')}).", "",
              "| rejected by | count |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(stats["rejected_by"].items(), key=lambda kv: -kv[1])]
+    lines += ["", f"Family: {stats['family']}. Splits (by operator combination): " +
+              ", ".join(f"{k} {v}" for k, v in stats["splits"].items()) + ".", ""]
     lines += ["", "| data_source | share |", "|---|---|"]
     lines += [f"| {k} | {v:.1%} |" for k, v in stats["composition"].items()]
     catalog = stats["catalog"]
