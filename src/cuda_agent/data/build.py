@@ -277,7 +277,8 @@ class Builder:
         return counts
 
     def _row(self, rec: dict) -> dict:
-        return {"split": split_of(rec["ops"], self.cfg.held_out, self.cfg.unseen_ops),"code": rec["source"], "ops": json.dumps(rec["ops"]),
+        return {"split": split_of(rec["ops"], self.cfg.held_out, self.cfg.unseen_ops),
+                "code": rec["source"], "ops": json.dumps(rec["ops"]),
                 "data_source": rec.get("data_source", f"torch#{rec['num_ops']}"),
                 "composer": "offline" if self.cfg.composer is None else type(self.cfg.composer).__name__,
                 "num_ops": rec["num_ops"], "eager_ms": rec["eager_ms"], "compile_ms": rec["compile_ms"],
