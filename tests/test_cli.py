@@ -370,3 +370,18 @@ def test_run_as_a_program_json_errors_and_narrow_help_are_whole():
     help_text = run("eval", "--help").stdout
     assert "<strict|kernelbench>" in help_text and "--max-error-ratio" in help_text and "--fail-on-reject" in help_text
     assert "…" not in help_text and all(len(line) <= 80 for line in help_text.splitlines())
+
+
+def test_train_expert_checks_its_options_and_says_which_tasks_it_cannot_fuse(tmp_path, cache_dir):
+    """(The episodes themselves: tests/test_expert.py plays them through the same function.)"""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    shutil.copy(TASKS / "linear_gelu.py", tasks / "linear_gelu.py")
+    bad = runner.invoke(app, ["train", "expert", "--data", str(tasks), "--out", str(tmp_path / "x"), "--shapes",
+                              "direct,sideways"])
+    assert bad.exit_code == 2 and "unknown sideways" in bad.output
+    result = runner.invoke(app, ["train", "expert", "--data", str(tasks), "--out", str(tmp_path / "runs"),
+                                 "--backend", "cpu", "--cache-dir", str(cache_dir)])
+    assert result.exit_code != 0 and "the expert fuses none of these tasks" in result.output, result.output
+    assert "0 episode(s) on 0 of 1 tasks" in result.output and "1 task(s) the expert cannot fuse" in result.output
+    assert "Linear" in json.loads((tmp_path / "runs" / "skipped.json").read_text())[str(tasks / "linear_gelu.py")]
