@@ -80,6 +80,26 @@ def test_ppo_losses_combine_the_terms_as_configured():
     assert full[2]["kl"] == pytest.approx(kl) and full[2]["entropy"] == pytest.approx(2.0)
 
 
+def test_truncated_importance_sampling_weights_each_token_by_the_capped_trainer_over_sampler_ratio():
+    """Off by default; on, a token the sampler drew at half the trainer's probability counts twice, one it drew at
+    a hundredth counts `tis_cap` times, and the weights carry no gradient."""
+    mask = t([1, 1, 1])
+    logp = t([0.0, 0.0, 0.0]).requires_grad_()
+    old, adv, values = t([0.0, 0.0, 0.0]), t([1.0, 1.0, 1.0]), t([0.0, 0.0, 0.0])
+    sampler = torch.log(t([1.0, 0.5, 0.01]))
+    off = ppo_losses(PPOConfig(whiten_advantages=False), logp, old, adv, values, values, values, mask,
+                     sampler_logp=sampler)
+    assert float(off[0]) == pytest.approx(-1.0) and "tis_weight_mean" not in off[2]
+    on = ppo_losses(PPOConfig(whiten_advantages=False, tis_cap=2.0), logp, old, adv, values, values, values, mask,
+                    sampler_logp=sampler)
+    assert float(on[0]) == pytest.approx(-(1.0 + 2.0 + 2.0) / 3)
+    assert on[2]["tis_weight_mean"] == pytest.approx(5 / 3)
+    on[0].backward()
+    assert torch.allclose(logp.grad, -t([1.0, 2.0, 2.0]) / 3)
+    with pytest.raises(ValueError, match="tis_cap"):
+        PPOConfig(tis_cap=0.5)
+
+
 def test_the_default_lambdas_carry_the_outcome_to_the_first_token_of_a_kernel_writing_turn():
     """A `write_file` turn that holds a kernel is ~1,300 model tokens; with the paper's lambda 0.95 and a critic
     that knows nothing, its first token gets 0.95^1300 of the outcome: nothing. The defaults (1 for the actor and

@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Optional
 import typer
 
 from ..backend import BackendError
-from ..rl.config import DemoConfig, StageConfig, TrainConfig
+from ..rl.config import DemoConfig, PPOConfig, StageConfig, TrainConfig
 from ..task import DATASET_SUFFIXES, TaskError
 from . import common
 from .common import app, err, fail, integers, out, warn_unsandboxed, writable
@@ -152,6 +152,9 @@ def train_cmd(
     critic_lr: CriticLr = TrainConfig.critic_lr,
     seed: int = typer.Option(StageConfig.seed, help="task order and sampling seed"),
     temperature: Temperature = StageConfig.temperature,
+    tis_cap: Optional[float] = typer.Option(PPOConfig.tis_cap, "--tis-cap", min=1.0, help="truncated importance "
+                                            "sampling: weight each token by min(trainer/sampler probability, CAP) "
+                                            "(the paper's fix for a bf16/fp16 sampler; default: off)"),
     save_every: SaveEvery = StageConfig.save_every,
     keep_checkpoints: KeepCheckpoints = StageConfig.keep_checkpoints,
     save_optimizer: SaveOptimizer = StageConfig.save_optimizer,
@@ -188,7 +191,8 @@ def train_cmd(
                              temperature=temperature, tool_output_chars=tool_output_chars, compact=compact,
                              save_every=save_every, keep_checkpoints=keep_checkpoints,
                              save_optimizer=save_optimizer, time_limit_s=time_limit,
-                             train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr))
+                             train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr,
+                                               ppo=PPOConfig(tis_cap=tis_cap)))
         run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else []
         log = lambda m: err.print(m, highlight=False, soft_wrap=True)  # noqa: E731
         if stage == "rft":

@@ -78,13 +78,16 @@ def uniform(scores: torch.Tensor) -> bool:
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                clip_low: float = 0.2, clip_high: float = 0.28) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped surrogate with an asymmetric clip range; also the share of tokens clipped and the k1 KL
-    between the rollout policy and this one."""
+                clip_low: float = 0.2, clip_high: float = 0.28, weights: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate with an asymmetric clip range, each token's term times `weights` when given
+    (truncated importance sampling); also the share of tokens clipped and the k1 KL between the rollout policy
+    and this one."""
     ratio = torch.exp(logp - old_logp)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    terms = torch.maximum(unclipped, clipped)
+    loss = masked_mean(terms * weights if weights is not None else terms, mask)
     with torch.no_grad():
         stats = {"clip_fraction": float(masked_mean((clipped > unclipped).to(logp.dtype), mask)),
                  "approx_kl": float(masked_mean(old_logp - logp, mask))}
@@ -129,15 +132,28 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1 - var_residual / var) if var > 0 else float("nan")
 
 
+def tis_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling: min(pi_trainer / pi_sampler, cap) per token, constant to the gradient. The
+    tokens were drawn by the sampler (another precision, another kernel) while PPO's ratio is taken against the
+    trainer's own log-probs; this corrects the mismatch without letting a rare token's weight explode."""
+    return torch.exp(trainer_logp - sampler_logp).clamp(max=cap).detach()
+
+
 def ppo_losses(config: PPOConfig, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               ref_logp: torch.Tensor | None = None, token_entropy: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+               ref_logp: torch.Tensor | None = None, token_entropy: torch.Tensor | None = None,
+               sampler_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """The actor's loss (surrogate, + KL to the reference, - entropy bonus, as configured) and the critic's, with
-    their statistics. `advantages` as GAE gave them: whitened here when the config says so."""
+    their statistics. `advantages` as GAE gave them: whitened here when the config says so. With `config.tis_cap`
+    and the sampler's log-probs, the surrogate is importance-weighted (`tis_weights`)."""
     if config.whiten_advantages:
         advantages = masked_whiten(advantages, mask)
-    actor, stats = policy_loss(logp, old_logp, advantages, mask, config.clip_low, config.clip_high)
+    weights = None
+    if config.tis_cap is not None and sampler_logp is not None:
+        weights = tis_weights(old_logp, sampler_logp, config.tis_cap)
+    actor, stats = policy_loss(logp, old_logp, advantages, mask, config.clip_low, config.clip_high, weights)
+    if weights is not None:
+        stats["tis_weight_mean"] = float(masked_mean(weights, mask))
     if config.kl_coef and ref_logp is not None:
         kl = masked_mean(kl_penalty(logp, ref_logp), mask)
         actor = actor + config.kl_coef * kl

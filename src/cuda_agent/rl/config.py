@@ -24,11 +24,14 @@ class PPOConfig:
     entropy_coef: float = 0.0
     whiten_advantages: bool = True
     skip_uniform: bool = True  # a batch whose episodes all scored the same trains the critic only (below)
+    tis_cap: float | None = None  # truncated importance sampling (sampler vs trainer log-probs), capped here; None: off
 
     def __post_init__(self):
         for name in ("gamma", "lam", "critic_lam"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1]")
+        if self.tis_cap is not None and self.tis_cap < 1.0:
+            raise ValueError("tis_cap must be >= 1 (it truncates weights above it), or None")
 
 
 @dataclass

@@ -110,7 +110,7 @@ class PPOTrainer:
                 values = self._values(mb)
                 actor_loss, critic_loss, mb_stats = ppo_losses(
                     ppo, logp, old_logp[index], advantages[index], values, old_values[index], returns[index],
-                    mb.mask, ref_logp[index] if ref_logp is not None else None, token_entropy)
+                    mb.mask, ref_logp[index] if ref_logp is not None else None, token_entropy, batch.old_logp[index])
                 if train_actor:
                     self.actor_optim.zero_grad(set_to_none=True)
                     actor_loss.backward()
