@@ -1,4 +1,7 @@
-"""The agent as a verl agent loop (the `train` extra): `CudaAgentLoop`, registered as "cuda_agent".
+"""The agent as a verl agent loop (the `train` extra): `CudaAgentLoop`, named "cuda_agent" by the recipe's
+`agent_loops.yaml` (with its options). Not also by verl's `@register`: this module is imported by the first
+episode's instantiation, after the worker read the yaml, and the decorator would then replace the yaml's entry
+(options and all) for every later episode.
 
 verl runs rollouts as coroutines on its agent-loop workers; each episode builds the loop class and awaits `run`.
 `run` plays the same episode as `cuda-agent train --stage agentic` (`rollout.play`: `agent.loop.run_episode`
@@ -30,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from ..agent.environment import Environment
 from ..agent.loop import LoopConfig
@@ -46,7 +49,6 @@ _EPISODES = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="episode")
 RESUBMITS = 8  # an aborted generation is sent again at most this many times
 
 
-@register("cuda_agent")
 class CudaAgentLoop(AgentLoopBase):
     def __init__(self, *args, backend: str = "cuda", gpus: list[int] | None = None, judge: str = "local",
                  max_turns: int = 20, single_turn: bool = False, episodes_dir: str = "episodes",
