@@ -33,7 +33,7 @@ def test_an_example_solution_is_judged_correct_on_the_cpu(cpu_judge, name):
 
 
 def test_training_on_the_examples_folder_takes_its_tasks_not_its_solutions(tmp_path):
-    from cuda_agent.cli.train import _stage_tasks
+    from cuda_agent.task import task_files
 
-    tasks = _stage_tasks(EXAMPLES, tmp_path)
+    tasks = task_files(EXAMPLES, tmp_path)
     assert tasks == [t.path for t in discover(EXAMPLES)] and all(p.parent.parent == EXAMPLES for p in tasks)

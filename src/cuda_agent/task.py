@@ -240,3 +240,24 @@ def import_file(path: str | Path, module_name: str) -> ModuleType:
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def task_files(data: Path, folder: Path) -> list[Path]:
+    """Task files from a reference .py, a folder of them (of a KernelBench-layout suite: its levelN folders only,
+    not e.g. examples/solutions) or a dataset export."""
+    from .suite.evaluate import discover
+
+    if data.is_dir():
+        try:
+            tasks = [t.path for t in discover(data)]
+        except FileNotFoundError:  # no levelN folders (or no tasks in them): every .py below
+            tasks = sorted(p for p in data.rglob("*.py") if not p.name.startswith("_"))
+    elif data.suffix in DATASET_SUFFIXES:
+        tasks = dataset_rows(data, folder)
+    elif data.suffix == ".py" and data.is_file():
+        tasks = [data]
+    else:
+        raise TaskError(f"{data}: not a task file, a folder of them or a dataset (.parquet, .jsonl)")
+    if not tasks:
+        raise TaskError(f"{data} holds no tasks")
+    return tasks

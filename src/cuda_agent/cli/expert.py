@@ -14,7 +14,8 @@ from . import common
 from .common import err, fail, integers, out, warn_unsandboxed, writable
 from .options import BACKEND_HELP, Backends
 from .progress import Progress
-from .train import _stage_tasks, train_app
+from ..task import task_files
+from .train import train_app
 
 
 @train_app.command("expert")
@@ -43,7 +44,7 @@ def train_expert_cmd(
     try:
         from ..judge.pool import JudgePool
 
-        tasks = _stage_tasks(data, out_dir / "tasks")
+        tasks = task_files(data, out_dir / "tasks")
         with JudgePool(backend, common.config(cache_dir), devices=integers(gpus, "--gpus")) as pool, \
                 Progress(err, every_s=10) as progress:
             warn_unsandboxed(pool)

@@ -9,7 +9,7 @@ import typer
 
 from ..backend import BackendError
 from ..rl.config import DemoConfig, PPOConfig, StageConfig, TrainConfig
-from ..task import DATASET_SUFFIXES, TaskError
+from ..task import TaskError, task_files
 from . import common
 from .common import app, err, fail, integers, out, warn_unsandboxed, writable
 from .options import BACKEND_HELP, Backends, Stages
@@ -95,28 +95,6 @@ def train_demo_cmd(
                   f"(step {last['step']}); metrics in {out_dir / 'metrics.jsonl'}", highlight=False, soft_wrap=True)
 
 
-def _stage_tasks(data: Path, folder: Path) -> list[Path]:
-    """Task files from a reference .py, a folder of them (of a KernelBench-layout suite: its levelN folders only,
-    not e.g. examples/solutions) or a dataset export."""
-    from ..suite.evaluate import discover
-    from ..task import dataset_rows
-
-    if data.is_dir():
-        try:
-            tasks = [t.path for t in discover(data)]
-        except FileNotFoundError:  # no levelN folders (or no tasks in them): every .py below
-            tasks = sorted(p for p in data.rglob("*.py") if not p.name.startswith("_"))
-    elif data.suffix in DATASET_SUFFIXES:
-        tasks = dataset_rows(data, folder)
-    elif data.suffix == ".py" and data.is_file():
-        tasks = [data]
-    else:
-        raise TaskError(f"{data}: not a task file, a folder of them or a dataset (.parquet, .jsonl)")
-    if not tasks:
-        raise TaskError(f"{data} holds no tasks")
-    return tasks
-
-
 def _check_stage_inputs(stage: str, model: Path, data: Path | None, runs: Path | None) -> None:
     if not (model / "config.json").is_file():
         fail(f"{model} is not an HF model folder (no config.json)")
@@ -185,7 +163,7 @@ def train_cmd(
             from ..backend import detect_cuda_arch
 
             detect_cuda_arch()  # no GPU: say so before loading a model
-        tasks = _stage_tasks(data, out_dir / "tasks") if data is not None else []
+        tasks = task_files(data, out_dir / "tasks") if data is not None else []
         config = StageConfig(stage=stage, steps=steps, batch=batch, max_turns=max_turns,
                              max_new_tokens=max_new_tokens, max_context=max_context, seed=seed,
                              temperature=temperature, tool_output_chars=tool_output_chars, compact=compact,
@@ -247,7 +225,7 @@ def train_verl_cmd(
             fail(f"--critic {critic} is not an HF model folder (no config.json)")
         recipe = Recipe(stage, model.resolve(), out_dir.resolve(), backend, judge, nodes, gpus_per_node, steps,
                         batch, max_turns, max_prompt, max_response, critic.resolve() if critic else None)
-        tasks = [t.resolve() for t in _stage_tasks(data, out_dir / "tasks")] if data is not None else None
+        tasks = [t.resolve() for t in task_files(data, out_dir / "tasks")] if data is not None else None
         run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else None
         script = prepare(recipe, tasks, run_dirs)
     except (TaskError, ValueError) as exc:

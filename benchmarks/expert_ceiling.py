@@ -1,0 +1,119 @@
+"""The expert's ceiling (issue 31): for every task it fuses, its kernel with the fast knobs and with random ones,
+each judged `--repeats` times (fresh inputs, fresh timing), reported per task set, family and knob setting: the
+share of reward >= 2 (faster than eager) and of reward 3 (faster than torch.compile), the geometric-mean speedups,
+the eager and compile baselines, and how often a task's repeated verdicts agree. "best" is each task's best knob
+setting of those tried. One JSON line per verdict in `--out`.jsonl; the table in `--out`.md.
+
+    python3 benchmarks/expert_ceiling.py --data splits/train.jsonl --data splits/held_out.jsonl \\
+        [--backend cuda] [--repeats 3] [--random 1] [--limit N] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import tempfile
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+from _common import machine, write
+
+from cuda_agent.judge.pool import JudgePool
+from cuda_agent.rl.expert.formulas import Unsupported
+from cuda_agent.rl.expert.kernels import FAST, Knobs, workspace_files
+from cuda_agent.rl.expert.trace import trace
+from cuda_agent.task import task_files
+
+
+def random_knobs(rng: random.Random) -> Knobs:
+    return Knobs(vector=rng.choice((1, 4)), threads=rng.choice((64, 128, 256, 512, 1024)),
+                 grid_stride=rng.random() < 0.5, reduce=rng.choice(("warp", "shared")), online=rng.random() < 0.5,
+                 parallel=rng.random() < 0.5, simd=rng.random() < 0.5)
+
+
+def geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def summarise(label: str, family: str, knobs: str, verdicts: dict[str, list[dict]]) -> dict:
+    """One table row over tasks: each task's verdicts (its repeats) for one knob setting."""
+    firsts = [v[0] for v in verdicts.values()]
+    return {"set": label, "family": family, "knobs": knobs, "tasks": len(verdicts),
+            "reward>=2": sum(v["reward"] >= 2 for v in firsts) / len(firsts),
+            "reward 3": sum(v["reward"] >= 3 for v in firsts) / len(firsts),
+            "correct": sum(v["reward"] >= 1 for v in firsts) / len(firsts),
+            "vs eager": geomean([v.get("speedup_vs_eager") for v in firsts]),
+            "vs compile": geomean([v.get("speedup_vs_compile") for v in firsts]),
+            "eager us": geomean([v["times_us"].get("eager") for v in firsts]),
+            "compile us": geomean([v["times_us"].get("compile") for v in firsts]),
+            "stable": sum(len({x["reward"] for x in v}) == 1 for v in verdicts.values()) / len(verdicts)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, action="append", required=True, help="task set (repeatable)")
+    parser.add_argument("--backend", default="cuda")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--random", type=int, default=1, help="random knob settings per task")
+    parser.add_argument("--limit", type=int, default=None, help="tasks per set")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=None, help="judge workers (default: the pool's)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="expert-ceiling-"))
+    rng = random.Random(args.seed)
+    jobs, skipped = [], defaultdict(int)
+    for data in args.data:
+        for task in task_files(data, scratch / data.stem)[:args.limit]:
+            try:
+                program = trace(task.read_text())
+            except Unsupported as exc:
+                skipped[str(exc)] += 1
+                continue
+            family = "pointwise" if program.pointwise else "rows"
+            settings = {"fast": FAST, **{f"random{j}": random_knobs(rng) for j in range(args.random)}}
+            for name, knobs in settings.items():
+                folder = scratch / "candidates" / data.stem / task.stem / name
+                for path, text in workspace_files(program, args.backend, knobs).items():
+                    (folder / path).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / path).write_text(text)
+                jobs += [(data.stem, family, task, name, knobs, folder)] * args.repeats
+    lines = []
+    with JudgePool(args.backend, workers=args.workers) as pool:
+        futures = [pool.submit(task, folder) for _, _, task, _, _, folder in jobs]
+        for (label, family, task, name, knobs, _), future in zip(jobs, futures):
+            verdict = future.result().to_dict()
+            lines.append({"set": label, "family": family, "task": task.stem, "knobs": name, "knob_values": asdict(
+                knobs), **{k: verdict.get(k) for k in ("reward", "speedup_vs_eager", "speedup_vs_compile",
+                                                       "times_us", "error")}})
+            print(json.dumps(lines[-1]), flush=True)
+    shutil.rmtree(scratch, ignore_errors=True)
+    runs: dict[tuple, list[dict]] = defaultdict(list)  # (set, family, task, knobs) -> its verdicts
+    for line in lines:
+        runs[line["set"], line["family"], line["task"], line["knobs"]].append(line)
+    grouped: dict[tuple, dict[str, list[dict]]] = defaultdict(dict)
+    best: dict[tuple, list[dict]] = {}
+    for (label, family, task, knobs), verdicts in runs.items():
+        grouped[label, family, "fast" if knobs == "fast" else "random"][f"{task}/{knobs}"] = verdicts
+        score = (verdicts[0]["reward"], verdicts[0].get("speedup_vs_compile") or 0.0)
+        current = best.get((label, family, task))
+        if current is None or score > (current[0]["reward"], current[0].get("speedup_vs_compile") or 0.0):
+            best[label, family, task] = verdicts
+    for (label, family, task), verdicts in best.items():  # each task's best setting of those tried
+        grouped[label, family, "best"][task] = verdicts
+    rows = [summarise(*key, verdicts) for key, verdicts in sorted(grouped.items())]
+    if args.out:
+        args.out.with_suffix(".jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write(args.out, f"The expert's ceiling ({args.backend}, {args.repeats} verdicts per setting)", rows,
+          ["set", "family", "knobs", "tasks", "correct", "reward>=2", "reward 3", "vs eager", "vs compile",
+           "eager us", "compile us", "stable"], {"skipped": dict(skipped), "machine": machine(), "args": vars(args)
+                                                 | {"data": [str(d) for d in args.data], "out": str(args.out)}})
+
+
+if __name__ == "__main__":
+    main()
