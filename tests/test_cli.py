@@ -376,7 +376,8 @@ def test_train_expert_checks_its_options_and_says_which_tasks_it_cannot_fuse(tmp
     """(The episodes themselves: tests/test_expert.py plays them through the same function.)"""
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    shutil.copy(TASKS / "linear_gelu.py", tasks / "linear_gelu.py")
+    (tasks / "transposed.py").write_text((TASKS / "affine_relu.py").read_text().replace(
+        "def forward(self, x):", "def forward(self, x):\n        x = x.transpose(0, 1)"))
     bad = runner.invoke(app, ["train", "expert", "--data", str(tasks), "--out", str(tmp_path / "x"), "--shapes",
                               "direct,sideways"])
     assert bad.exit_code == 2 and "unknown sideways" in bad.output
@@ -384,4 +385,4 @@ def test_train_expert_checks_its_options_and_says_which_tasks_it_cannot_fuse(tmp
                                  "--backend", "cpu", "--cache-dir", str(cache_dir)])
     assert result.exit_code != 0 and "the expert fuses none of these tasks" in result.output, result.output
     assert "0 episode(s) on 0 of 1 tasks" in result.output and "1 task(s) the expert cannot fuse" in result.output
-    assert "Linear" in json.loads((tmp_path / "runs" / "skipped.json").read_text())[str(tasks / "linear_gelu.py")]
+    assert "transpose" in json.loads((tmp_path / "runs" / "skipped.json").read_text())[str(tasks / "transposed.py")]

@@ -2,6 +2,9 @@
 binding (one text for every task, so builds of the same kernel are cached) and a `model_new.py` that owns the
 task's parameters under their names and calls the kernel.
 
+A GEMM task's kernel file also holds the GEMM (cuBLAS's SGEMM on CUDA, OpenMP dot products on the cpu) and its
+binding runs it into a scratch buffer that the epilogue (the rows kernel) reads.
+
 Knobs: pointwise: the vector width (float4 loads or one float) and a grid-stride loop or one element (vector) per
 thread; rows: the block reduction (warp shuffles or a shared-memory tree) and softmax in one online pass or two;
 both: threads per block (cuda), OpenMP threads and SIMD (cpu). `SLOW` is what the expert's "improve" episodes start
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import pointwise, rows
+from . import gemm, pointwise, rows
 from .trace import Program
 
 NAME = "fused"
@@ -47,7 +50,7 @@ BINDING = """#include <torch/types.h>
 struct FusedParams {{ const float* p[{max_params}]; }};
 extern "C" void {name}_launcher(float* out, const float* x, int64_t rows, int64_t cols, FusedParams p,
                                 int config{stream_param});
-
+{gemm_decl}
 // reduced: 0 the output has x's shape, 1 one value per row (last dimension kept, size 1), 2 dropped
 static torch::Tensor {name}_forward(torch::Tensor x, std::vector<torch::Tensor> params, int64_t reduced,
                                     int64_t config) {{
@@ -62,10 +65,11 @@ static torch::Tensor {name}_forward(torch::Tensor x, std::vector<torch::Tensor> 
     }}
     const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
     auto sizes = x.sizes().vec();
-    if (reduced == 1) sizes.back() = 1;
+{gemm_call}    if (reduced == 1) sizes.back() = 1;
     if (reduced == 2) sizes.pop_back();
     auto out = torch::empty(sizes, x.options());
-    if (x.numel()) {name}_launcher(out.data_ptr<float>(), x.data_ptr<float>(), rows, cols, p, (int)config{stream_arg});
+    if (x.numel())
+        {name}_launcher(out.data_ptr<float>(), {epilogue_in}, rows, {epilogue_cols}, p, (int)config{stream_arg});
     return out;
 }}
 
@@ -75,6 +79,18 @@ static void register_{name}(pybind11::module& m) {{
 }}
 
 REGISTER_BINDING({name}, register_{name});
+"""
+
+GEMM_DECL = """extern "C" void {name}_gemm(float* y, const float* x, const float* w, int64_t rows, int64_t n,
+                            int64_t k{handle_param});
+"""
+# params[0] is the weight [n, k]: y = x @ w.T, then the epilogue runs on y
+GEMM_CALL = """    TORCH_CHECK(params.size() >= 1 && params[0].dim() == 2 && params[0].size(1) == cols,
+                "params[0]: the weight [n, k]");
+    const int64_t n = params[0].size(0);
+    auto y = torch::empty({{rows, n}}, x.options());
+    if (x.numel()) {name}_gemm(y.data_ptr<float>(), x.data_ptr<float>(), p.p[0], rows, n, cols{handle_arg});
+    sizes.back() = n;
 """
 
 MODEL_NEW = """import torch
@@ -100,7 +116,8 @@ def kernel_path(backend: str) -> str:
 
 def kernel_source(program: Program, backend: str, knobs: Knobs) -> str:
     family = pointwise if program.pointwise else rows
-    return family.source(program, backend == "cuda", knobs, NAME, MAX_PARAMS)
+    source = family.source(program, backend == "cuda", knobs, NAME, MAX_PARAMS)
+    return source + gemm.source(backend == "cuda", knobs, NAME) if program.gemm else source
 
 
 def model_new(program: Program) -> str:
@@ -126,10 +143,18 @@ def workspace_files(program: Program, backend: str, knobs: Knobs) -> dict[str, s
         from .formulas import Unsupported
 
         raise Unsupported(f"more than {MAX_PARAMS} parameters")
-    cuda = backend == "cuda"
+    cuda, has_gemm = backend == "cuda", program.gemm
+    handle = dict(handle_param=", cublasHandle_t handle" if cuda else "",
+                  handle_arg=", at::cuda::getCurrentCUDABlasHandle()" if cuda else "")
+    includes = "#include <cuda_runtime.h>\n#include <c10/cuda/CUDAStream.h>\n" if cuda else ""
+    if cuda and has_gemm:
+        includes += "#include <cublas_v2.h>\n#include <ATen/cuda/CUDAContext.h>\n"
     binding = BINDING.format(
-        name=NAME, max_params=MAX_PARAMS,
-        cuda_includes="#include <cuda_runtime.h>\n#include <c10/cuda/CUDAStream.h>\n" if cuda else "",
+        name=NAME, max_params=MAX_PARAMS, cuda_includes=includes,
+        gemm_decl=GEMM_DECL.format(name=NAME, **handle) if has_gemm else "",
+        gemm_call=GEMM_CALL.format(name=NAME, **handle) if has_gemm else "",
+        epilogue_in="y.data_ptr<float>()" if has_gemm else "x.data_ptr<float>()",
+        epilogue_cols="n" if has_gemm else "cols",
         stream_param=", cudaStream_t stream" if cuda else "", device_check="x.is_cuda() && " if cuda else "",
         param_check="params[i].device() == x.device() && ",
         stream_arg=", c10::cuda::getCurrentCUDAStream().stream()" if cuda else "")

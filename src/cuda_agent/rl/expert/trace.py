@@ -2,10 +2,11 @@
 an element of a row (`v{i}`) or one number per row (`r{i}`, made by a reduction over the last dimension), every
 step a C expression valid in C++ and CUDA device code alike.
 
-Two families come out of it: pointwise chains (element values only, no parameters: `Program.pointwise`) and
+Three families come out of it: pointwise chains (element values only, no parameters: `Program.pointwise`);
 pointwise -> last-dim reduction (softmax, log-softmax, softmin, sum/mean/amax, L2 normalisation, LayerNorm with its
-weight and bias) -> pointwise. Anything else (several inputs, other dimensions, an op without a formula here) is
-`Unsupported`, with why.
+weight and bias) -> pointwise; and a GEMM (`nn.Linear` as the first op, `Program.gemm`) whose output, bias included,
+is the input of such a program (its epilogue). Anything else (several inputs, other dimensions, an op without a
+formula here) is `Unsupported`, with why.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Program:
     params: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)  # state-dict name, shape; C name p[i]
     output: str = ""  # the name of the value returned
     keepdim: bool = True  # a per-row output keeps the last dimension (size 1)
+    gemm: bool = False  # v0 is an element of x @ params[0].T (nn.Linear's weight; its bias is an element node)
 
     @property
     def pointwise(self) -> bool:
@@ -102,13 +104,25 @@ def trace(source: str) -> Program:
     except Exception as exc:  # control flow on values, unsupported Python
         raise Unsupported(f"torch.fx cannot trace it ({type(exc).__name__}: {exc})"[:300]) from None
     rank, b, params = inputs[0].dim(), Builder(), []
+    cols = inputs[0].shape[-1]
     names: dict[torch.fx.Node, str] = {}
     ops, output, keepdim = [], "", True
+    gemm = _linear_first(graph, model)
+    if gemm is not None:
+        cols = model.get_submodule(gemm.target).out_features
     for node in graph.nodes:
         if node.op == "placeholder":
             if names:
                 raise Unsupported("more than one input")
             names[node] = "v0"
+        elif node is gemm:
+            sub = model.get_submodule(node.target)
+            params.append((f"{node.target}.weight", tuple(sub.weight.shape)))
+            names[node] = "v0"
+            if sub.bias is not None:
+                params.append((f"{node.target}.bias", tuple(sub.bias.shape)))
+                names[node] = b.add("e", "(v0 + p.p[1][c])")
+            ops.append("linear")
         elif node.op == "output":
             if node.args[0] not in names:
                 raise Unsupported("the output is not one tensor of the program")
@@ -120,7 +134,7 @@ def trace(source: str) -> Program:
                     raise Unsupported(f"{name} of a constant or of a reduced row")
             if name in ("layer_norm", "prelu"):
                 names[node] = _with_parameters(b, model.get_submodule(node.target), node.target, values[0], params,
-                                               inputs[0].shape[-1])
+                                               cols)
             elif name in REDUCTIONS:
                 names[node], node_keepdim = REDUCTIONS[name](b, values[0], kw, rank, name)
                 keepdim = keepdim and node_keepdim
@@ -130,17 +144,27 @@ def trace(source: str) -> Program:
                 kind = "e" if any(isinstance(v, str) and v.startswith("v") for v in values) else "r"
                 names[node] = b.add(kind, _expression(name, values, kw))
             ops.append(name)
-    if not b.nodes or output == "v0":
+    if output == "v0" and gemm is None:
         raise Unsupported("the model computes nothing")
     if sorted(name for name, _ in model.named_parameters()) != sorted({name for name, _ in params}):
         raise Unsupported("the model has parameters that no traced op uses")
-    program = Program(b.nodes, tuple(inputs[0].shape), ops, params, output, keepdim)
+    program = Program(b.nodes, tuple(inputs[0].shape), ops, params, output, keepdim, gemm is not None)
     with torch.no_grad():
         out = model(inputs[0])
-    expected = inputs[0].shape[:-1] + ((1,) if keepdim else ()) if program.reduced else inputs[0].shape
+    rows_shape = tuple(inputs[0].shape[:-1])
+    expected = rows_shape + ((1,) if keepdim else ()) if program.reduced else rows_shape + (cols,)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(expected) or out.dtype != torch.float32:
         raise Unsupported(f"the output's shape {tuple(getattr(out, 'shape', ()))} is not the one traced")
     return program
+
+
+def _linear_first(graph: torch.fx.Graph, model: nn.Module) -> torch.fx.Node | None:
+    """The node of an `nn.Linear` applied to the input and the input's only use (the GEMM family), else None."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    users = list(placeholders[0].users) if len(placeholders) == 1 else []
+    if len(users) != 1 or users[0].op != "call_module":
+        return None
+    return users[0] if isinstance(model.get_submodule(users[0].target), nn.Linear) else None
 
 
 def _with_parameters(b: Builder, sub: nn.Module, target: str, a: str, params: list, cols: int) -> str:
