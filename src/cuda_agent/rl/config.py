@@ -112,3 +112,24 @@ class StageConfig(RunConfig):
             raise ValueError(f"unknown stage {self.stage!r} (choose from {', '.join(STAGES)})")
         if self.max_turns < 1 or self.max_new_tokens < 1 or self.tool_output_chars < 100:
             raise ValueError("max_turns and max_new_tokens must be >= 1, tool_output_chars >= 100")
+
+
+@dataclass
+class EvalConfig:
+    """A held-out evaluation (evaluation.py): `samples` episodes per task of a model (a checkpoint, or an endpoint),
+    with the stages' episode limits; `batch` episodes play at once with a local model."""
+
+    samples: int = 4
+    seed: int = 0
+    temperature: float = RunConfig.temperature
+    batch: int = 32
+    max_turns: int = StageConfig.max_turns
+    max_new_tokens: int = StageConfig.max_new_tokens
+    max_context: int = StageConfig.max_context
+    tool_output_chars: int = StageConfig.tool_output_chars
+    compact: bool = StageConfig.compact
+    bootstrap: int = 2000  # resamples of the tasks for the confidence intervals
+
+    def __post_init__(self):
+        if min(self.samples, self.batch, self.max_turns, self.max_new_tokens, self.bootstrap) < 1:
+            raise ValueError("samples, batch, max_turns, max_new_tokens and bootstrap must be >= 1")

@@ -1,0 +1,146 @@
+"""Held-out evaluation (`cuda-agent train eval`): `samples` episodes per task of a model, judged, summarised with
+confidence intervals (scores.py). The model is a local checkpoint (an HF folder, or a stage's `checkpoint/actor`:
+its episodes play `batch` at a time on one batch sampler) or any OpenAI-compatible endpoint, so the same table can
+be had for a large model served elsewhere. Every episode keeps its run folder (trajectory, summary, snapshots: the
+hand audit reads them) and a line in `episodes.jsonl`; a rerun resumes. `eval.json` and `eval.md` hold the result.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from ..agent.environment import Environment
+from ..agent.loop import MALFORMED, LoopConfig, run_episode
+from ..agent.summary import EpisodeSummary
+from ..judge.pool import JudgePool
+from . import rft
+from .config import EvalConfig
+from .scores import EpisodeRecord, per_task, summary
+
+UNREADABLE = MALFORMED.split(":")[0]  # how the loop answers a <tool_call> it cannot parse
+
+
+def record_of(task: Path, sample: int, run_dir: Path) -> EpisodeRecord:
+    """An episode's record, read back from its run folder."""
+    records = rft.read_trajectory(run_dir / "trajectory.jsonl")
+    done = EpisodeSummary.from_dict(json.loads((run_dir / "summary.json").read_text()))
+    malformed = sum(1 for r in records if r.get("type") == "tool" and (
+        (r["message"].get("content") or "").startswith(UNREADABLE)
+        or (r.get("error") and any(m in (r["message"].get("content") or "") for m in rft.MALFORMED))))
+    return EpisodeRecord(str(task), sample, done.reward, (done.final_verdict or {}).get("speedup_vs_compile"),
+                         done.turns, sum(1 for r in records if r.get("type") == "assistant"), malformed, done.stop,
+                         str(run_dir))
+
+
+Player = Callable[[list[tuple[Path, int, Path]]], None]  # plays each (task, sample, run folder) of a chunk
+
+
+def local_player(model: Path, config: EvalConfig, pool: JudgePool, device: str) -> Player:
+    """Episodes of a local model, a chunk at a time on one batch sampler (seeded by the config and the chunk)."""
+    from transformers import AutoTokenizer
+
+    from ..agent.tools import schemas
+    from .batcher import BatchSampler
+    from .models import Actor
+    from .rollout import play
+    from .tokens import TurnTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    actor = Actor.load(model, device)
+    turns = TurnTokenizer(tokenizer, schemas(config.compact), tool_format="text")
+    loop = _loop(config)
+    chunks = [0]
+
+    def run(chunk: list[tuple[Path, int, Path]]) -> None:
+        chunks[0] += 1
+        sampler = BatchSampler(actor.model, tokenizer.pad_token_id, config.temperature,
+                               seed=config.seed * 1_000_003 + chunks[0])
+        sampler.expected, lock = len(chunk), threading.Lock()
+
+        def one(job):
+            task, _, run_dir = job
+            try:
+                play(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=config.compact), sampler, turns,
+                     task, run_dir, loop, config.max_new_tokens)
+            finally:
+                with lock:
+                    sampler.expected -= 1
+
+        try:
+            with ThreadPoolExecutor(len(chunk), thread_name_prefix="eval") as threads:
+                list(threads.map(one, chunk))
+        finally:
+            sampler.close()
+    return run
+
+
+def endpoint_player(model: str, base_url: str | None, config: EvalConfig, pool: JudgePool) -> Player:
+    """Episodes of a model behind an OpenAI-compatible endpoint, a chunk's episodes at once."""
+    from ..llm import OpenAIClient
+
+    loop = _loop(config)
+
+    def one(job):
+        task, _, run_dir = job
+        client = OpenAIClient(model, base_url, temperature=config.temperature, max_tokens=config.max_new_tokens)
+        run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=config.compact), client, task,
+                    run_dir, loop)
+
+    def run(chunk: list[tuple[Path, int, Path]]) -> None:
+        with ThreadPoolExecutor(len(chunk), thread_name_prefix="eval") as threads:
+            list(threads.map(one, chunk))
+    return run
+
+
+def _loop(config: EvalConfig) -> LoopConfig:
+    return LoopConfig(max_turns=config.max_turns, max_context=config.max_context,
+                      tool_output_chars=config.tool_output_chars)
+
+
+def evaluate(tasks: list[Path], out: Path, config: EvalConfig, player: Player, described: dict,
+             log: Callable[[str], None] = print) -> dict:
+    """Every task `config.samples` times (those already in `out` kept), then `eval.json` / `eval.md`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(Path(task), k, out / "episodes" / f"{i:04d}_{Path(task).stem}" / f"sample_{k}")
+            for i, task in enumerate(tasks) for k in range(config.samples)]
+    todo = [job for job in jobs if not (job[2] / "summary.json").is_file()]
+    if len(todo) < len(jobs):
+        log(f"eval: {len(jobs) - len(todo)} of {len(jobs)} episodes played before, {len(todo)} to play")
+    for first in range(0, len(todo), config.batch):
+        chunk = todo[first:first + config.batch]
+        for _, _, run_dir in chunk:
+            shutil.rmtree(run_dir, ignore_errors=True)  # an episode cut short by a crash is played again
+        player(chunk)
+        for task, k, run_dir in chunk:
+            shutil.rmtree(run_dir / "workspace", ignore_errors=True)  # trajectory, summary and snapshots stay
+        log(f"eval: {min(first + config.batch, len(todo))}/{len(todo)} episodes played")
+    records = [record_of(task, k, run_dir) for task, k, run_dir in jobs]
+    (out / "episodes.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in records))
+    result = {"model": described, "config": asdict(config), "tasks": [str(t) for t in tasks],
+              "summary": summary(records, config.bootstrap, config.seed), "per_task": per_task(records)}
+    (out / "eval.json").write_text(json.dumps(result, indent=2))
+    (out / "eval.md").write_text(markdown(result["summary"], described))
+    return result
+
+
+def markdown(row: dict, described: dict) -> str:
+    def ci(metric: str) -> str:
+        lo, hi = row[f"{metric}_ci"]
+        return f"{row[metric]:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    speed = row["geomean_speedup_vs_compile"]
+    return "\n".join([
+        f"# Held-out evaluation: {described.get('model')}", "",
+        f"{row['tasks']} tasks, {row['episodes']} episodes; 95% intervals from a bootstrap over tasks.", "",
+        "| pass rate | reward >= 2 | reward 3 | mean reward | speedup vs compile (passing, geomean) | "
+        "malformed calls per turn | mean turns |", "|---|---|---|---|---|---|---|",
+        f"| {ci('pass_rate')} | {ci('share_2')} | {ci('share_3')} | {ci('mean_reward')} | "
+        f"{'-' if speed is None else f'{speed:.2f}x'} | {row['malformed_call_rate']:.3f} | {row['mean_turns']:.2f} |",
+        ""])

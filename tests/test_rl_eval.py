@@ -1,0 +1,82 @@
+"""Held-out evaluation (rl/evaluation.py, rl/scores.py, `train eval`): the numbers and their intervals, a local
+checkpoint's episodes on the batch sampler, an endpoint's, and a rerun that resumes."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import TASKS
+from cuda_agent.cli import app
+from cuda_agent.rl.scores import EpisodeRecord, paired_difference, summary
+
+runner = CliRunner()
+
+
+def rec(task: str, reward: float, speedup: float | None = None, malformed: int = 0) -> EpisodeRecord:
+    return EpisodeRecord(task, 0, reward, speedup, 3, 3, malformed, "finish", "")
+
+
+def test_the_summary_is_over_tasks_with_bootstrap_intervals_and_paired_differences():
+    before = [rec("a", -1), rec("a", -1), rec("b", 1, 0.5), rec("b", -1), rec("c", 2, 1.0), rec("c", 2, 1.0)]
+    row = summary(before, resamples=500)
+    assert row["tasks"] == 3 and row["episodes"] == 6
+    assert row["pass_rate"] == pytest.approx((0 + 0.5 + 1) / 3)  # each task weighs the same
+    assert row["share_2"] == pytest.approx(1 / 3) and row["share_3"] == 0
+    lo, hi = row["pass_rate_ci"]
+    assert lo <= row["pass_rate"] <= hi and lo < hi
+    assert row["geomean_speedup_vs_compile"] == pytest.approx((0.5 * 1.0 * 1.0) ** (1 / 3))
+    assert summary([rec("a", 1, 1.0), rec("b", 1, 1.0)], resamples=50)["pass_rate_ci"] == [1.0, 1.0]
+    after = [rec("a", 1, 1.0), rec("b", 3, 2.0), rec("c", 3, 2.0), rec("d", 3, 2.0)]  # d: not in both
+    diff = paired_difference(after, before, "mean_reward", resamples=500)
+    assert diff["tasks"] == 3 and diff["difference"] == pytest.approx((2 + 3 + 1) / 3)
+    assert diff["ci"][0] > 0  # better on every shared task
+    with pytest.raises(ValueError, match="share no task"):
+        paired_difference([rec("x", 1)], before)
+
+
+def test_train_eval_plays_a_checkpoint_writes_the_table_and_resumes(tiny_smollm2, tmp_path, cache_dir):
+    import torch
+    import transformers
+
+    model = tmp_path / "model"
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tiny_smollm2)) \
+        .save_pretrained(model)
+    transformers.AutoTokenizer.from_pretrained(tiny_smollm2).save_pretrained(model)
+    args = ["train", "eval", "--model", str(model), "--data", str(TASKS / "affine_relu.py"), "--out",
+            str(tmp_path / "eval"), "--backend", "cpu", "--samples", "3", "--max-turns", "1", "--max-new-tokens",
+            "12", "--cache-dir", str(cache_dir)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    row = report["summary"]
+    assert row["episodes"] == 3 and row["tasks"] == 1 and row["mean_reward"] == -1 and row["pass_rate"] == 0
+    assert "| pass rate |" in (tmp_path / "eval" / "eval.md").read_text()
+    runs = sorted((tmp_path / "eval" / "episodes").glob("*/sample_*/trajectory.jsonl"))
+    assert len(runs) == 3 and not list((tmp_path / "eval" / "episodes").glob("*/sample_*/workspace"))
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "3 of 3 episodes played before" in again.output
+    assert runs[0].stat().st_mtime == sorted((tmp_path / "eval" / "episodes").glob("*/sample_*/trajectory.jsonl"))[
+        0].stat().st_mtime
+    both = runner.invoke(app, ["train", "eval", "--model", str(model), "--endpoint", "x", "--data",
+                               str(TASKS / "affine_relu.py"), "--out", str(tmp_path / "e2")])
+    assert both.exit_code == 2 and "one of --model" in both.output
+
+
+def test_train_eval_of_an_endpoint_counts_its_malformed_calls(tmp_path, cache_dir):
+    from test_agent import ScriptedEndpoint
+
+    broken = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "write_file", "arguments": "{not json"}}]}
+    endpoint = ScriptedEndpoint(lambda request: broken)
+    try:
+        result = runner.invoke(app, ["train", "eval", "--endpoint", "scripted", "--base-url", endpoint.url, "--data",
+                                     str(TASKS / "affine_relu.py"), "--out", str(tmp_path / "eval"), "--backend",
+                                     "cpu", "--samples", "2", "--cache-dir", str(cache_dir)],
+                               env={"OPENAI_API_KEY": "test"})
+    finally:
+        endpoint.close()
+    assert result.exit_code == 0, result.output
+    row = json.loads((tmp_path / "eval" / "eval.json").read_text())["summary"]
+    assert row["episodes"] == 2 and row["mean_reward"] == -1 and row["malformed_call_rate"] == 1.0
