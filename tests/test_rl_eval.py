@@ -80,3 +80,35 @@ def test_train_eval_of_an_endpoint_counts_its_malformed_calls(tmp_path, cache_di
     assert result.exit_code == 0, result.output
     row = json.loads((tmp_path / "eval" / "eval.json").read_text())["summary"]
     assert row["episodes"] == 2 and row["mean_reward"] == -1 and row["malformed_call_rate"] == 1.0
+
+
+def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_smollm2, tmp_path, cache_dir, fast_cli):
+    """The whole recipe on a tiny model: the expert's episode, SFT on it, the evaluations, RFT, value, PPO; then a
+    rerun does nothing again. (A tiny random model writes no tool call: every held-out reward is -1.)"""
+    import torch
+    import transformers
+
+    model = tmp_path / "model"
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tiny_smollm2)) \
+        .save_pretrained(model)
+    transformers.AutoTokenizer.from_pretrained(tiny_smollm2).save_pretrained(model)
+    args = ["train", "recipe", "--model", str(model), "--data", str(TASKS / "affine_relu.py"), "--held-out",
+            str(TASKS / "row_mean.py"), "--out", str(tmp_path / "run"), "--backend", "cpu", "--shapes", "direct",
+            "--sft-steps", "1", "--rft-samples", "1", "--rft-steps", "1", "--value-steps", "1", "--ppo-steps", "1",
+            "--batch", "2", "--samples", "1", "--max-turns", "1", "--max-new-tokens", "8", "--cache-dir",
+            str(cache_dir)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "run" / "recipe.json").read_text())
+    assert list(report["heldout"]) == ["base", "sft", "rft", "ppo"] and report["arm"] == "full"
+    assert all(row["mean_reward"] == -1 for row in report["heldout"].values())
+    assert report["ppo_vs_sft"]["mean_reward"]["difference"] == 0
+    for step in ("expert", "sft", "rft_samples", "rft", "value", "ppo"):
+        assert (tmp_path / "run" / step / "done.json").is_file(), step
+    sft = [json.loads(line) for line in (tmp_path / "run" / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert sft[-1]["sft_loss"] > 0 and sft[-1]["reward_mean"] >= 1  # trained on the expert's judged episode
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and again.output.count("done before") == 10, again.output
+    bad = runner.invoke(app, [*args[:-2], "--arm", "sideways"])
+    assert bad.exit_code == 2 and "unknown arm" in bad.output

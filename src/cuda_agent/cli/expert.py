@@ -29,6 +29,8 @@ def train_expert_cmd(
                                "planted build error, verify, edit, verify)"),
     per_task: int = typer.Option(1, "--per-task", min=1, help="episodes of each shape per task"),
     parallel: int = typer.Option(1, min=1, help="episodes played at once"),
+    compact: bool = typer.Option(False, "--compact/--full-tools", help="the compact tool set and prompt (as a "
+                                 "model trained with --compact sees them)"),
     gpus: Optional[str] = typer.Option(None, help="judge GPUs, e.g. 0,1"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache (builds, baselines)"),
 ) -> None:
@@ -51,7 +53,7 @@ def train_expert_cmd(
             each = len(chosen) * per_task
             bar = progress.add("episodes", total=len(tasks) * each)
             log = lambda m: progress.advance(bar, m, steps=each if ": skipped (" in m else 1)  # noqa: E731
-            episodes, skipped = play_expert(pool, tasks, out_dir, chosen, per_task, parallel, log)
+            episodes, skipped = play_expert(pool, tasks, out_dir, chosen, per_task, parallel, log, compact)
     except (TaskError, BackendError, ValueError) as exc:
         fail(str(exc))
     rewards = Counter(f"{e.reward:g}" for e in episodes)

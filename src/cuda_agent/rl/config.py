@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 STAGES = ("warmup", "rft", "value", "agentic")
+REWARDS = ("milestone", "speedup")
 
 
 @dataclass
@@ -105,9 +106,12 @@ class StageConfig(RunConfig):
     max_context: int = 8192  # tokens of an episode
     tool_output_chars: int = 4000  # each tool result cut to this (~1,200 SmolLM2 tokens; 12,000 filled half of 8k)
     compact: bool = False  # the compact tool set, SKILL.md left in the workspace (agent/tools.py)
+    reward: str = "milestone"  # or "speedup": the paper's ablation (rollout.speedup_reward)
 
     def __post_init__(self):
         super().__post_init__()
+        if self.reward not in REWARDS:
+            raise ValueError(f"unknown reward {self.reward!r} (choose from {', '.join(REWARDS)})")
         if self.stage not in STAGES:
             raise ValueError(f"unknown stage {self.stage!r} (choose from {', '.join(STAGES)})")
         if self.max_turns < 1 or self.max_new_tokens < 1 or self.tool_output_chars < 100:

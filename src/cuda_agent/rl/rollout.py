@@ -80,6 +80,19 @@ def play(env: Environment, sample: Sampler, turns: TurnTokenizer, reference: Pat
     return Episode(client.trajectory, summary.reward, summary)
 
 
+SPEEDUP_CAP = 3.0  # the raw-speedup reward is clipped to the milestone reward's top
+
+
+def speedup_reward(summary: EpisodeSummary) -> float:
+    """The paper's raw-speedup ablation: the speedup over torch.compile, clipped to [0, 3], when the final verdict
+    is correct; -1 otherwise."""
+    final = summary.final_verdict or {}
+    speedup = final.get("speedup_vs_compile")
+    if not final.get("correct") or speedup is None:
+        return -1.0
+    return min(max(float(speedup), 0.0), SPEEDUP_CAP)
+
+
 def batch_of(episodes: list[Episode], pad_id: int | None) -> Batch:
     """Episodes padded into one batch: prompts left-padded to one length (so every response starts at the same
     column; rotary positions only shift), responses right-padded with mask 0. Pads are never attended to, so a

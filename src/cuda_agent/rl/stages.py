@@ -34,7 +34,7 @@ from . import checkpoints
 from .models import Actor, Critic
 from .rft import RFTFilter, export
 from .batcher import BatchSampler
-from .rollout import batch_of, play, response_logprob_fn
+from .rollout import batch_of, play, response_logprob_fn, speedup_reward
 from .tokens import TokenTrajectory, TurnTokenizer
 from .config import StageConfig
 from .train_loop import run_steps
@@ -119,6 +119,9 @@ def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, po
     finally:
         sampler.close()
     rollout_s = time.monotonic() - began
+    if config.reward == "speedup":
+        for episode in episodes:
+            episode.score = speedup_reward(episode.summary)
     with (out / "episodes.jsonl").open("a") as log:
         for i, (task, episode) in enumerate(zip(picked, episodes)):
             log.write(json.dumps({"step": step, "episode": i, "task": str(task), "reward": episode.score,

@@ -95,9 +95,11 @@ def script(program: Program, backend: str, shape: str) -> list[dict]:
 
 
 def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str, ...] = SHAPES, per_task: int = 1,
-                parallel: int = 1, log: Callable[[str], None] = print) -> tuple[list[ExpertEpisode], dict[str, str]]:
+                parallel: int = 1, log: Callable[[str], None] = print, compact: bool = False
+                ) -> tuple[list[ExpertEpisode], dict[str, str]]:
     """Every shape `per_task` times on each task the expert can fuse, as run folders `out/TASK/SHAPE-K` (`parallel`
-    at once); returns the episodes and, for each task it cannot fuse, why (also in `out/skipped.json`). `log` hears
+    at once, with the compact tool set and prompt when `compact`, as the model to be trained on them will see it);
+    returns the episodes and, for each task it cannot fuse, why (also in `out/skipped.json`). `log` hears
     of each task skipped and each episode ended. Resumable: an episode whose folder holds its summary is read back,
     not played again; each one played is appended to `out/episodes.jsonl` as it ends."""
     backend = pool.backend.name
@@ -125,7 +127,8 @@ def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str
             log(f"{task.name} {shape} {k}: reward {episode.reward:g} (played before)")
             return episode
         shutil.rmtree(run_dir, ignore_errors=True)  # an episode cut short by a crash is played again
-        summary = run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed), ScriptedClient(replies),
+        summary = run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=compact),
+                              ScriptedClient(replies),
                               task, run_dir, LoopConfig(max_turns=len(replies)))
         episode = _episode(task, shape, run_dir, summary)
         with lock:

@@ -1,0 +1,85 @@
+"""`train recipe`: the paper's recipe in miniature on one GPU, with its ablations as arms (rl/recipe.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..backend import BackendError
+from ..rl.recipe import ARMS, RecipeConfig
+from ..task import TaskError, task_files
+from . import common
+from .common import err, fail, integers, out, warn_unsandboxed, writable
+from .options import BACKEND_HELP, Backends
+from .train import train_app
+
+DEFAULTS = RecipeConfig()
+
+
+@train_app.command("recipe")
+def train_recipe_cmd(
+    data: Path = typer.Option(..., help="train tasks (e.g. a `data build --family expert` export's "
+                              "splits/train.jsonl)"),
+    held_out: Path = typer.Option(..., "--held-out", help="held-out tasks (e.g. splits/held_out.jsonl)"),
+    out_dir: Path = typer.Option(..., "--out", help="run folder: one folder per step (rerun to resume), "
+                                 "recipe.json"),
+    model: Optional[Path] = typer.Option(None, help="an HF causal-LM folder (default: the packaged "
+                                         "SmolLM2-135M-Instruct)"),
+    arm: str = typer.Option(DEFAULTS.arm, help=f"what changes: {', '.join(ARMS)}"),
+    backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
+    seed: int = typer.Option(DEFAULTS.seed, help="the seed of every stage and evaluation"),
+    sft_steps: int = typer.Option(DEFAULTS.sft_steps, min=1, help="SFT steps on the expert's episodes"),
+    rft_samples: int = typer.Option(DEFAULTS.rft_samples, min=1, help="episodes per train task sampled for RFT"),
+    rft_steps: int = typer.Option(DEFAULTS.rft_steps, min=1, help="RFT steps"),
+    value_steps: int = typer.Option(DEFAULTS.value_steps, min=1, help="value pretraining steps"),
+    ppo_steps: int = typer.Option(DEFAULTS.ppo_steps, min=1, help="PPO steps"),
+    batch: int = typer.Option(DEFAULTS.stage.batch, min=1, help="episodes per PPO / value step"),
+    samples: int = typer.Option(DEFAULTS.eval.samples, min=1, help="held-out episodes per task at each evaluation"),
+    max_turns: int = typer.Option(DEFAULTS.stage.max_turns, min=1, help="model turns per episode"),
+    max_new_tokens: int = typer.Option(DEFAULTS.stage.max_new_tokens, min=1, help="tokens per model turn"),
+    shapes: str = typer.Option(",".join(DEFAULTS.expert_shapes), help="the expert's episode shapes"),
+    device: Optional[str] = typer.Option(None, help="where the model trains (default: cuda with --backend cuda)"),
+    gpus: Optional[str] = typer.Option(None, help="judge GPUs, e.g. 0,1"),
+    cache_dir: Optional[Path] = typer.Option(None, help="judge cache (builds, baselines)"),
+) -> None:
+    """Expert episodes -> SFT -> RFT -> value pretraining -> PPO, the held-out set evaluated after each stage."""
+    from ..judge.pool import JudgePool
+    from ..rl.recipe import Recipe
+
+    writable(out_dir, "--out")
+    writable(cache_dir, "--cache-dir")
+    device = device or ("cuda" if backend == "cuda" else "cpu")
+    try:
+        if backend == "cuda" or device.startswith("cuda"):
+            from ..backend import detect_cuda_arch
+
+            detect_cuda_arch()  # no GPU: say so before fetching or loading a model
+        if model is None:
+            from ..local_model import fetch
+
+            model = fetch(log=lambda m: err.print(m, highlight=False, soft_wrap=True))
+        if not (model / "config.json").is_file():
+            fail(f"{model} is not an HF model folder (no config.json)")
+        limits = dict(max_turns=max_turns, max_new_tokens=max_new_tokens)
+        config = RecipeConfig(arm=arm, seed=seed, expert_shapes=tuple(s.strip() for s in shapes.split(",")),
+                              sft_steps=sft_steps, rft_samples=rft_samples, rft_steps=rft_steps,
+                              value_steps=value_steps, ppo_steps=ppo_steps,
+                              stage=replace(DEFAULTS.stage, batch=batch, **limits),
+                              eval=replace(DEFAULTS.eval, samples=samples, **limits))
+        train, held = task_files(data, out_dir / "tasks" / "train"), task_files(held_out, out_dir / "tasks" / "held")
+        with JudgePool(backend, common.config(cache_dir), devices=integers(gpus, "--gpus")) as pool:
+            warn_unsandboxed(pool)
+            result = Recipe(config, model, train, held, out_dir, pool, device,
+                            lambda m: err.print(m, highlight=False, soft_wrap=True)).run()
+    except (TaskError, BackendError, ValueError) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"model {model}: {exc}")
+    rows = [f"{stage}: mean reward {row['mean_reward']:+.2f} {row['mean_reward_ci']}, pass rate "
+            f"{row['pass_rate']:.2f}" for stage, row in result["heldout"].items()]
+    out.print("\n".join(["held-out:", *rows, json.dumps({k: v for k, v in result.items() if k.startswith("ppo_vs")}),
+                         f"written: {out_dir / 'recipe.json'}"]), highlight=False, soft_wrap=True)
