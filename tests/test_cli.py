@@ -245,9 +245,9 @@ def test_data_build_ends_with_the_paths_it_wrote(tmp_path):
                                  "--no-compile", "--workers", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     written = result.stdout.split("written:")[1].split()
-    assert written == [str(out / name) for name in ("dataset.parquet", "dataset.jsonl", "stats.json", "stats.md",
-                                                    "attempts.jsonl")]
-    assert all(Path(path).is_file() for path in written)
+    assert written == [str(out / name) for name in ("dataset.parquet", "dataset.jsonl", "splits", "stats.json",
+                                                    "stats.md", "attempts.jsonl")]
+    assert all(Path(path).exists() for path in written) and (out / "splits" / "train.jsonl").is_file()
 
 
 UNWRITABLE_CASES = {  # every command that writes, with the unusable path in the option that names what it writes

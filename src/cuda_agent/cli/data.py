@@ -132,6 +132,6 @@ def data_build_cmd(
     if stats["kept"] < target:
         err.print(f"[yellow]{stats['kept']} of {target} tasks after {stats['attempts']} attempts[/]")
     out.print("written:", highlight=False, soft_wrap=True)
-    for name in ("dataset.parquet", "dataset.jsonl", "splits/", "stats.json", "stats.md", "attempts.jsonl"):
+    for name in ("dataset.parquet", "dataset.jsonl", "splits", "stats.json", "stats.md", "attempts.jsonl"):
         out.print(f"  {out_dir / name}", highlight=False, soft_wrap=True)
 
