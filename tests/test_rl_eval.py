@@ -104,11 +104,43 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_smollm2, tmp_
     assert list(report["heldout"]) == ["base", "sft", "rft", "ppo"] and report["arm"] == "full"
     assert all(row["mean_reward"] == -1 for row in report["heldout"].values())
     assert report["ppo_vs_sft"]["mean_reward"]["difference"] == 0
-    for step in ("expert", "sft", "rft_samples", "rft", "value", "ppo"):
+    assert report["critic_on_heldout"]["episodes"] == 1  # (its variance: none, every return is -1)
+    for step in ("expert", "sft", "rft_samples", "rft", "value", "value_check", "ppo"):
         assert (tmp_path / "run" / step / "done.json").is_file(), step
     sft = [json.loads(line) for line in (tmp_path / "run" / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert sft[-1]["sft_loss"] > 0 and sft[-1]["reward_mean"] >= 1  # trained on the expert's judged episode
     again = runner.invoke(app, args)
-    assert again.exit_code == 0 and again.output.count("done before") == 10, again.output
+    assert again.exit_code == 0 and again.output.count("done before") == 11, again.output
     bad = runner.invoke(app, [*args[:-2], "--arm", "sideways"])
     assert bad.exit_code == 2 and "unknown arm" in bad.output
+
+
+def test_the_critic_is_scored_on_episodes_read_back_from_their_run_folders(tiny_smollm2, tmp_path):
+    """A fresh critic (a zero value head) foresees none of two held-out episodes' returns (-1 and 3): explained
+    variance 0; a folder without a model turn is skipped."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from cuda_agent.rl.critic_check import critic_explained_variance
+
+    checkpoint = tmp_path / "checkpoint"
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tiny_smollm2)) \
+        .save_pretrained(checkpoint / "actor")
+    transformers.AutoTokenizer.from_pretrained(tiny_smollm2).save_pretrained(checkpoint / "actor")
+    shutil.copytree(checkpoint / "actor", checkpoint / "critic")
+    runs = []
+    for i, (reward, reply) in enumerate([(-1, "No idea."), (3, "I will write a kernel."), (1, None)]):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        messages = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Task."}]
+        messages += [{"role": "assistant", "content": reply}] if reply else []
+        (run / "trajectory.jsonl").write_text("".join(json.dumps({"type": m["role"], "message": m}) + "\n"
+                                                      for m in messages))
+        (run / "summary.json").write_text(json.dumps({"final_verdict": {"reward": reward}}))
+        runs.append(run)
+    result = critic_explained_variance(checkpoint, runs, compact=True)
+    assert result["episodes"] == 2 and result["mean_return"] == 1.0
+    assert result["explained_variance"] == pytest.approx(0.0, abs=1e-6)

@@ -1,6 +1,7 @@
 """The whole recipe in miniature (`cuda-agent train recipe`, issue 32): the expert's episodes on the train tasks ->
-SFT on them -> RFT on the model's own positive episodes mixed with the expert's -> value pretraining -> PPO on the
-train tasks, the held-out set evaluated after each model stage with the same seeds. Here the SFT data comes from
+SFT on them -> RFT on the model's own positive episodes mixed with the expert's -> value pretraining (then the
+critic's explained variance on the RFT model's held-out episodes, which it never trained on) -> PPO on the train
+tasks, the held-out set evaluated after each model stage with the same seeds. Here the SFT data comes from
 the expert (a program); the paper's RFT data came from its own warmed-up model.
 
 An arm changes one thing (`ARMS`): `paper` lambda 0.95 for actor and critic, `no_value` no value pretraining,
@@ -18,6 +19,7 @@ from typing import Callable
 
 from ..judge.pool import JudgePool
 from .config import EvalConfig, PPOConfig, StageConfig
+from .critic_check import critic_explained_variance
 from .evaluation import evaluate, local_player
 from .expert.episodes import SHAPES, play_expert
 from .scores import EpisodeRecord, paired_difference
@@ -103,13 +105,17 @@ class Recipe:
             model = self._stage("rft", cfg.stage_config("rft", cfg.rft_steps, cfg.sft_batch), model,
                                 expert_runs + [Path(r) for r in samples["runs"]])
             heldout["rft"] = self._evaluate("rft", model)
+        critic = None
         if arm != "no_value":
             model = self._stage("value", cfg.stage_config("value", cfg.value_steps), model)
+            held = self.evals["rft" if "rft" in self.evals else "base"]  # the value stage's policy's held-out episodes
+            critic = self._step("value_check", lambda folder: critic_explained_variance(
+                model.parent, [Path(r.run_dir) for r in held], cfg.stage.compact, self.device))
         ppo_stage = "warmup" if arm == "single_turn" else "agentic"
         model = self._stage("ppo", cfg.stage_config(ppo_stage, cfg.ppo_steps), model)
         heldout["ppo"] = self._evaluate("ppo", model)
         before = "sft" if "sft" in self.evals else "base"
-        result = {"arm": arm, "seed": cfg.seed, "heldout": heldout, "ppo_vs_" + before: {
+        result = {"arm": arm, "seed": cfg.seed, "heldout": heldout, "critic_on_heldout": critic, "ppo_vs_" + before: {
             metric: paired_difference(self.evals["ppo"], self.evals[before], metric, cfg.eval.bootstrap, cfg.seed)
             for metric in ("mean_reward", "pass_rate")}, "config": asdict(cfg)}
         (self.out / "recipe.json").write_text(json.dumps(result, indent=2, default=str))
