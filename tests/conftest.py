@@ -101,6 +101,20 @@ def tiny_smollm2(smollm2, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_smollm2, tmp_path_factory) -> Path:
+    """tiny_smollm2 with seeded random weights saved beside its tokenizer: a model folder any command loads."""
+    import torch
+    import transformers
+
+    folder = tmp_path_factory.mktemp("tiny-checkpoint")
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tiny_smollm2)) \
+        .save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(tiny_smollm2).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     """A 2-layer, 32-wide Llama of a 64-token vocabulary with seeded random weights (no tokenizer)."""
     import torch

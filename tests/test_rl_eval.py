@@ -35,15 +35,8 @@ def test_the_summary_is_over_tasks_with_bootstrap_intervals_and_paired_differenc
         paired_difference([rec("x", 1)], before)
 
 
-def test_train_eval_plays_a_checkpoint_writes_the_table_and_resumes(tiny_smollm2, tmp_path, cache_dir):
-    import torch
-    import transformers
-
-    model = tmp_path / "model"
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tiny_smollm2)) \
-        .save_pretrained(model)
-    transformers.AutoTokenizer.from_pretrained(tiny_smollm2).save_pretrained(model)
+def test_train_eval_plays_a_checkpoint_writes_the_table_and_resumes(tiny_checkpoint, tmp_path, cache_dir):
+    model = tiny_checkpoint
     args = ["train", "eval", "--model", str(model), "--data", str(TASKS / "affine_relu.py"), "--out",
             str(tmp_path / "eval"), "--backend", "cpu", "--samples", "3", "--max-turns", "1", "--max-new-tokens",
             "12", "--cache-dir", str(cache_dir)]
@@ -82,17 +75,10 @@ def test_train_eval_of_an_endpoint_counts_its_malformed_calls(tmp_path, cache_di
     assert row["episodes"] == 2 and row["mean_reward"] == -1 and row["malformed_call_rate"] == 1.0
 
 
-def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_smollm2, tmp_path, cache_dir, fast_cli):
+def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, tmp_path, cache_dir, fast_cli):
     """The whole recipe on a tiny model: the expert's episode, SFT on it, the evaluations, RFT, value, PPO; then a
     rerun does nothing again. (A tiny random model writes no tool call: every held-out reward is -1.)"""
-    import torch
-    import transformers
-
-    model = tmp_path / "model"
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tiny_smollm2)) \
-        .save_pretrained(model)
-    transformers.AutoTokenizer.from_pretrained(tiny_smollm2).save_pretrained(model)
+    model = tiny_checkpoint
     args = ["train", "recipe", "--model", str(model), "--data", str(TASKS / "affine_relu.py"), "--held-out",
             str(TASKS / "row_mean.py"), "--out", str(tmp_path / "run"), "--backend", "cpu", "--shapes", "direct",
             "--sft-steps", "1", "--rft-samples", "1", "--rft-steps", "1", "--value-steps", "1", "--ppo-steps", "1",
@@ -115,22 +101,16 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_smollm2, tmp_
     assert bad.exit_code == 2 and "unknown arm" in bad.output
 
 
-def test_the_critic_is_scored_on_episodes_read_back_from_their_run_folders(tiny_smollm2, tmp_path):
+def test_the_critic_is_scored_on_episodes_read_back_from_their_run_folders(tiny_checkpoint, tmp_path):
     """A fresh critic (a zero value head) foresees none of two held-out episodes' returns (-1 and 3): explained
     variance 0; a folder without a model turn is skipped."""
     import shutil
 
-    import torch
-    import transformers
-
     from cuda_agent.rl.critic_check import critic_explained_variance
 
     checkpoint = tmp_path / "checkpoint"
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tiny_smollm2)) \
-        .save_pretrained(checkpoint / "actor")
-    transformers.AutoTokenizer.from_pretrained(tiny_smollm2).save_pretrained(checkpoint / "actor")
-    shutil.copytree(checkpoint / "actor", checkpoint / "critic")
+    shutil.copytree(tiny_checkpoint, checkpoint / "actor")
+    shutil.copytree(tiny_checkpoint, checkpoint / "critic")
     runs = []
     for i, (reward, reply) in enumerate([(-1, "No idea."), (3, "I will write a kernel."), (1, None)]):
         run = tmp_path / f"run{i}"

@@ -37,13 +37,9 @@ class BatcherServer:
         return TokenOutput(token_ids=tokens, log_probs=logprobs)
 
 
-def test_verls_agent_loop_worker_runs_our_loop_on_the_batcher(tiny_smollm2, tmp_path):
-    model_dir = tmp_path / "model"
-    config = transformers.AutoConfig.from_pretrained(tiny_smollm2)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_smollm2)
-    tokenizer.save_pretrained(model_dir)
+def test_verls_agent_loop_worker_runs_our_loop_on_the_batcher(tiny_checkpoint, tmp_path):
+    model_dir = tiny_checkpoint
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     recipe = Recipe("agentic", model_dir, tmp_path / "run", backend="cpu", gpus_per_node=1, steps=1, batch=4,
                     max_turns=2, max_prompt=4096, max_response=256)
     prepare(recipe, tasks=[TASKS / "affine_relu.py"])
