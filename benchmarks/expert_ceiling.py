@@ -5,17 +5,22 @@ the eager and compile baselines, and how often a task's repeated verdicts agree.
 setting of those tried. One JSON line per verdict in `--out`.jsonl; the table in `--out`.md.
 
     python3 benchmarks/expert_ceiling.py --data splits/train.jsonl --data splits/held_out.jsonl \\
-        [--backend cuda] [--repeats 3] [--random 1] [--limit N] [--out FILE]
+        [--backend cuda] [--repeats 3] [--random 1] [--limit N] [--time-limit S] [--out FILE]
+
+The sets' tasks are judged in turn (one of each set, then the next), so `--time-limit` (then the evaluations not
+started are dropped, those finished reported) leaves every set sampled alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
 import shutil
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
@@ -63,36 +68,48 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="tasks per set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=None, help="judge workers (default: the pool's)")
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds; then report what is judged")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="expert-ceiling-"))
     rng = random.Random(args.seed)
     jobs, skipped = [], defaultdict(int)
-    for data in args.data:
-        for task in task_files(data, scratch / data.stem)[:args.limit]:
-            try:
-                program = trace(task.read_text())
-            except Unsupported as exc:
-                skipped[str(exc)] += 1
-                continue
-            family = "pointwise" if program.pointwise else "rows"
-            settings = {"fast": FAST, **{f"random{j}": random_knobs(rng) for j in range(args.random)}}
-            for name, knobs in settings.items():
-                folder = scratch / "candidates" / data.stem / task.stem / name
-                for path, text in workspace_files(program, args.backend, knobs).items():
-                    (folder / path).parent.mkdir(parents=True, exist_ok=True)
-                    (folder / path).write_text(text)
-                jobs += [(data.stem, family, task, name, knobs, folder)] * args.repeats
-    lines = []
-    with JudgePool(args.backend, workers=args.workers) as pool:
+    sets = [[(data, task) for task in task_files(data, scratch / data.stem)[:args.limit]] for data in args.data]
+    for data, task in [pair for turn in itertools.zip_longest(*sets) for pair in turn if pair]:
+        try:
+            program = trace(task.read_text())
+        except Unsupported as exc:
+            skipped[str(exc)] += 1
+            continue
+        family = "gemm" if program.gemm else "pointwise" if program.pointwise else "rows"
+        settings = {"fast": FAST, **{f"random{j}": random_knobs(rng) for j in range(args.random)}}
+        for name, knobs in settings.items():
+            folder = scratch / "candidates" / data.stem / task.stem / name
+            for path, text in workspace_files(program, args.backend, knobs).items():
+                (folder / path).parent.mkdir(parents=True, exist_ok=True)
+                (folder / path).write_text(text)
+            jobs += [(data.stem, family, task, name, knobs, folder)] * args.repeats
+    lines, deadline = [], time.monotonic() + (args.time_limit or math.inf)
+    log = args.out.with_suffix(".jsonl").open("w") if args.out else None
+    pool = JudgePool(args.backend, workers=args.workers)
+    try:
         futures = [pool.submit(task, folder) for _, _, task, _, _, folder in jobs]
         for (label, family, task, name, knobs, _), future in zip(jobs, futures):
-            verdict = future.result().to_dict()
+            try:
+                verdict = future.result(timeout=max(0.0, min(deadline - time.monotonic(), 1e6))).to_dict()
+            except TimeoutError:
+                print(f"time limit: {len(jobs) - len(lines)} of {len(jobs)} evaluations not judged", flush=True)
+                break
             lines.append({"set": label, "family": family, "task": task.stem, "knobs": name, "knob_values": asdict(
                 knobs), **{k: verdict.get(k) for k in ("reward", "speedup_vs_eager", "speedup_vs_compile",
                                                        "times_us", "error")}})
             print(json.dumps(lines[-1]), flush=True)
-    shutil.rmtree(scratch, ignore_errors=True)
+            if log:
+                log.write(json.dumps(lines[-1]) + "\n")
+                log.flush()
+    finally:
+        pool.close(abandon=len(lines) < len(jobs))
+        shutil.rmtree(scratch, ignore_errors=True)
     runs: dict[tuple, list[dict]] = defaultdict(list)  # (set, family, task, knobs) -> its verdicts
     for line in lines:
         runs[line["set"], line["family"], line["task"], line["knobs"]].append(line)
@@ -107,8 +124,6 @@ def main() -> None:
     for (label, family, task), verdicts in best.items():  # each task's best setting of those tried
         grouped[label, family, "best"][task] = verdicts
     rows = [summarise(*key, verdicts) for key, verdicts in sorted(grouped.items())]
-    if args.out:
-        args.out.with_suffix(".jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     write(args.out, f"The expert's ceiling ({args.backend}, {args.repeats} verdicts per setting)", rows,
           ["set", "family", "knobs", "tasks", "correct", "reward>=2", "reward 3", "vs eager", "vs compile",
            "eager us", "compile us", "stable"], {"skipped": dict(skipped), "machine": machine(), "args": vars(args)

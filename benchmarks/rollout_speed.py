@@ -1,7 +1,8 @@
 """Rollout and trainer speed, side by side in one run (issue 31): tokens per second of the batch sampler at
 several batch sizes against one sequence at a time (the sampler before it), and of a PPO forward+backward in fp32
-and under bf16 autocast. A model of SmolLM2-135M's config with fresh weights (speed does not depend on the weights),
-or `--model` an HF folder. Prints one JSON line per measurement; `--out` keeps them all.
+and under bf16 autocast; and the gap between the sampler's log-probs and the trainer's recompute of them. A model
+of SmolLM2-135M's config with fresh weights (speed does not depend on the weights), or `--model` an HF folder.
+Prints one JSON line per measurement; `--out` keeps them all.
 
     python3 benchmarks/rollout_speed.py [--device cuda] [--batches 1,32,64,128] [--tokens 256] [--out FILE]
 """
@@ -57,12 +58,13 @@ def one_at_a_time(model, prompt: list[int], tokens: int, device: str) -> float:
     return tokens / (time.perf_counter() - began)
 
 
-def batched(model, prompts: list[list[int]], tokens: int, device: str) -> float:
-    """Every prompt answered by the batcher at once, from threads as episodes call it. Tokens per second."""
+def batched(model, prompts: list[list[int]], tokens: int, device: str) -> tuple[float, list]:
+    """Every prompt answered by the batcher at once, from threads as episodes call it. Tokens per second, and each
+    row's (prompt, tokens, log-probs)."""
     sampler = BatchSampler(model, pad_id=0, gather_s=0.5)
     sampler.expected = len(prompts)
     out = []
-    threads = [threading.Thread(target=lambda p=p: out.append(sampler(p, tokens, NEVER))) for p in prompts]
+    threads = [threading.Thread(target=lambda p=p: out.append((p, *sampler(p, tokens, NEVER)))) for p in prompts]
     began = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -72,7 +74,20 @@ def batched(model, prompts: list[list[int]], tokens: int, device: str) -> float:
     seconds = time.perf_counter() - began
     sampler.close()
     assert sampler.batches == 1, sampler.batches
-    return sum(len(t) for t, _ in out) / seconds
+    return sum(len(t) for _, t, _ in out) / seconds, out
+
+
+@torch.no_grad()
+def logprob_gap(model, rows: list, device: str, bf16: bool) -> dict:
+    """The sampler's log-probs against the trainer's recompute of the same tokens (fp32, or under bf16 autocast)."""
+    gaps = []
+    for prompt, tokens, sampled in rows[:16]:
+        ids = torch.tensor([prompt + tokens], device=device)
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+            logp, _ = response_logprob_fn(len(prompt))(model, ids, torch.ones_like(ids))
+        gaps.append((logp[0].float() - torch.tensor(sampled, device=device)).abs())
+    gap = torch.cat(gaps)
+    return {"rows": len(gaps), "tokens": gap.numel(), "max_abs": gap.max().item(), "mean_abs": gap.mean().item()}
 
 
 def trainer_step(model, rows: int, length: int, device: str, bf16: bool) -> float:
@@ -114,8 +129,11 @@ def main() -> None:
     report(what="one sequence at a time (before)", batch=1, tokens_per_s=one_at_a_time(model, prompt(), args.tokens,
                                                                                           args.device))
     for size in [int(b) for b in args.batches.split(",")]:
-        report(what="batch sampler", batch=size,
-               tokens_per_s=batched(model, [prompt() for _ in range(size)], args.tokens, args.device))
+        speed, sampled = batched(model, [prompt() for _ in range(size)], args.tokens, args.device)
+        report(what="batch sampler", batch=size, tokens_per_s=speed)
+    for bf16 in (False, True):
+        report(what=f"log-prob gap, sampler vs trainer {'bf16 autocast' if bf16 else 'fp32'}",
+               **logprob_gap(model, sampled, args.device, bf16))
     for bf16 in (False, True):
         report(what=f"trainer forward+backward, {'bf16 autocast' if bf16 else 'fp32'}", rows=args.train_rows,
                length=args.train_length,
