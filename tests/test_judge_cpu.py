@@ -230,6 +230,7 @@ def test_segfault_is_a_failure_verdict_and_the_judge_survives(cpu_judge, make_wo
     verdict = cpu_judge.evaluate(AFFINE, ws)
     assert verdict.reward == -1 and not verdict.correct
     assert "SIGSEGV" in verdict.error
+    assert "in native code called at File" in verdict.error and "model_new.py" in verdict.error, verdict.error
     assert_judge_still_works(cpu_judge, CANDIDATES / "affine_relu_ok")
 
 

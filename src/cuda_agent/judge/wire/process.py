@@ -139,7 +139,8 @@ class WorkerProcess:
         full_env[FD_SOCKET] = str(theirs.fileno())
         with theirs:
             self.proc = subprocess.Popen(
-                [*(sandbox.prefix() if sandbox else []), sys.executable, "-m", module, str(request_path)],
+                [*(sandbox.prefix() if sandbox else []), sys.executable, "-X", "faulthandler", "-m", module,
+                 str(request_path)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=run_dir, env=full_env,
                 start_new_session=True, pass_fds=[theirs.fileno()])
         self.sandbox = sandbox
@@ -206,8 +207,8 @@ class WorkerProcess:
         limits = self.sandbox.events() if self.sandbox else []
         if limits:
             return f" ({', '.join(limits)})"
-        tail = self.log_tail(2000).strip().splitlines()
-        return f": {tail[-1][:300]}" if tail else ""
+        tail = self.log_tail(4000).strip().splitlines()
+        return f": {fault_site(tail) or tail[-1][:300]}" if tail else ""
 
     def log_tail(self, limit: int = 4000) -> str:
         return self._log.tail(limit)
@@ -316,3 +317,11 @@ def run_worker(start: Callable[[dict, Channel], dict[str, Handler]], fallback_ev
     except Exception as exc:
         traceback.print_exc()
         chan.send(fallback_event, error=f"{Path(sys.argv[0]).stem} failed: {one_line(exc)}")
+
+
+def fault_site(lines: list[str]) -> str | None:
+    """Where a worker crashed, from faulthandler's report in its log (every worker runs with `-X faulthandler`): the
+    crashing thread's innermost Python frame (the native code it called is what faulted), or None."""
+    current = [i for i, line in enumerate(lines) if line.startswith("Current thread")]
+    frames = [line.strip() for line in lines[current[-1] + 1:] if line.strip().startswith("File ")] if current else []
+    return f"in native code called at {frames[0][:240]}" if frames else None
