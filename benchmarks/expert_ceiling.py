@@ -29,15 +29,9 @@ from _common import machine, write
 
 from cuda_agent.judge.pool import JudgePool
 from cuda_agent.rl.expert.formulas import Unsupported
-from cuda_agent.rl.expert.kernels import FAST, Knobs, workspace_files
+from cuda_agent.rl.expert.kernels import FAST, random_knobs, workspace_files
 from cuda_agent.rl.expert.trace import trace
 from cuda_agent.task import task_files
-
-
-def random_knobs(rng: random.Random) -> Knobs:
-    return Knobs(vector=rng.choice((1, 4)), threads=rng.choice((64, 128, 256, 512, 1024)),
-                 grid_stride=rng.random() < 0.5, reduce=rng.choice(("warp", "shared")), online=rng.random() < 0.5,
-                 parallel=rng.random() < 0.5, simd=rng.random() < 0.5)
 
 
 def geomean(values: list[float]) -> float | None:

@@ -91,9 +91,13 @@ def logprob_gap(model, rows: list, device: str, bf16: bool) -> dict:
 
 
 def trainer_step(model, rows: int, length: int, device: str, bf16: bool) -> float:
-    """A PPO-style forward (log-probs of a response) and backward over `rows` x `length` tokens. Tokens per second."""
+    """A PPO-style forward (log-probs of a response) and backward over `rows` x `length` tokens, prompts left-padded
+    to one length as the trainer's batches are (row i has 16 i padding tokens). Tokens per second, or the error.
+    (Unpadded fp32 rows would take SDPA's math path under GQA, whose memory grows with length squared.)"""
     ids = torch.randint(0, 49152, (rows, length), device=device)
     attention = torch.ones_like(ids)
+    for row in range(rows):
+        attention[row, :16 * row] = 0
     fn = response_logprob_fn(PROMPT)
     model.train()
     for timed in (False, True):  # the first is a warm-up
@@ -135,9 +139,13 @@ def main() -> None:
         report(what=f"log-prob gap, sampler vs trainer {'bf16 autocast' if bf16 else 'fp32'}",
                **logprob_gap(model, sampled, args.device, bf16))
     for bf16 in (False, True):
+        try:
+            speed = {"tokens_per_s": trainer_step(model, args.train_rows, args.train_length, args.device, bf16)}
+        except torch.OutOfMemoryError as exc:
+            model.zero_grad(set_to_none=True)
+            speed = {"error": str(exc).splitlines()[0]}
         report(what=f"trainer forward+backward, {'bf16 autocast' if bf16 else 'fp32'}", rows=args.train_rows,
-               length=args.train_length,
-               tokens_per_s=trainer_step(model, args.train_rows, args.train_length, args.device, bf16))
+               length=args.train_length, **speed)
     if args.out:
         args.out.write_text(json.dumps({"device": args.device, "rows": rows}, indent=1))
 

@@ -3,8 +3,13 @@
 # evaluation-latency benchmarks, and eval-suite on real KernelBench problems when KERNELBENCH points at them.
 # Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements-log.md, the current numbers
 # in docs/measurements.md.
-# Usage: scripts/gpu_check.sh [tests] [build] [latency] [fresh] [suite] [throughput] [data]
-#   (default: all but throughput and data; THROUGHPUT_ARGS adds judge_throughput.py options, e.g. --modes pool,pool2)
+# Usage: scripts/gpu_check.sh [tests] [build] [latency] [fresh] [suite] [throughput] [data] [agreement] [rollout]
+#        [expert]
+#   (default: tests build latency fresh suite; THROUGHPUT_ARGS adds judge_throughput.py options, e.g. --modes pool,pool2)
+# `agreement`: the two GPU clocks on KernelBench tasks (KERNELBENCH, AGREEMENT_TASKS, default 24); `rollout`:
+# benchmarks/rollout_speed.py; `expert`: the expert's task set built on the GPU into EXPERT_DATA (default
+# $OUT/expert-data; kept when it holds splits/ already), then its ceiling (CEILING_ARGS, default --repeats 1
+# --random 1 --limit 150; CEILING_LIMIT seconds, default 300).
 # GPU_TESTS_K selects tests by pytest's -k expression (to split the run over calls of a limited length).
 # `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into DATA_DIR (default $OUT/data;
 # DATA_WORKERS, DATA_TIME_LIMIT seconds, DATA_MAX_ATTEMPTS; rerun with the same DATA_DIR to resume); KERNELBENCH
@@ -55,6 +60,25 @@ if [[ $stages == *" data "* ]]; then
     ${DATA_MAX_ATTEMPTS:+--max-attempts "$DATA_MAX_ATTEMPTS"} ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} \
     > "$OUT/data.log" 2>&1 || status=1
   tail -30 "$OUT/data.log"
+fi
+if [[ $stages == *" agreement "* && -n "${KERNELBENCH:-}" ]]; then
+  python3 benchmarks/gpu_clock_agreement.py --kernelbench "$KERNELBENCH" --tasks "${AGREEMENT_TASKS:-24}" \
+    --out "$OUT/agreement.json" > "$OUT/agreement.log" 2>&1 || status=1
+  tail -1 "$OUT/agreement.log"
+fi
+if [[ $stages == *" rollout "* ]]; then
+  python3 benchmarks/rollout_speed.py --out "$OUT/rollout_speed.json" 2>&1 | tee "$OUT/rollout_speed.log" || status=1
+fi
+if [[ $stages == *" expert "* ]]; then
+  expert=${EXPERT_DATA:-$OUT/expert-data}
+  if [[ ! -d $expert/splits ]]; then
+    python3 -m cuda_agent data build --family expert --target 300 --held-out 0.4 --out "$expert" --backend cuda \
+      --no-compile --workers 12 ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} > "$OUT/expert_data.log" 2>&1 || status=1
+  fi
+  python3 benchmarks/expert_ceiling.py --data "$expert/splits/train.jsonl" --data "$expert/splits/held_out.jsonl" \
+    --backend cuda ${CEILING_ARGS:---repeats 1 --random 1 --limit 150} --time-limit "${CEILING_LIMIT:-300}" \
+    --out "$OUT/ceiling" > "$OUT/ceiling.log" 2>&1 || status=1
+  cat "$OUT/ceiling.md" 2>/dev/null || tail -5 "$OUT/ceiling.log"
 fi
 if [[ $stages == *" suite "* && -n "${KERNELBENCH:-}" ]]; then
   python3 -m cuda_agent eval-suite "$KERNELBENCH" --solutions benchmarks/solutions --levels 1 --backend cuda \

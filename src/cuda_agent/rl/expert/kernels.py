@@ -13,6 +13,7 @@ from, `FAST` what they end with.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from . import gemm, pointwise, rows
@@ -40,6 +41,13 @@ class Knobs:
 
 FAST = Knobs()
 SLOW = Knobs(vector=1, threads=64, grid_stride=False, reduce="shared", online=False, parallel=False, simd=False)
+
+
+def random_knobs(rng: random.Random) -> Knobs:
+    """A knob setting drawn uniformly (the ceiling's and the recipe's "random" rows)."""
+    return Knobs(vector=rng.choice((1, 4)), threads=rng.choice((64, 128, 256, 512, 1024)),
+                 grid_stride=rng.random() < 0.5, reduce=rng.choice(("warp", "shared")), online=rng.random() < 0.5,
+                 parallel=rng.random() < 0.5, simd=rng.random() < 0.5)
 BREAKABLE = "(void)config;"  # every kernel has it; the "fix" episodes plant a missing semicolon there
 
 BINDING = """#include <torch/types.h>

@@ -93,10 +93,11 @@ def _last_dim(dim, rank: int, name: str) -> None:
 def trace(source: str) -> Program:
     """A task's Model (its source) as a row program, or Unsupported."""
     module = load(source)
-    model = module.Model(*module.get_init_inputs())
+    with torch.device("meta"):  # shapes only: a GPU-sized task's inputs are gigabytes
+        model = module.Model(*module.get_init_inputs())
+        inputs = module.get_inputs()
     if any(True for _ in model.buffers()):
         raise Unsupported("the model has buffers")
-    inputs = module.get_inputs()
     if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor) or inputs[0].dtype != torch.float32:
         raise Unsupported("not one float32 tensor input")
     try:
