@@ -289,3 +289,43 @@ def test_bad_inputs_are_one_clear_line(tmp_path):
                                  str(tmp_path / "x.html")])
     assert result.exit_code == 2 and "--compare takes two suite inputs" in result.output
     assert not (tmp_path / "x.html").exists()
+
+
+def _recipe_folder(root: Path, seed: int, ppo_reward: float) -> Path:
+    """A `train recipe` folder as the recipe writes it: recipe.json and its PPO stage's metrics.jsonl."""
+    row = lambda reward, share: {"pass_rate": share, "pass_rate_ci": [share - 0.1, share + 0.1], "share_2": share / 2,  # noqa: E731
+                                 "share_2_ci": [0, share], "share_3": 0.0, "share_3_ci": [0, 0], "mean_reward": reward,
+                                 "mean_reward_ci": [reward - 0.2, reward + 0.2], "geomean_speedup_vs_compile": None}
+    folder = root / f"seed{seed}"
+    (folder / "ppo").mkdir(parents=True)
+    (folder / "recipe.json").write_text(json.dumps({
+        "arm": "full", "seed": seed,
+        "heldout": {"base": row(-1.0, 0.0), "sft": row(0.0, 0.5), "ppo": row(ppo_reward, 0.75)},
+        "controls": {"best_of_k": row(0.5, 0.6)}}))
+    log = MetricsLog(folder / "ppo", tensorboard=False)
+    for step in (1, 2, 3):
+        log.write(step, {"reward_mean": ppo_reward * step / 3, "entropy": 1.0 + seed, "cut_share": 0.1,
+                         "policy_violations": 0})
+    return folder
+
+
+def test_a_recipe_page_shows_the_held_out_table_over_seeds_and_the_signals_with_bands(tmp_path):
+    a, b = _recipe_folder(tmp_path, 0, 1.0), _recipe_folder(tmp_path, 1, 2.0)
+    page = tmp_path / "recipe.html"
+    result = runner.invoke(app, ["report", str(a), "--seed-run", str(b), "--out", str(page)])
+    assert result.exit_code == 0, result.output
+    held = {row[0]: row for row in tables(page.read_text())[0][1:]}
+    assert list(held) == ["base", "sft", "ppo", "best_of_k"] and held["best_of_k"][1] == "control"
+    assert held["ppo"][6] == "1.500 ± 0.707 (n=2)"  # mean reward over the two seeds
+    rows = list(csv.DictReader((tmp_path / "recipe.csv").open()))
+    assert [r["row"] for r in rows] == list(held) and float(rows[2]["mean_reward"]) == 1.5
+    dom = open_in_chromium(page, tmp_path / "recipe.png")
+    titles = set(re.findall(r'class="annotation-text"[^>]*data-unformatted="([^"]+)"', dom))
+    assert titles == {"mean reward (train tasks)", "actor entropy", "replies cut at the length limit",
+                      "episodes with a policy violation"}
+    assert dom.count('class="trace scatter') == 8  # per signal a band (lowest to highest seed) and the mean
+    one = tmp_path / "one.html"
+    assert runner.invoke(app, ["report", str(a), "--out", str(one)]).exit_code == 0
+    assert tables(one.read_text())[0][3][6] == "1.000 [0.800, 1.200]"  # one seed: its bootstrap interval
+    bad = runner.invoke(app, ["report", str(a), "--seed-run", str(a / "ppo"), "--out", str(tmp_path / "x.html")])
+    assert bad.exit_code == 2 and "--seed-run takes recipe folders" in bad.output

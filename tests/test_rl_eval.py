@@ -2,11 +2,12 @@
 checkpoint's episodes on the batch sampler, an endpoint's, and a rerun that resumes."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
 
-from conftest import TASKS
+from conftest import TASKS, fast_config
 from cuda_agent.cli import app
 from cuda_agent.rl.scores import EpisodeRecord, paired_difference, summary
 
@@ -91,14 +92,50 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     assert all(row["mean_reward"] == -1 for row in report["heldout"].values())
     assert report["ppo_vs_sft"]["mean_reward"]["difference"] == 0
     assert report["critic_on_heldout"]["episodes"] == 1  # (its variance: none, every return is -1)
-    for step in ("expert", "sft", "rft_samples", "rft", "value", "value_check", "ppo"):
+    for step in ("expert", "sft", "rft_samples", "rft", "value", "value_check", "ppo", "eval_best_of_2", "fft_samples",
+                 "eval_fft", "expert_heldout"):
         assert (tmp_path / "run" / step / "done.json").is_file(), step
+    controls = report["controls"]
+    assert sorted(controls) == ["best_of_k", "expert_best", "expert_fast", "expert_random", "filter_finetune"]
+    assert controls["best_of_k"]["episodes"] == 1 and controls["filter_finetune"]["mean_reward"] == -1
+    assert "passes the RFT filter" in report["notes"]["filter_finetune"]  # the tiny model succeeded nowhere
+    assert not (tmp_path / "run" / "fft").exists()
+    assert controls["expert_fast"]["pass_rate"] == 1  # the expert's kernel for the held-out row mean, judged
+    assert controls["expert_best"]["mean_reward"] >= controls["expert_random"]["mean_reward"]
+    assert report["ppo_vs_expert_best"]["mean_reward"]["difference"] < 0
+    ppo = [json.loads(line) for line in (tmp_path / "run" / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert {"policy_violations", "cut_share", "response_tokens_mean", "entropy"} <= set(ppo[-1])
+    assert ppo[-1]["cut_share"] == 1  # 8 new tokens a turn: every reply is cut
     sft = [json.loads(line) for line in (tmp_path / "run" / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert sft[-1]["sft_loss"] > 0 and sft[-1]["reward_mean"] >= 1  # trained on the expert's judged episode
     again = runner.invoke(app, args)
-    assert again.exit_code == 0 and again.output.count("done before") == 11, again.output
+    assert again.exit_code == 0 and again.output.count("done before") == 15, again.output
     bad = runner.invoke(app, [*args[:-2], "--arm", "sideways"])
     assert bad.exit_code == 2 and "unknown arm" in bad.output
+
+
+def test_the_recipe_stops_at_its_time_limit_and_the_same_command_continues(tiny_checkpoint, tmp_path, cache_dir):
+    """A clock that passes the 60 s limit during the base evaluation's batch: that batch ends, nothing after it
+    starts, recipe.json says where it stopped; the same recipe without the limit then continues from there."""
+    from cuda_agent.judge.pool import JudgePool
+    from cuda_agent.rl.config import EvalConfig, StageConfig
+    from cuda_agent.rl.recipe import Recipe, RecipeConfig
+
+    limits = dict(max_turns=1, max_new_tokens=4, compact=True)
+    config = RecipeConfig(arm="no_rft", controls=(), value_steps=1, ppo_steps=1, time_limit_s=60,
+                          stage=StageConfig(batch=1, **limits), eval=EvalConfig(samples=2, batch=1, **limits))
+    ticks = iter(range(0, 10**6, 25))  # seconds: 0 at the start, +25 at each look
+    lines = []
+    with JudgePool("cpu", fast_config(cache_dir)) as pool:
+        first = Recipe(config, tiny_checkpoint, [TASKS / "affine_relu.py"], [TASKS / "row_mean.py"],
+                       tmp_path / "run", pool, "cpu", lines.append, clock=lambda: next(ticks)).run()
+        assert first["stopped"] == "time limit reached in eval_base after 1 of 2 episodes", lines
+        assert first["heldout"] == {} and not (tmp_path / "run" / "value").exists()
+        assert json.loads((tmp_path / "run" / "recipe.json").read_text())["stopped"] == first["stopped"]
+        again = Recipe(replace(config, time_limit_s=None), tiny_checkpoint, [TASKS / "affine_relu.py"],
+                       [TASKS / "row_mean.py"], tmp_path / "run", pool, "cpu", lines.append).run()
+    assert "eval: 1 of 2 episodes played before, 1 to play" in lines
+    assert "stopped" not in again and list(again["heldout"]) == ["base", "ppo"] and again["controls"] == {}
 
 
 def test_the_critic_is_scored_on_episodes_read_back_from_their_run_folders(tiny_checkpoint, tmp_path):

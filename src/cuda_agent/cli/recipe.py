@@ -10,12 +10,13 @@ from typing import Optional
 import typer
 
 from ..backend import BackendError
+from ..rl.controls import CONTROLS
 from ..rl.recipe import ARMS, RecipeConfig
 from ..task import TaskError, task_files
 from . import common
 from .common import err, fail, integers, out, warn_unsandboxed, writable
 from .options import BACKEND_HELP, Backends
-from .train import train_app
+from .train import ActorLr, LoraAlpha, LoraRank, train_app
 
 DEFAULTS = RecipeConfig()
 
@@ -42,6 +43,13 @@ def train_recipe_cmd(
     max_turns: int = typer.Option(DEFAULTS.stage.max_turns, min=1, help="model turns per episode"),
     max_new_tokens: int = typer.Option(DEFAULTS.stage.max_new_tokens, min=1, help="tokens per model turn"),
     shapes: str = typer.Option(",".join(DEFAULTS.expert_shapes), help="the expert's episode shapes"),
+    actor_lr: ActorLr = DEFAULTS.stage.train.actor_lr,
+    lora_rank: LoraRank = DEFAULTS.stage.train.lora_rank,
+    lora_alpha: LoraAlpha = DEFAULTS.stage.train.lora_alpha,
+    controls: str = typer.Option(",".join(DEFAULTS.controls), help=f"controls after PPO, of {', '.join(CONTROLS)} "
+                                 "(comma-separated; '' for none)"),
+    time_limit: Optional[float] = typer.Option(None, min=1, help="seconds for the whole recipe; then it stops at a "
+                                               "step boundary and the same command continues"),
     device: Optional[str] = typer.Option(None, help="where the model trains (default: cuda with --backend cuda)"),
     gpus: Optional[str] = typer.Option(None, help="judge GPUs, e.g. 0,1"),
     cache_dir: Optional[Path] = typer.Option(None, help="judge cache (builds, baselines)"),
@@ -67,8 +75,11 @@ def train_recipe_cmd(
         limits = dict(max_turns=max_turns, max_new_tokens=max_new_tokens)
         config = RecipeConfig(arm=arm, seed=seed, expert_shapes=tuple(s.strip() for s in shapes.split(",")),
                               sft_steps=sft_steps, rft_samples=rft_samples, rft_steps=rft_steps,
-                              value_steps=value_steps, ppo_steps=ppo_steps,
-                              stage=replace(DEFAULTS.stage, batch=batch, **limits),
+                              value_steps=value_steps, ppo_steps=ppo_steps, time_limit_s=time_limit,
+                              controls=tuple(c.strip() for c in controls.split(",") if c.strip()),
+                              stage=replace(DEFAULTS.stage, batch=batch, **limits, train=replace(
+                                  DEFAULTS.stage.train, actor_lr=actor_lr, lora_rank=lora_rank,
+                                  lora_alpha=lora_alpha)),
                               eval=replace(DEFAULTS.eval, samples=samples, **limits))
         train, held = task_files(data, out_dir / "tasks" / "train"), task_files(held_out, out_dir / "tasks" / "held")
         with JudgePool(backend, common.config(cache_dir), devices=integers(gpus, "--gpus")) as pool:
@@ -79,7 +90,13 @@ def train_recipe_cmd(
         fail(str(exc))
     except OSError as exc:
         fail(f"model {model}: {exc}")
+    if "stopped" in result:
+        out.print(f"{result['stopped']}: rerun the same command to continue ({out_dir / 'recipe.json'})",
+                  highlight=False, soft_wrap=True)
+        return
     rows = [f"{stage}: mean reward {row['mean_reward']:+.2f} {row['mean_reward_ci']}, pass rate "
             f"{row['pass_rate']:.2f}" for stage, row in result["heldout"].items()]
+    rows += [f"{name} (control): mean reward {row['mean_reward']:+.2f} {row['mean_reward_ci']}, pass rate "
+             f"{row['pass_rate']:.2f}" for name, row in result["controls"].items()]
     out.print("\n".join(["held-out:", *rows, json.dumps({k: v for k, v in result.items() if k.startswith("ppo_vs")}),
                          f"written: {out_dir / 'recipe.json'}"]), highlight=False, soft_wrap=True)

@@ -14,7 +14,8 @@ from .common import app, fail, fmt, out, writable
 @app.command("report")
 def report_cmd(
     source: Path = typer.Argument(..., metavar="INPUT", help="eval-suite's database (.sqlite), a suite report JSON, "
-                                  "an optimize-suite or agent run folder, or a trainer's folder or metrics.jsonl"),
+                                  "an optimize-suite or agent run folder, a trainer's folder or metrics.jsonl, or "
+                                  "a `train recipe` folder"),
     out_file: Optional[Path] = typer.Option(None, "--out", help="the HTML file to write (CSV and JSON beside it)"),
     compare: Optional[Path] = typer.Option(None, "--compare", help="a second suite input: INPUT as A, this as B, "
                                            "side by side with the changes"),
@@ -23,6 +24,8 @@ def report_cmd(
     compare_run: Optional[str] = typer.Option(None, "--compare-run", metavar="ID", help="B's run: of --compare's "
                                               "database, or without --compare of INPUT's"),
     list_runs: bool = typer.Option(False, "--list", help="list the runs of INPUT's database (no page written)"),
+    seed_runs: list[Path] = typer.Option([], "--seed-run", help="another seed's `train recipe` folder, drawn with "
+                                         "INPUT's as bands (repeatable)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier report's files (never an input)"),
 ) -> None:
     """Turn suite results, an agent run or training metrics into one self-contained HTML page."""
@@ -39,12 +42,13 @@ def report_cmd(
     for path in (out_file, out_file.with_suffix(".csv"), out_file.with_suffix(".json")):
         if not path.exists():
             continue
-        if any(path.resolve() == i.resolve() or i.resolve() in path.resolve().parents for i in (source, compare) if i):
+        if any(path.resolve() == i.resolve() or i.resolve() in path.resolve().parents
+               for i in (source, compare, *seed_runs) if i):
             fail(f"--out {out_file}: {path} is (in) the report's input: write the report elsewhere")
         if not overwrite:
             fail(f"--out {out_file}: {path} exists: write elsewhere, or pass --overwrite to replace it")
     try:
-        written = write_report(source, out_file, compare, run, compare_run)
+        written = write_report(source, out_file, compare, run, compare_run, tuple(seed_runs))
     except (ReportInputError, OSError) as exc:
         fail(str(exc))
     for path in written:

@@ -21,6 +21,9 @@ KeepCheckpoints = Annotated[int, typer.Option(min=1, help="checkpoints kept: the
                                               "OUT/checkpoint is the newest)")]
 Temperature = Annotated[float, typer.Option(min=0.01, help="sampling temperature of the rollouts (training "
                                             "recomputes log-probs at the same one)")]
+LoraRank = Annotated[int, typer.Option(min=0, help="train the actor's LoRA updates of this rank only, saved small "
+                                       "in checkpoint/actor/adapter (0: every weight)")]
+LoraAlpha = Annotated[float, typer.Option(min=0.0, help="LoRA's scale is alpha / rank")]
 SaveOptimizer = Annotated[bool, typer.Option("--save-optimizer/--no-save-optimizer", help="keep the optimizers' "
                                              "state in checkpoints (twice the weights' size; without it a resume "
                                              "starts the optimizers afresh)")]
@@ -128,6 +131,8 @@ def train_cmd(
                                  "SKILL.md left in the workspace"),
     actor_lr: ActorLr = TrainConfig.actor_lr,
     critic_lr: CriticLr = TrainConfig.critic_lr,
+    lora_rank: LoraRank = TrainConfig.lora_rank,
+    lora_alpha: LoraAlpha = TrainConfig.lora_alpha,
     seed: int = typer.Option(StageConfig.seed, help="task order and sampling seed"),
     temperature: Temperature = StageConfig.temperature,
     tis_cap: Optional[float] = typer.Option(PPOConfig.tis_cap, "--tis-cap", min=1.0, help="truncated importance "
@@ -169,8 +174,8 @@ def train_cmd(
                              temperature=temperature, tool_output_chars=tool_output_chars, compact=compact,
                              save_every=save_every, keep_checkpoints=keep_checkpoints,
                              save_optimizer=save_optimizer, time_limit_s=time_limit,
-                             train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr,
-                                               ppo=PPOConfig(tis_cap=tis_cap)))
+                             train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr, lora_rank=lora_rank,
+                                               lora_alpha=lora_alpha, ppo=PPOConfig(tis_cap=tis_cap)))
         run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else []
         log = lambda m: err.print(m, highlight=False, soft_wrap=True)  # noqa: E731
         if stage == "rft":

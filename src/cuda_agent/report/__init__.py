@@ -9,17 +9,24 @@ from pathlib import Path
 
 from .inputs import ReportInputError, load
 from .page import document
+from .recipe_view import recipe_view
 from .views import agent_view, compare_view, suite_view, training_view
 
 __all__ = ["ReportInputError", "write_report"]
 
 
 def write_report(source: Path, out: Path, compare: Path | None = None, run: str | None = None,
-                 compare_run: str | None = None) -> list[Path]:
+                 compare_run: str | None = None, seeds: tuple[Path, ...] = ()) -> list[Path]:
     """Write OUT (HTML), OUT with .csv (the main table) and .json (everything read); returns the three paths.
     With `compare` or `compare_run`, two suite inputs side by side (`source` is A; B is `compare`, or `source`
-    again with its run `compare_run`); `run` and `compare_run` pick runs of suite databases (default: the latest)."""
+    again with its run `compare_run`); `run` and `compare_run` pick runs of suite databases (default: the latest).
+    `seeds`: more recipe folders (other seeds of the same recipe), drawn with `source` as one."""
     data = load(source, run)
+    if seeds:
+        runs = [data, *(load(path) for path in seeds)]
+        if any(r["kind"] != "recipe" for r in runs):
+            raise ReportInputError("--seed-run takes recipe folders (train recipe's --out), as INPUT must be")
+        data = {"kind": "recipes", "runs": runs}
     if compare is not None or compare_run is not None:
         other = load(compare or source, compare_run)
         if data["kind"] != "suite" or other["kind"] != "suite":
@@ -29,6 +36,8 @@ def write_report(source: Path, out: Path, compare: Path | None = None, run: str 
                                    "--run ID; --list lists the runs)")
         title, meta, sections, rows = compare_view(data, other)
         data = {"a": data, "b": other}
+    elif data["kind"] in ("recipe", "recipes"):
+        title, meta, sections, rows = recipe_view(data.get("runs") or [data])
     else:
         view = {"suite": suite_view, "agent": agent_view, "training": training_view}[data["kind"]]
         title, meta, sections, rows = view(data)

@@ -4,6 +4,7 @@
               optimize-suite's OUT/report.json) or an optimize-suite folder (OUT/report.json + OUT/runs)
     agent     an agent run folder (trajectory.jsonl, summary.json) or its trajectory.jsonl
     training  a trainer's folder or its metrics.jsonl (one JSON object per step)
+    recipe    a `train recipe` folder (recipe.json, ppo/metrics.jsonl); several of them (seeds) drawn together
 """
 
 from __future__ import annotations
@@ -22,19 +23,20 @@ class ReportInputError(ValueError):
 
 
 def load(path: Path, run: str | None = None) -> dict[str, Any]:
-    """The input as {"kind": "suite"|"agent"|"training", "source": str, ...}; `run` picks a run of a suite
-    database (default: its latest)."""
+    """The input as {"kind": "suite"|"agent"|"training"|"recipe", "source": str, ...}; `run` picks a run of a
+    suite database (default: its latest)."""
     path = Path(path)
     if not path.exists():
         raise ReportInputError(f"{path}: no such file or folder")
     if run is not None and not is_database(path):
         raise ReportInputError(f"{path}: a run is picked in eval-suite's database only (this is no database)")
     if path.is_dir():
-        for name, reader in (("report.json", _suite_json), ("trajectory.jsonl", _agent), ("metrics.jsonl", _training)):
+        for name, reader in (("report.json", _suite_json), ("trajectory.jsonl", _agent), ("metrics.jsonl", _training),
+                             ("recipe.json", _recipe)):
             if (path / name).is_file():
                 return reader(path / name)
-        raise ReportInputError(f"{path}: no report.json (optimize-suite), trajectory.jsonl (agent run) or "
-                               "metrics.jsonl (training) in this folder")
+        raise ReportInputError(f"{path}: no report.json (optimize-suite), trajectory.jsonl (agent run), "
+                               "metrics.jsonl (training) or recipe.json (train recipe) in this folder")
     if is_database(path):
         return _suite_db(path, run)
     if path.name == "trajectory.jsonl":
@@ -122,3 +124,13 @@ def _training(path: Path) -> dict[str, Any]:
     config_file = path.parent / "config.json"
     config = _json(config_file) if config_file.is_file() else {}
     return {"kind": "training", "source": str(path), "steps": steps, "config": config}
+
+
+def _recipe(path: Path) -> dict[str, Any]:
+    """A `train recipe` folder: its recipe.json, and the metrics of its PPO stage (the stability signals)."""
+    recipe = _json(path)
+    if not isinstance(recipe, dict) or "heldout" not in recipe or "arm" not in recipe:
+        raise ReportInputError(f"{path}: not a recipe's result (no 'arm' and 'heldout')")
+    metrics = path.parent / "ppo" / "metrics.jsonl"
+    return {"kind": "recipe", "source": str(path.parent), "recipe": recipe,
+            "steps": _jsonl(metrics) if metrics.is_file() else []}

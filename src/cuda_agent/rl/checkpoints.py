@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from .trainer import PPOTrainer
 
 LINK = "checkpoint"
@@ -31,6 +33,16 @@ def latest(out: Path) -> Path | None:
         return folders[-1]
     old = Path(out) / LINK
     return old if (old / "trainer.pt").is_file() else None
+
+
+def step_of(checkpoint: Path | None) -> int:
+    """The step a checkpoint holds (0 for none; an earlier version's `checkpoint` folder: read from its state)."""
+    if checkpoint is None:
+        return 0
+    match = STEP_FOLDER.fullmatch(checkpoint.name)
+    if match:
+        return int(match[1])
+    return int(torch.load(checkpoint / "trainer.pt", weights_only=False)["step"])
 
 
 def save(trainer: PPOTrainer, out: Path, tokenizer, extra: dict, *, keep: int, optimizer: bool,

@@ -47,6 +47,8 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     gradient_checkpointing: bool = True  # recompute each layer's activations in backward: memory for time
     bf16: bool | None = None  # bf16 autocast over fp32 weights; None: on CUDA only
+    lora_rank: int = 0  # > 0: the actor trains LoRA updates of this rank only (lora.py); 0: every weight
+    lora_alpha: float = 16.0  # their scale is lora_alpha / lora_rank
     ppo: PPOConfig = None  # type: ignore[assignment]
 
     def __post_init__(self):
@@ -57,6 +59,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.epochs < 1 or self.minibatches < 1:
             raise ValueError("epochs and minibatches must be >= 1")
+        if self.lora_rank < 0:
+            raise ValueError("lora_rank must be >= 0 (0: no LoRA)")
 
 
 @dataclass

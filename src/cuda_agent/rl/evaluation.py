@@ -104,8 +104,9 @@ def _loop(config: EvalConfig) -> LoopConfig:
 
 
 def evaluate(tasks: list[Path], out: Path, config: EvalConfig, player: Player, described: dict,
-             log: Callable[[str], None] = print) -> dict:
-    """Every task `config.samples` times (those already in `out` kept), then `eval.json` / `eval.md`."""
+             log: Callable[[str], None] = print, out_of_time: Callable[[], bool] = lambda: False) -> dict:
+    """Every task `config.samples` times (those already in `out` kept), then `eval.json` / `eval.md`. Once
+    `out_of_time()` no further batch starts: TimeoutError (a rerun plays the rest)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(Path(task), k, out / "episodes" / f"{i:04d}_{Path(task).stem}" / f"sample_{k}")
@@ -114,6 +115,8 @@ def evaluate(tasks: list[Path], out: Path, config: EvalConfig, player: Player, d
     if len(todo) < len(jobs):
         log(f"eval: {len(jobs) - len(todo)} of {len(jobs)} episodes played before, {len(todo)} to play")
     for first in range(0, len(todo), config.batch):
+        if out_of_time():
+            raise TimeoutError(f"time limit reached in {out.name} after {first} of {len(todo)} episodes")
         chunk = todo[first:first + config.batch]
         for _, _, run_dir in chunk:
             shutil.rmtree(run_dir, ignore_errors=True)  # an episode cut short by a crash is played again

@@ -7,11 +7,13 @@ numbers agree.
 
 from __future__ import annotations
 
+from copy import deepcopy
 from pathlib import Path
 
 import torch
 
 from .algorithm import entropy, token_logprobs
+from .lora import LoRA, is_adapter, merged_model
 
 
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -24,12 +26,42 @@ class Actor(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
+        self.lora: LoRA | None = None
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Actor:
+        """An HF folder, or a LoRA adapter folder (the model its training ended with, rebuilt: lora.py)."""
         from transformers import AutoModelForCausalLM
 
+        if is_adapter(Path(path)):
+            return cls(merged_model(Path(path), dtype=dtype).to(device))
         return cls(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device))
+
+    def add_lora(self, rank: int, alpha: float, adapter: Path | None = None) -> None:
+        """Train low-rank updates only (`adapter`: continue the one saved there, on the same base model)."""
+        self.lora = LoRA.load(self.model, adapter) if adapter is not None else LoRA(self.model, rank, alpha)
+        self.model.enable_input_require_grads()  # (gradient checkpointing then reaches the updates)
+
+    def frozen_copy(self) -> torch.nn.Module:
+        """The policy as it is now, without anything that trains (the KL reference)."""
+        if self.lora is not None:
+            self.lora.detach()
+        try:
+            copy = deepcopy(self.model)
+        finally:
+            if self.lora is not None:
+                self.lora.attach()
+        if self.lora is not None:
+            copy.load_state_dict(self.lora.merged_state_dict())
+        return copy.eval().requires_grad_(False)
+
+    def save(self, path: Path, base: Path | None = None) -> None:
+        """An HF folder (with LoRA: the merged weights, and the adapter in `adapter/`, trained on `base`)."""
+        if self.lora is None:
+            self.model.save_pretrained(path)
+            return
+        self.model.save_pretrained(path, state_dict=self.lora.merged_state_dict())
+        self.lora.save(Path(path) / "adapter", base)
 
     @property
     def device(self) -> torch.device:

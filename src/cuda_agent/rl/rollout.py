@@ -40,6 +40,7 @@ class PolicyClient:
         self.max_new_tokens, self.max_context = max_new_tokens, max_context
         self.trajectory: TokenTrajectory | None = None
         self._seen = 0  # messages of the conversation already in the trajectory
+        self.replies = self.cut = 0  # model turns, and those cut at their room (max_new_tokens or the context)
 
     def complete(self, messages: list[dict], tools: list[dict] | None) -> Reply:
         if self.trajectory is None:
@@ -55,6 +56,7 @@ class PolicyClient:
         self.turns.model_turn(self.trajectory, tokens, logprobs)
         self._seen = len(messages) + 1  # and the assistant message the loop appends next
         cut = tokens[-1] != self.turns.end_of_turn
+        self.replies, self.cut = self.replies + 1, self.cut + cut
         text = self.turns.tokenizer.decode(tokens[:-1] if not cut else tokens, skip_special_tokens=False,
                                           clean_up_tokenization_spaces=False)
         return reply_from(text, [], {"prompt_tokens": len(self.trajectory.ids) - len(tokens),
@@ -67,6 +69,8 @@ class Episode:
     trajectory: TokenTrajectory
     score: float  # the milestone reward of the final verdict (-1 when nothing was verified)
     summary: EpisodeSummary
+    replies: int = 0  # model turns
+    cut: int = 0  # of them, cut at the length limit
 
 
 def play(env: Environment, sample: Sampler, turns: TurnTokenizer, reference: Path, run_dir: Path, loop: LoopConfig,
@@ -77,7 +81,7 @@ def play(env: Environment, sample: Sampler, turns: TurnTokenizer, reference: Pat
     if client.trajectory is None:
         raise RuntimeError(f"the episode on {reference} ended before the model's first turn: {summary.stop} "
                            f"({summary.stop_detail})")
-    return Episode(client.trajectory, summary.reward, summary)
+    return Episode(client.trajectory, summary.reward, summary, client.replies, client.cut)
 
 
 SPEEDUP_CAP = 3.0  # the raw-speedup reward is clipped to the milestone reward's top

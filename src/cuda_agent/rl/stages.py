@@ -53,13 +53,18 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = checkpoints.latest(out)
     resuming = checkpoint is not None
-    actor_dir = checkpoint / "actor" if resuming else Path(model)
+    lora = config.train.lora_rank > 0  # the actor resumes as its start model and the adapter trained on it
+    actor_dir = checkpoint / "actor" if resuming and not lora else Path(model)
     critic_dir = checkpoint / "critic" if resuming else _critic_beside(Path(model))
     tokenizer = AutoTokenizer.from_pretrained(actor_dir)
     actor, critic = Actor.load(actor_dir, device), Critic.load(critic_dir, device)
+    if lora:
+        actor.add_lora(config.train.lora_rank, config.train.lora_alpha,
+                       checkpoint / "actor" / "adapter" if resuming else None)
     # tools described in the system message, calls written as <tool_call> text (none in the single-turn warm-up)
     turns = TurnTokenizer(tokenizer, None if config.stage == "warmup" else schemas(config.compact), tool_format="text")
     trainer = PPOTrainer(actor, critic, config.train, lambda *a: None)  # the log-prob fn is set per batch
+    trainer.base = Path(model)
     extra = trainer.restore(checkpoint, log) if resuming else {}
     rng = random.Random(config.seed)
     if "rng" in extra:
@@ -135,7 +140,12 @@ def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, po
     sampled = sum(sum(e.trajectory.mask) for e in episodes)
     return {"reward_mean": statistics.fmean(scores), "pass_rate": sum(s >= 1 for s in scores) / len(scores),
             "turns_mean": statistics.fmean(e.summary.turns for e in episodes), "rollout_s": rollout_s,
-            "rollout_tokens_per_s": sampled / max(rollout_s, 1e-9), "sampler_batches": sampler.batches, **stats}
+            "rollout_tokens_per_s": sampled / max(rollout_s, 1e-9), "sampler_batches": sampler.batches,
+            "response_tokens_mean": sampled / len(episodes),
+            "cut_share": sum(e.cut for e in episodes) / max(1, sum(e.replies for e in episodes)),
+            # the hand audit's count: episodes whose final verdict names a policy violation
+            "policy_violations": sum(bool((e.summary.final_verdict or {}).get("policy_violations"))
+                                     for e in episodes), **stats}
 
 
 def _rft_rows(runs: list[Path], out: Path, log: Callable[[str], None]) -> list[dict]:

@@ -7,7 +7,6 @@ vocabulary for free text, over the allowed tokens for constrained replies (rl/ch
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
@@ -50,7 +49,8 @@ class Batch:
 class PPOTrainer:
     def __init__(self, actor: Actor, critic: Critic, config: TrainConfig, logprob_fn: LogprobFn):
         self.actor, self.critic, self.config, self.logprob_fn = actor, critic, config, logprob_fn
-        self.actor_optim = torch.optim.AdamW(actor.parameters(), lr=config.actor_lr, weight_decay=0.0)
+        self.actor_optim = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=config.actor_lr,
+                                             weight_decay=0.0)  # (with LoRA: its updates only)
         self.critic_optim = torch.optim.AdamW([
             {"params": critic.backbone.parameters(), "lr": config.critic_lr},
             {"params": critic.head.parameters(), "lr": config.value_head_lr}], weight_decay=0.0)
@@ -60,8 +60,9 @@ class PPOTrainer:
             critic.backbone.gradient_checkpointing_enable()
         self.reference = None
         if config.ppo.kl_coef:  # the frozen starting policy the KL term pulls towards
-            self.reference = copy.deepcopy(actor.model).eval().requires_grad_(False)
+            self.reference = actor.frozen_copy()
         self.step = 0
+        self.base: Path | None = None  # the model the actor started from (a LoRA adapter names it)
         self.updating = False  # the weights are being changed (a step's update begun, not ended): no checkpoint now
 
     def autocast(self):
@@ -160,9 +161,11 @@ class PPOTrainer:
         folder = Path(folder)
         staging = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
-        self.actor.model.save_pretrained(staging / "actor")
+        self.actor.save(staging / "actor", self.base)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging / "actor")
+            if self.actor.lora is not None:
+                tokenizer.save_pretrained(staging / "actor" / "adapter")
         self.critic.save(staging / "critic")
         state = {"step": self.step, "torch_rng": torch.get_rng_state(), "extra": extra or {},
                  "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
