@@ -161,3 +161,32 @@ def test_the_critic_is_scored_on_episodes_read_back_from_their_run_folders(tiny_
     result = critic_explained_variance(checkpoint, runs, compact=True)
     assert result["episodes"] == 2 and result["mean_return"] == 1.0
     assert result["explained_variance"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_train_audit_lays_out_the_best_verified_kernel_of_each_task(tmp_path):
+    """Each task once (its best episode), best first, unverified ones left out; the task's and the kernel's files in
+    full, the verdict's numbers and the questions to answer."""
+    from dataclasses import asdict
+
+    episodes = []
+    for i, (task, reward, speedup) in enumerate([("affine_relu", 1, 0.8), ("affine_relu", 3, 1.5),
+                                                 ("row_mean", 2, 0.9), ("softmax_rows", -1, None)]):
+        run = tmp_path / "eval" / "episodes" / f"{i:04d}"
+        (run / "best" / "kernels").mkdir(parents=True)
+        (run / "best" / "kernels" / "k.cu").write_text(f"// kernel of episode {i}\n")
+        (run / "best" / "model_new.py").write_text("class ModelNew: ...\n")
+        (run / "best_verdict.json").write_text(json.dumps({"correct": reward >= 1, "times_us": {"candidate": 10.0},
+                                                           "policy_violations": []}))
+        episodes.append(EpisodeRecord(str(TASKS / f"{task}.py"), i, reward, speedup, 3, 3, 0, "finish", str(run)))
+    (tmp_path / "eval" / "episodes.jsonl").write_text("".join(json.dumps(asdict(e)) + "\n" for e in episodes))
+    result = runner.invoke(app, ["train", "audit", str(tmp_path / "eval"), "--out", str(tmp_path / "audit.md")])
+    assert result.exit_code == 0 and "2 kernels to audit" in result.output, result.output
+    page = (tmp_path / "audit.md").read_text()
+    assert page.index("## 1. affine_relu: reward 3, 1.50x") < page.index("## 2. row_mean: reward 2, 0.90x")
+    assert "episode 1\n" in page and "episode 0\n" not in page and "softmax_rows" not in page
+    assert (TASKS / "row_mean.py").read_text().strip() in page and page.count("- [ ] ") == 6
+    empty = tmp_path / "none"
+    empty.mkdir()
+    (empty / "episodes.jsonl").write_text(json.dumps(asdict(episodes[3])) + "\n")
+    nothing = runner.invoke(app, ["train", "audit", str(empty), "--out", str(tmp_path / "none.md")])
+    assert nothing.exit_code == 2 and "nothing to audit" in nothing.output

@@ -103,3 +103,32 @@ def test_a_stage_with_lora_trains_saves_its_adapter_and_resumes_it(tiny_checkpoi
     assert "afresh" not in train(3)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["sft_loss"] < rows[0]["sft_loss"]
+
+
+def test_train_eval_plays_an_adapter_rebuilt_on_a_root_model_given_after_the_run_moved(tiny_checkpoint, tmp_path,
+                                                                                      cache_dir, fast_cli):
+    """An rft stage with LoRA from a model folder that is then gone: `train eval --model ADAPTER` says the base is
+    not here; with `--root-model` (the same weights elsewhere) it plays the adapter's policy."""
+    from typer.testing import CliRunner
+
+    from cuda_agent.cli import app
+    from conftest import TASKS
+    from test_rl_stages import write_run
+
+    write_run(tmp_path / "runs" / "good", 3)
+    origin = tmp_path / "origin"
+    shutil.copytree(tiny_checkpoint, origin)
+    result = CliRunner().invoke(app, ["train", "--stage", "rft", "--model", str(origin), "--runs",
+                                      str(tmp_path / "runs"), "--out", str(tmp_path / "rft"), "--steps", "1",
+                                      "--batch", "1", "--device", "cpu", "--lora-rank", "4"])
+    assert result.exit_code == 0, result.output
+    shutil.rmtree(origin)
+    adapter = tmp_path / "rft" / "checkpoint" / "actor" / "adapter"
+    args = ["train", "eval", "--model", str(adapter), "--data", str(TASKS / "row_mean.py"), "--out",
+            str(tmp_path / "eval"), "--backend", "cpu", "--samples", "1", "--max-turns", "1", "--max-new-tokens",
+            "4", "--cache-dir", str(cache_dir)]
+    missing = CliRunner().invoke(app, args)
+    assert missing.exit_code == 2 and "base model" in missing.output and "is not here" in missing.output
+    played = CliRunner().invoke(app, [*args, "--root-model", str(tiny_checkpoint)])
+    assert played.exit_code == 0, played.output
+    assert "1 tasks, 1 episodes" in (tmp_path / "eval" / "eval.md").read_text()

@@ -24,7 +24,10 @@ def train_eval_cmd(
                               "splits/held_out.jsonl)"),
     out_dir: Path = typer.Option(..., "--out", help="folder: episodes/, episodes.jsonl, eval.json, eval.md (rerun "
                                  "to resume)"),
-    model: Optional[Path] = typer.Option(None, help="a local model: an HF folder or a stage's checkpoint/actor"),
+    model: Optional[Path] = typer.Option(None, help="a local model: an HF folder, a stage's checkpoint/actor or "
+                                         "its LoRA adapter (checkpoint/actor/adapter)"),
+    root_model: Optional[Path] = typer.Option(None, "--root-model", help="an adapter's root model, where the "
+                                              "folder it names is not on this machine"),
     endpoint: Optional[str] = typer.Option(None, help="or a model name behind an OpenAI-compatible endpoint"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="the endpoint (key from $OPENAI_API_KEY)"),
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
@@ -52,8 +55,8 @@ def train_eval_cmd(
     writable(cache_dir, "--cache-dir")
     if (model is None) == (endpoint is None):
         fail("give one of --model (a local checkpoint) or --endpoint (a served model)")
-    if model is not None and not (model / "config.json").is_file():
-        fail(f"{model} is not an HF model folder (no config.json)")
+    if model is not None and not any((model / name).is_file() for name in ("config.json", "adapter_config.json")):
+        fail(f"{model} is neither an HF model folder (config.json) nor a LoRA adapter (adapter_config.json)")
     config = EvalConfig(samples=samples, seed=seed, temperature=temperature, batch=batch, max_turns=max_turns,
                         max_new_tokens=max_new_tokens, max_context=max_context, tool_output_chars=tool_output_chars,
                         compact=compact)
@@ -63,7 +66,7 @@ def train_eval_cmd(
         with JudgePool(backend, common.config(cache_dir), devices=integers(gpus, "--gpus")) as pool:
             warn_unsandboxed(pool)
             if model is not None:
-                player = evaluation.local_player(model, config, pool, device)
+                player = evaluation.local_player(model, config, pool, device, root_model)
                 described = {"model": str(model), "kind": "checkpoint"}
             else:
                 from ..llm import OpenAIClient
@@ -82,3 +85,22 @@ def train_eval_cmd(
     out.print((out_dir / "eval.md").read_text(), highlight=False, soft_wrap=True)
     out.print(f"written: {out_dir / 'eval.json'} (summary: {json.dumps(result['summary'])})", highlight=False,
               soft_wrap=True)
+
+
+@train_app.command("audit")
+def train_audit_cmd(
+    folder: Path = typer.Argument(..., metavar="EVAL_DIR", help="an evaluation folder (`train eval --out`, or a "
+                                  "recipe's eval_ppo/)"),
+    out_file: Path = typer.Option(..., "--out", help="the markdown page to write"),
+    top: int = typer.Option(20, min=1, help="kernels to lay out, best first (each task once)"),
+) -> None:
+    """The hand audit for reward hacking: the evaluation's best kernels with their tasks, verdicts and questions."""
+    from ..rl.audit import write_audit
+
+    if not (folder / "episodes.jsonl").is_file():
+        fail(f"{folder}: no episodes.jsonl (give a `train eval --out` folder or a recipe's eval_* folder)")
+    writable(out_file, "--out", file=True)
+    count = write_audit(folder, out_file, top)
+    if not count:
+        fail(f"{folder}: no episode verified a kernel (reward >= 1): nothing to audit")
+    out.print(f"{count} kernels to audit: {out_file}", highlight=False, soft_wrap=True)

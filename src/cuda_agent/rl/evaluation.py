@@ -41,8 +41,9 @@ def record_of(task: Path, sample: int, run_dir: Path) -> EpisodeRecord:
 Player = Callable[[list[tuple[Path, int, Path]]], None]  # plays each (task, sample, run folder) of a chunk
 
 
-def local_player(model: Path, config: EvalConfig, pool: JudgePool, device: str) -> Player:
-    """Episodes of a local model, a chunk at a time on one batch sampler (seeded by the config and the chunk)."""
+def local_player(model: Path, config: EvalConfig, pool: JudgePool, device: str, root: Path | None = None) -> Player:
+    """Episodes of a local model (an HF folder, or a LoRA adapter rebuilt on `root` or the model it names), a chunk
+    at a time on one batch sampler (seeded by the config and the chunk)."""
     from transformers import AutoTokenizer
 
     from ..agent.tools import schemas
@@ -52,7 +53,7 @@ def local_player(model: Path, config: EvalConfig, pool: JudgePool, device: str) 
     from .tokens import TurnTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    actor = Actor.load(model, device)
+    actor = Actor.load(model, device, root=root)
     turns = TurnTokenizer(tokenizer, schemas(config.compact), tool_format="text")
     loop = _loop(config)
     chunks = [0]

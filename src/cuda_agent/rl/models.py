@@ -29,12 +29,14 @@ class Actor(torch.nn.Module):
         self.lora: LoRA | None = None
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Actor:
-        """An HF folder, or a LoRA adapter folder (the model its training ended with, rebuilt: lora.py)."""
+    def load(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+             root: Path | None = None) -> Actor:
+        """An HF folder, or a LoRA adapter folder (the model its training ended with, rebuilt on `root` or the root
+        model it names: lora.py)."""
         from transformers import AutoModelForCausalLM
 
         if is_adapter(Path(path)):
-            return cls(merged_model(Path(path), dtype=dtype).to(device))
+            return cls(merged_model(Path(path), root, dtype).to(device))
         return cls(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device))
 
     def add_lora(self, rank: int, alpha: float, adapter: Path | None = None) -> None:

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One seed of one arm of `train recipe` on the device machine, with SmolLM2-135M-Instruct's real weights carried in
+# as the packaged GGUF in two parts (the device machine takes 64 MiB a call and cannot download): call 1 carries
+# SMOL/gguf.part00 and `stash`es it; call 2 carries SMOL/gguf.part01 and the gguf wheel and `run`s: the parts
+# joined and checked, the model converted, the recipe run on the H200 task set (docs/data/expert_tasks_h200) cut
+# to TRAIN_TASKS and HELD_TASKS tasks, within TIME_LIMIT seconds (then it stops at a step boundary; recipe.json says
+# where). What comes back (under $OUT): recipe.json, every step's done.json and metrics.jsonl, the evaluations'
+# episodes.jsonl and eval.json, the LoRA adapters when LORA_RANK > 0, and the log; never the weights.
+# Usage: scripts/recipe_h200.sh stash|run   (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48
+#        HELD_TASKS=32 LORA_RANK=8 ACTOR_LR=2e-5 BACKEND=cuda RECIPE_ARGS="..." in the environment;
+#        RECIPE_ARGS replaces the sizes below, chosen to reach PPO within the limit; BACKEND=cpu with DATA=a small
+#        cpu-built split folder: a smoke test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+smol=${SMOL:-.smol}
+keep=/tmp/recipe-h200  # survives between two calls of one warm machine
+mkdir -p "$keep"
+case "${1:-}" in
+  stash)
+    cp "$smol/gguf.part00" "$keep/"
+    echo "stashed part 1 in $keep"
+    ;;
+  run)
+    OUT=${OUT:-$PWD/recipe-out}
+    mkdir -p "$OUT"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$smol"/*.whl
+    export PYTHONPATH=$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+    cat "$keep/gguf.part00" "$smol/gguf.part01" > "$keep/SmolLM2-135M-Instruct.Q4_1.gguf"
+    joined=$(sha256sum < "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)
+    [[ $joined == "$(cut -d' ' -f1 "$smol/gguf.sha256")" ]] || { echo "the joined GGUF is not the packaged one" >&2
+                                                                 exit 1; }
+    [[ -f $keep/model/config.json ]] || python3 -m cuda_agent model convert "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" \
+      --out "$keep/model"
+    data=${DATA:-docs/data/expert_tasks_h200/splits}
+    head -n "${TRAIN_TASKS:-48}" "$data/train.jsonl" > "$keep/train.jsonl"
+    head -n "${HELD_TASKS:-32}" "$data/held_out.jsonl" > "$keep/held_out.jsonl"
+    run=$keep/run-${ARM:-full}-${SEED:-0}
+    status=0
+    python3 -m cuda_agent train recipe --model "$keep/model" --data "$keep/train.jsonl" \
+      --held-out "$keep/held_out.jsonl" --out "$run" --backend "${BACKEND:-cuda}" --arm "${ARM:-full}" \
+      --seed "${SEED:-0}" \
+      --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --actor-lr "${ACTOR_LR:-2e-5}" \
+      ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 768 \
+      --controls expert,best_of_k} > "$OUT/recipe.log" 2>&1 || status=$?
+    tail -25 "$OUT/recipe.log"
+    (cd "$run" && find . \( -name recipe.json -o -name done.json -o -name metrics.jsonl -o -name episodes.jsonl \
+      -o -name eval.json -o -name eval.md -o -path '*/adapter/*' \) -print0 | tar --null -cf "$OUT/run.tar" -T -)
+    ls -la "$OUT"
+    exit $status
+    ;;
+  *)
+    echo "usage: $0 stash|run" >&2
+    exit 2
+    ;;
+esac
