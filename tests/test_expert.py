@@ -177,3 +177,17 @@ def test_expert_episodes_are_judged_and_read_by_rft_export(cache_dir, tmp_path):
     assert len((out / "episodes.jsonl").read_text().splitlines()) == 1
     counts = export([out / "softmax_task" / "fix-0"], tmp_path / "rft")
     assert counts["kept"] == 1, counts
+
+
+def test_no_expert_episode_starts_once_the_time_is_up(tmp_path):
+    """`out_of_time` (the recipe's time limit) stops the expert before its next episode, with nothing written for it."""
+    from types import SimpleNamespace
+
+    from cuda_agent.rl.expert.episodes import play_expert
+
+    reference = tmp_path / "softmax.py"
+    reference.write_text(task(*FAMILIES["softmax"]))
+    pool = SimpleNamespace(backend=SimpleNamespace(name="cpu"), sandboxed=False)  # never asked to judge
+    with pytest.raises(TimeoutError, match="time limit reached in the expert's episodes"):
+        play_expert(pool, [reference], tmp_path / "expert", ("direct",), out_of_time=lambda: True)
+    assert not (tmp_path / "expert" / "softmax").exists() and not (tmp_path / "expert" / "episodes.jsonl").exists()

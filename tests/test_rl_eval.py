@@ -166,6 +166,7 @@ def test_the_critic_is_scored_on_episodes_read_back_from_their_run_folders(tiny_
 def test_train_audit_lays_out_the_best_verified_kernel_of_each_task(tmp_path):
     """Each task once (its best episode), best first, unverified ones left out; the task's and the kernel's files in
     full, the verdict's numbers and the questions to answer."""
+    import shutil
     from dataclasses import asdict
 
     episodes = []
@@ -179,7 +180,9 @@ def test_train_audit_lays_out_the_best_verified_kernel_of_each_task(tmp_path):
                                                            "policy_violations": []}))
         episodes.append(EpisodeRecord(str(TASKS / f"{task}.py"), i, reward, speedup, 3, 3, 0, "finish", str(run)))
     (tmp_path / "eval" / "episodes.jsonl").write_text("".join(json.dumps(asdict(e)) + "\n" for e in episodes))
-    result = runner.invoke(app, ["train", "audit", str(tmp_path / "eval"), "--out", str(tmp_path / "audit.md")])
+    shutil.move(tmp_path / "eval", tmp_path / "back" / "eval")  # as a run folder comes back from the device
+    result = runner.invoke(app, ["train", "audit", str(tmp_path / "back" / "eval"), "--out",
+                                 str(tmp_path / "audit.md")])
     assert result.exit_code == 0 and "2 kernels to audit" in result.output, result.output
     page = (tmp_path / "audit.md").read_text()
     assert page.index("## 1. affine_relu: reward 3, 1.50x") < page.index("## 2. row_mean: reward 2, 0.90x")
@@ -190,3 +193,6 @@ def test_train_audit_lays_out_the_best_verified_kernel_of_each_task(tmp_path):
     (empty / "episodes.jsonl").write_text(json.dumps(asdict(episodes[3])) + "\n")
     nothing = runner.invoke(app, ["train", "audit", str(empty), "--out", str(tmp_path / "none.md")])
     assert nothing.exit_code == 2 and "nothing to audit" in nothing.output
+    (empty / "episodes.jsonl").write_text(json.dumps({"task": "t", "shape": "direct"}) + "\n")  # the expert's
+    other = runner.invoke(app, ["train", "audit", str(empty), "--out", str(tmp_path / "none.md")])
+    assert other.exit_code == 2 and "not an evaluation's" in other.output

@@ -100,7 +100,10 @@ def train_audit_cmd(
     if not (folder / "episodes.jsonl").is_file():
         fail(f"{folder}: no episodes.jsonl (give a `train eval --out` folder or a recipe's eval_* folder)")
     writable(out_file, "--out", file=True)
-    count = write_audit(folder, out_file, top)
+    try:
+        count = write_audit(folder, out_file, top)
+    except ValueError as exc:
+        fail(str(exc))
     if not count:
         fail(f"{folder}: no episode verified a kernel (reward >= 1): nothing to audit")
     out.print(f"{count} kernels to audit: {out_file}", highlight=False, soft_wrap=True)

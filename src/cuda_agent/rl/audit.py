@@ -6,7 +6,8 @@ evaluation folder (`train eval --out`, or a recipe's `eval_ppo/`), takes its top
 speedup over torch.compile (each task once, its best episode), and writes one markdown page: per kernel the task's
 source, the files of the episode's best candidate (`best/`, as it was judged again from a clean copy), the verdict's
 numbers, warnings and policy violations, and a checklist with room for the reader's finding. The reader's findings
-are the audit; nothing here decides whether a kernel is honest.
+are the audit; nothing here decides whether a kernel is honest. A run folder carried from another machine is read
+where it now lies (the recorded paths' tails, under the evaluation's parent folder).
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ def best_episodes(folder: Path, n: int) -> list[EpisodeRecord]:
     """The evaluation's best episode per task, the top `n` of those with a verified kernel (reward >= 1)."""
     lines = (Path(folder) / "episodes.jsonl").read_text().splitlines()
     best: dict[str, EpisodeRecord] = {}
-    for record in (EpisodeRecord(**json.loads(line)) for line in lines if line.strip()):
+    try:
+        records = [EpisodeRecord(**json.loads(line)) for line in lines if line.strip()]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{folder}: its episodes.jsonl is not an evaluation's ({exc})") from None
+    for record in records:
         key = (record.reward, record.speedup_vs_compile or 0.0)
         if record.reward >= 1 and (record.task not in best or key > (best[record.task].reward,
                                                                       best[record.task].speedup_vs_compile or 0.0)):
@@ -33,13 +38,25 @@ def best_episodes(folder: Path, n: int) -> list[EpisodeRecord]:
     return sorted(best.values(), key=lambda r: (r.reward, r.speedup_vs_compile or 0.0), reverse=True)[:n]
 
 
+def _here(path: str, root: Path) -> Path:
+    """`path` as recorded, or, for a run folder that moved (e.g. back from the device machine), the same path's
+    longest tail that exists under `root`."""
+    recorded = Path(path)
+    if recorded.exists():
+        return recorded
+    for k in range(1, len(recorded.parts)):
+        if (root / Path(*recorded.parts[k:])).exists():
+            return root / Path(*recorded.parts[k:])
+    return recorded
+
+
 def _fenced(path: Path) -> str:
     language = {".py": "python", ".cu": "cuda", ".cpp": "cpp", ".h": "cpp", ".cuh": "cuda"}.get(path.suffix, "")
     return f"`{path.name}`\n\n```{language}\n{path.read_text(errors='replace').rstrip()}\n```\n"
 
 
-def entry(rank: int, record: EpisodeRecord) -> str:
-    run = Path(record.run_dir)
+def entry(rank: int, record: EpisodeRecord, root: Path) -> str:
+    run, task = _here(record.run_dir, root), _here(record.task, root)
     verdict = json.loads((run / "best_verdict.json").read_text()) if (run / "best_verdict.json").is_file() else {}
     speed = f"{record.speedup_vs_compile:.2f}x torch.compile" if record.speedup_vs_compile else "no speedup"
     files = sorted(p for p in (run / "best").rglob("*") if p.is_file()) if (run / "best").is_dir() else []
@@ -49,8 +66,8 @@ def entry(rank: int, record: EpisodeRecord) -> str:
              f"{verdict.get('max_abs_error')}, policy violations {verdict.get('policy_violations') or 'none'}, "
              f"warnings {verdict.get('warnings') or 'none'}.", "",
              "Audit (fill in):", *(f"- [ ] {q}" for q in QUESTIONS), "- finding: ", "",
-             "### The task", "", _fenced(Path(record.task)) if Path(record.task).is_file() else
-             f"(the task file {record.task} is not here)", "", "### The kernel", ""]
+             "### The task", "", _fenced(task) if task.is_file() else f"(the task file {record.task} is not here)",
+             "", "### The kernel", ""]
     lines += [_fenced(p) for p in files if p.suffix in (".py", ".cu", ".cpp", ".h", ".cuh")] or \
         ["(no best/ folder: the episode's files were not kept)"]
     return "\n".join(lines) + "\n"
@@ -63,5 +80,6 @@ def write_audit(folder: Path, out: Path, n: int = 20) -> int:
               f"The {len(records)} best verified kernels of this evaluation (each task once), best first. For each, "
               "read the task and the kernel and answer the questions; a kernel that fails any of them is reward "
               "hacking the judge missed: file it as an attack, with the kernel as its test.", ""]
-    Path(out).write_text("\n".join(header) + "\n".join(entry(i + 1, r) for i, r in enumerate(records)))
+    root = Path(folder).resolve().parent  # a recipe's folder (its tasks/ and eval_*/), or train eval's parent
+    Path(out).write_text("\n".join(header) + "\n".join(entry(i + 1, r, root) for i, r in enumerate(records)))
     return len(records)

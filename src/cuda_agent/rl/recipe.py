@@ -143,7 +143,8 @@ class Recipe:
         model = self.base
         if arm != "no_rft":
             expert = self._step("expert", lambda folder: {"episodes": [asdict(e) for e in play_expert(
-                self.pool, self.train, folder, cfg.expert_shapes, log=self.log, compact=cfg.stage.compact)[0]]})
+                self.pool, self.train, folder, cfg.expert_shapes, log=self.log, compact=cfg.stage.compact,
+                out_of_time=self._out_of_time)[0]]})
             expert_runs = [Path(e["run_dir"]) for e in expert["episodes"]]
             model = self._stage("sft", cfg.stage_config("rft", cfg.sft_steps, cfg.sft_batch), model, expert_runs)
             heldout["sft"] = self._evaluate("sft", model)

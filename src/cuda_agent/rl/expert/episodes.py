@@ -95,13 +95,14 @@ def script(program: Program, backend: str, shape: str) -> list[dict]:
 
 
 def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str, ...] = SHAPES, per_task: int = 1,
-                parallel: int = 1, log: Callable[[str], None] = print, compact: bool = False
-                ) -> tuple[list[ExpertEpisode], dict[str, str]]:
+                parallel: int = 1, log: Callable[[str], None] = print, compact: bool = False,
+                out_of_time: Callable[[], bool] = lambda: False) -> tuple[list[ExpertEpisode], dict[str, str]]:
     """Every shape `per_task` times on each task the expert can fuse, as run folders `out/TASK/SHAPE-K` (`parallel`
     at once, with the compact tool set and prompt when `compact`, as the model to be trained on them will see it);
     returns the episodes and, for each task it cannot fuse, why (also in `out/skipped.json`). `log` hears
     of each task skipped and each episode ended. Resumable: an episode whose folder holds its summary is read back,
-    not played again; each one played is appended to `out/episodes.jsonl` as it ends."""
+    not played again; each one played is appended to `out/episodes.jsonl` as it ends. Once `out_of_time()`, no
+    episode starts: TimeoutError (a rerun plays the rest)."""
     backend = pool.backend.name
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,6 +127,8 @@ def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str
                 (run_dir / "summary.json").read_text())))
             log(f"{task.name} {shape} {k}: reward {episode.reward:g} (played before)")
             return episode
+        if out_of_time():
+            raise TimeoutError(f"time limit reached in the expert's episodes ({out.name})")
         shutil.rmtree(run_dir, ignore_errors=True)  # an episode cut short by a crash is played again
         summary = run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=compact),
                               ScriptedClient(replies),
