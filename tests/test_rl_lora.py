@@ -132,3 +132,22 @@ def test_train_eval_plays_an_adapter_rebuilt_on_a_root_model_given_after_the_run
     played = CliRunner().invoke(app, [*args, "--root-model", str(tiny_checkpoint)])
     assert played.exit_code == 0, played.output
     assert "1 tasks, 1 episodes" in (tmp_path / "eval" / "eval.md").read_text()
+
+
+def test_two_runs_of_one_seed_train_the_same_adapter(tiny_checkpoint, tmp_path):
+    """The adapter's initial updates and the minibatch order follow the stage's seed, not whatever drew from
+    torch's generator before (here: the first run, in the same process)."""
+    from typer.testing import CliRunner
+
+    from cuda_agent.cli import app
+    from test_rl_stages import write_run
+
+    write_run(tmp_path / "runs" / "good", 3)
+    for name in ("first", "second"):
+        result = CliRunner().invoke(app, ["train", "--stage", "rft", "--model", str(tiny_checkpoint), "--runs",
+                                          str(tmp_path / "runs"), "--out", str(tmp_path / name), "--steps", "1",
+                                          "--batch", "1", "--device", "cpu", "--lora-rank", "4", "--seed", "7"])
+        assert result.exit_code == 0, result.output
+    weights = [(tmp_path / name / "checkpoint" / "actor" / "adapter" / "adapter_model.safetensors").read_bytes()
+               for name in ("first", "second")]
+    assert weights[0] == weights[1]

@@ -58,6 +58,8 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     critic_dir = checkpoint / "critic" if resuming else _critic_beside(Path(model))
     tokenizer = AutoTokenizer.from_pretrained(actor_dir)
     actor, critic = Actor.load(actor_dir, device), Critic.load(critic_dir, device)
+    if not resuming:  # what draws from torch's generator (LoRA's initial updates, minibatch order) follows the seed
+        torch.manual_seed(config.seed)
     if lora:
         actor.add_lora(config.train.lora_rank, config.train.lora_alpha,
                        checkpoint / "actor" / "adapter" if resuming else None)
