@@ -63,6 +63,8 @@ def test_kl_entropy_whitening_and_explained_variance():
     assert torch.allclose(white, t([-1.224744871, 0, 1.224744871, 0]), atol=1e-6)
     assert explained_variance(t([1, 2, 3]), t([1, 2, 3]), t([1, 1, 1])) == pytest.approx(1.0)
     assert explained_variance(t([2, 2, 2]), t([1, 2, 3]), t([1, 1, 1])) == pytest.approx(0.0)
+    flat = t([-1.0, -1.0, -1.0]) + t([0.0, 1e-6, -1e-6])  # every episode -1, returns differing by rounding only
+    assert math.isnan(explained_variance(t([0.3, -0.2, 0.1]), flat, t([1, 1, 1])))
 
 
 def test_ppo_losses_combine_the_terms_as_configured():

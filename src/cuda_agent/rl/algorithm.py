@@ -123,13 +123,18 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+EV_MIN_VARIANCE = 1e-8  # returns lie in [-1, 3]: a variance under this is rounding, not signal
+
+
 @torch.no_grad()
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns) over model tokens: 1 is a perfect critic, <= 0 a useless one."""
+    """1 - Var(returns - values) / Var(returns) over model tokens: 1 is a perfect critic, <= 0 a useless one; NaN
+    when the returns do not vary (all equal up to rounding, as when every episode scored -1: nothing to explain,
+    and dividing by rounding noise gave -2.9e10 in the recipe's CPU smoke test)."""
     var = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     residual = returns - values
     var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
-    return float(1 - var_residual / var) if var > 0 else float("nan")
+    return float(1 - var_residual / var) if var > EV_MIN_VARIANCE else float("nan")
 
 
 def tis_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
