@@ -4,11 +4,13 @@
 # SMOL/gguf.part00 and `stash`es it; call 2 carries SMOL/gguf.part01 and the gguf wheel and `run`s: the parts
 # joined and checked, the model converted, the recipe run on the H200 task set (docs/data/expert_tasks_h200) cut
 # to TRAIN_TASKS and HELD_TASKS tasks, within TIME_LIMIT seconds (then it stops at a step boundary; recipe.json says
-# where). What comes back (under $OUT, the run folder's layout): recipe.json, every step's done.json and
-# metrics.jsonl, the evaluations' tables and episode folders, the tasks, the LoRA adapters when LORA_RANK > 0, and
-# the log; never the full weights.
+# where). What comes back (under $OUT): run.tar.gz, the run folder's small files in its layout (recipe.json, every
+# step's done.json and metrics.jsonl, the evaluations' tables and episode folders, the tasks; `tar xzf` it where
+# `train audit` should read it), the LoRA adapters' weights under adapters/ when LORA_RANK > 0, and the log; never
+# the full weights.
 # Usage: scripts/recipe_h200.sh stash|run   (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48
-#        HELD_TASKS=32 LORA_RANK=8 ACTOR_LR=1e-4 BACKEND=cuda RECIPE_ARGS="..." in the environment;
+#        HELD_TASKS=32 LORA_RANK=8 ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=150 BACKEND=cuda RECIPE_ARGS="..." in the
+#        environment;
 #        RECIPE_ARGS replaces the sizes below, chosen to reach PPO within the limit; BACKEND=cpu with DATA=a small
 #        cpu-built split folder: a smoke test)
 set -euo pipefail
@@ -41,14 +43,23 @@ case "${1:-}" in
       --held-out "$keep/held_out.jsonl" --out "$run" --backend "${BACKEND:-cuda}" --arm "${ARM:-full}" \
       --seed "${SEED:-0}" \
       --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --actor-lr "${ACTOR_LR:-1e-4}" \
+      --sft-lr "${SFT_LR:-1e-3}" --sft-steps "${SFT_STEPS:-150}" \
       ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 768 \
       --controls expert,best_of_k} > "$OUT/recipe.log" 2>&1 || status=$?
     tail -25 "$OUT/recipe.log"
-    # the small files, each as itself (a file comes back only under 16 MiB): results, metrics, the evaluations'
-    # episodes (summary, trajectory, best kernel: what the hand audit reads), the tasks, the adapters' weights
+    # what comes back (a file only under 16 MiB and at most two folders deep): run.tar.gz, the run folder's small
+    # files in its layout (results, metrics, the evaluations' episodes: summary, trajectory, best kernel, what the
+    # hand audit reads; the tasks), split into 15 MiB parts when larger; the adapters' weights under adapters/
     (cd "$run" && find . -type f \( -name recipe.json -o -name done.json -o -name metrics.jsonl \
       -o -name episodes.jsonl -o -name 'eval.*' -o -path './tasks/*' -o -path './eval_*/episodes/*' \
-      -o -path '*/checkpoint-*/actor/adapter/adapter_*' \) ! -name '*.log' -exec cp --parents {} "$OUT" \;)
+      -o -path '*/checkpoint*/actor/adapter/adapter_config.json' \) ! -name '*.log' -print0 \
+      | tar --null -czf "$OUT/run.tar.gz" -T -)
+    if (( $(stat -c %s "$OUT/run.tar.gz") > 15 << 20 )); then
+      split -b 15m -d "$OUT/run.tar.gz" "$OUT/run.tar.gz.part" && rm "$OUT/run.tar.gz"
+    fi
+    mkdir -p "$OUT/adapters"
+    (cd "$run" && find . -path '*/checkpoint*/actor/adapter/adapter_model*' -type f | while read -r f; do
+      cp "$f" "$OUT/adapters/$(echo "${f#./}" | tr / .)"; done)
     du -sh "$OUT"
     exit $status
     ;;

@@ -134,6 +134,8 @@ def test_the_cuda_kernels_compile(family, tmp_path):
     for i, knobs in enumerate((FAST, SLOW)):
         src = tmp_path / f"k{i}.cu"
         src.write_text(kernel_source(trace(task(*FAMILIES[family])), "cuda", knobs))
+        # short rows one warp each under the fast knobs (both kernels, chosen at launch by the row's length)
+        assert ("_warp_kernel<<<" in src.read_text()) == (family != "pointwise" and knobs.warp_rows)
         done = subprocess.run(["nvcc", "-c", "-O2", "-arch=sm_90", str(src), "-o", str(tmp_path / f"k{i}.o")],
                               capture_output=True, text=True)
         if "cublas_v2.h: No such file" in done.stderr:

@@ -486,20 +486,24 @@ def test_the_trusted_gpu_clock_judges_and_times_a_real_kernel(cache_dir, make_wo
         judge.close()
 
 
-@pytest.mark.parametrize("family", ["pointwise", "softmax", "layer_norm", "linear_softmax"])
-def test_the_experts_cuda_kernels_are_judged_correct_with_every_knob_setting(gpu_judge, family, tmp_path):
-    """The expert's three families on the GPU: fast and slow knobs both correct (reward >= 1), and the fast pointwise
-    kernel at least as fast as eager."""
+@pytest.mark.parametrize("family,shape", [("pointwise", "BATCH * 64, 32, 512"), ("softmax", "BATCH * 64, 16, 1024"),
+                                          ("softmax", "BATCH * 64, 512, 32"), ("layer_norm", "BATCH * 64, 16, 1024"),
+                                          ("linear_softmax", "BATCH * 64, 16, 1024")],
+                         ids=["pointwise", "softmax", "softmax_short_rows", "layer_norm", "linear_softmax"])
+def test_the_experts_cuda_kernels_are_judged_correct_with_every_knob_setting(gpu_judge, family, shape, tmp_path):
+    """The expert's three families on the GPU: fast and slow knobs both correct (reward >= 1), the fast pointwise
+    kernel at least as fast as eager, and on rows of 32 the fast knobs (one warp per row) faster than the slow ones
+    (one block per row)."""
     from test_expert import FAMILIES, task
 
     from cuda_agent.rl.expert.kernels import FAST, SLOW, workspace_files
     from cuda_agent.rl.expert.trace import trace
 
     reference = tmp_path / f"{family}.py"
-    reference.write_text(task(*FAMILIES[family], shape="BATCH * 64, 32, 512" if family == "pointwise" else
-                              "BATCH * 64, 16, 1024").replace("nn.Linear(37", "nn.Linear(1024").replace(
-                                  "nn.LayerNorm(37)", "nn.LayerNorm(1024)"))
+    reference.write_text(task(*FAMILIES[family], shape=shape).replace("nn.Linear(37", "nn.Linear(1024").replace(
+        "nn.LayerNorm(37)", "nn.LayerNorm(1024)"))
     program = trace(reference.read_text())
+    times = {}
     for knobs in (FAST, SLOW):
         folder = tmp_path / f"ws_{knobs.threads}"
         for path, text in workspace_files(program, "cuda", knobs).items():
@@ -507,5 +511,8 @@ def test_the_experts_cuda_kernels_are_judged_correct_with_every_knob_setting(gpu
             (folder / path).write_text(text)
         verdict = gpu_judge.evaluate(reference, folder)
         assert verdict.correct and verdict.reward >= 1, (knobs, verdict.error)
+        times[knobs] = verdict.times_us["candidate"]
         if family == "pointwise" and knobs == FAST:
             assert verdict.reward >= 2, verdict.times_us
+    if shape.endswith(", 32"):
+        assert times[FAST] < times[SLOW], times

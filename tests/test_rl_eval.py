@@ -114,6 +114,16 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     assert bad.exit_code == 2 and "unknown arm" in bad.output
 
 
+def test_the_supervised_stages_take_their_own_learning_rate_and_checkpoint_less_often():
+    from cuda_agent.rl.recipe import RecipeConfig
+
+    config = RecipeConfig(sft_lr=1e-3)
+    sft, ppo = config.stage_config("rft", 40), config.stage_config("agentic", 40)
+    assert sft.train.actor_lr == 1e-3 and ppo.train.actor_lr == config.stage.train.actor_lr != 1e-3
+    assert sft.save_every == 10 and ppo.save_every == config.stage.save_every == 5
+    assert RecipeConfig().stage_config("rft", 4).train.actor_lr == config.stage.train.actor_lr  # default: the actor's
+
+
 def test_the_recipe_stops_at_its_time_limit_and_the_same_command_continues(tiny_checkpoint, tmp_path, cache_dir):
     """A clock that passes the 60 s limit during the base evaluation's batch: that batch ends, nothing after it
     starts, recipe.json says where it stopped; the same recipe without the limit then continues from there."""

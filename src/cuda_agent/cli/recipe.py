@@ -44,6 +44,8 @@ def train_recipe_cmd(
     max_new_tokens: int = typer.Option(DEFAULTS.stage.max_new_tokens, min=1, help="tokens per model turn"),
     shapes: str = typer.Option(",".join(DEFAULTS.expert_shapes), help="the expert's episode shapes"),
     actor_lr: ActorLr = DEFAULTS.stage.train.actor_lr,
+    sft_lr: Optional[float] = typer.Option(DEFAULTS.sft_lr, min=0, help="learning rate of the supervised stages (SFT, "
+                                           "RFT, filter-and-fine-tune; default: --actor-lr)"),
     lora_rank: LoraRank = DEFAULTS.stage.train.lora_rank,
     lora_alpha: LoraAlpha = DEFAULTS.stage.train.lora_alpha,
     controls: str = typer.Option(",".join(DEFAULTS.controls), help=f"controls after PPO, of {', '.join(CONTROLS)} "
@@ -74,7 +76,7 @@ def train_recipe_cmd(
             fail(f"{model} is not an HF model folder (no config.json)")
         limits = dict(max_turns=max_turns, max_new_tokens=max_new_tokens)
         config = RecipeConfig(arm=arm, seed=seed, expert_shapes=tuple(s.strip() for s in shapes.split(",")),
-                              sft_steps=sft_steps, rft_samples=rft_samples, rft_steps=rft_steps,
+                              sft_steps=sft_steps, sft_lr=sft_lr, rft_samples=rft_samples, rft_steps=rft_steps,
                               value_steps=value_steps, ppo_steps=ppo_steps, time_limit_s=time_limit,
                               controls=tuple(c.strip() for c in controls.split(",") if c.strip()),
                               stage=replace(DEFAULTS.stage, batch=batch, **limits, train=replace(

@@ -46,6 +46,7 @@ class RecipeConfig:
     value_steps: int = 5
     ppo_steps: int = 20
     sft_batch: int = 8  # conversations per supervised step
+    sft_lr: float | None = None  # the supervised stages' (SFT, RFT, filter-and-fine-tune) learning rate; None: actor_lr
     stage: StageConfig = field(default_factory=lambda: StageConfig(batch=16, compact=True))  # episodes, limits
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(compact=True))
     controls: tuple[str, ...] = CONTROLS
@@ -61,9 +62,14 @@ class RecipeConfig:
     def stage_config(self, stage: str, steps: int, batch: int | None = None) -> StageConfig:
         """The arm's settings for one stage."""
         ppo = PPOConfig(lam=0.95, critic_lam=0.95) if self.arm == "paper" else self.stage.train.ppo
+        train = replace(self.stage.train, ppo=ppo)
+        save_every = self.stage.save_every
+        if stage == "rft":  # supervised: steps of about a second, checkpoints (the whole model) of several
+            train = replace(train, actor_lr=self.sft_lr if self.sft_lr is not None else train.actor_lr)
+            save_every = max(save_every, steps // 4)
         return replace(self.stage, stage=stage, steps=steps, seed=self.seed, batch=batch or self.stage.batch,
-                       reward="speedup" if self.arm == "speedup" else self.stage.reward,
-                       train=replace(self.stage.train, ppo=ppo))
+                       reward="speedup" if self.arm == "speedup" else self.stage.reward, train=train,
+                       save_every=save_every)
 
 
 class Recipe:

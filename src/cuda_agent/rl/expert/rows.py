@@ -1,7 +1,9 @@
 """The reduction family's kernel: one row (the last dimension) at a time, a pass over the row for each reduction
 (softmax's max and sum of exponentials merged into one online pass when `knobs.online`), then one pass that writes
 the row's outputs; every element value recomputed from the input in each pass (the row stays in cache).
-CUDA: one block per row, the block's partial results combined with warp shuffles or a shared-memory tree."""
+CUDA: one block per row, the block's partial results combined with warp shuffles or a shared-memory tree; with
+`knobs.warp_rows`, rows of at most WARP_COLS elements go one warp per row instead (many short rows: a block of
+256 threads on a row of 32 would leave seven warps idle and synchronise for nothing)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ extern "C" void {name}_launcher(float* out, const float* x, int64_t rows, int64_
 }}
 """
 
-CUDA = """// {ops}: one block per row (knobs: {knobs}).
+CUDA = """// {ops}: one block (or one warp) per row (knobs: {knobs}).
 #include <cuda_runtime.h>
 #include <cstdint>
 
@@ -44,13 +46,45 @@ __global__ void {name}_kernel(float* __restrict__ out, const float* __restrict__
 {row}
     }}
 }}
-
+{warp_kernel}
 extern "C" void {name}_launcher(float* out, const float* x, int64_t rows, int64_t cols, FusedParams p, int config,
                                 cudaStream_t stream) {{
     (void)config;
-    const int64_t blocks = rows < 65535 ? rows : 65535;
+{warp_launch}    const int64_t blocks = rows < 65535 ? rows : 65535;
     {name}_kernel<<<(unsigned)blocks, {threads}, 0, stream>>>(out, x, rows, cols, p);
 }}
+"""
+
+WARP_COLS = 1024  # rows at most this long go one warp per row (`knobs.warp_rows`)
+
+WARP_KERNEL = """
+// Every lane's `v` combined within its warp; every lane gets the result.
+template <class Op>
+__device__ __forceinline__ float {name}_warp_reduce(float v, Op op) {{
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}}
+
+// One warp per row: the 32 lanes stride over it, no shared memory, no block barrier.
+__global__ void {name}_warp_kernel(float* __restrict__ out, const float* __restrict__ x, int64_t rows,
+                                   int64_t cols, FusedParams p) {{
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); row < rows; row += warps) {{
+        const float* xr = x + row * cols;
+{row}
+    }}
+}}
+"""
+
+WARP_LAUNCH = """    if (cols <= {warp_cols}) {{
+        const int64_t per_block = {threads} / 32;
+        int64_t blocks = (rows + per_block - 1) / per_block;
+        if (blocks > 132 * 64) blocks = 132 * 64;
+        if (blocks < 1) blocks = 1;
+        {name}_warp_kernel<<<(unsigned)blocks, {threads}, 0, stream>>>(out, x, rows, cols, p);
+        return;
+    }}
 """
 
 WARP = """    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -90,12 +124,21 @@ def _combine(node: Node, acc: str) -> str:
 
 
 class RowCode:
-    """The C statements of one row, for the cpu (one thread) or a CUDA block (threads stride over the row)."""
+    """The C statements of one row, for the cpu (one thread), a CUDA block or a CUDA warp (`mode` "cpu", "block",
+    "warp": its threads stride over the row)."""
 
-    def __init__(self, program: Program, cuda: bool, knobs, name: str):
-        self.program, self.cuda, self.knobs, self.name = program, cuda, knobs, name
-        loop = "c = threadIdx.x; c < cols; c += blockDim.x" if cuda else "c = 0; c < cols; ++c"
-        self.loop = f"for (int64_t {loop})"
+    LOOPS = {"cpu": "c = 0; c < cols; ++c", "block": "c = threadIdx.x; c < cols; c += blockDim.x",
+             "warp": "c = lane; c < cols; c += 32"}
+
+    def __init__(self, program: Program, mode: str, knobs, name: str):
+        self.program, self.mode, self.cuda, self.knobs, self.name = program, mode, mode != "cpu", knobs, name
+        self.loop = f"for (int64_t {self.LOOPS[mode]})"
+
+    def _reduce(self, value: str, init: str, op: str) -> str:
+        """The row's total of every thread's `value` (the cpu's own value: it is the only thread)."""
+        if self.mode == "warp":
+            return f"{self.name}_warp_reduce({value}, {op}())"
+        return f"{self.name}_block_reduce({value}, {init}, shm, {op}())" if self.cuda else value
 
     def _pass(self, before: int, init: list[str], update: str, simd: str | None = None) -> list[str]:
         """A loop over the row's elements (`simd`: the cpu loop's `omp simd` clauses; None: not vectorised)."""
@@ -119,15 +162,14 @@ class RowCode:
                 clause = f" reduction({'max' if node.reduce == 'max' else '+'}:{acc})"
                 out += self._pass(i, [f"float {acc} = {INIT[node.reduce]};"], f"{acc} = {_combine(node, acc)};",
                                   clause)
-                total = (f"{self.name}_block_reduce({acc}, {INIT[node.reduce]}, shm, {OP[node.reduce]}())"
-                         if self.cuda else acc)
-                out.append(f"const float {node.name} = {total};")
+                out.append(f"const float {node.name} = {self._reduce(acc, INIT[node.reduce], OP[node.reduce])};")
             elif node.kind == "r":
                 out.append(f"const float {node.name} = {node.expr};")
             i += 1
         result = self.program.output
         if self.program.reduced:
-            out.append(f"{'if (threadIdx.x == 0) ' if self.cuda else ''}out[row] = {result};")
+            first = {"cpu": "", "block": "if (threadIdx.x == 0) ", "warp": "if (lane == 0) "}[self.mode]
+            out.append(f"{first}out[row] = {result};")
         else:
             out += self._pass(len(nodes), [], f"out[row * cols + c] = {result};", "")
         return out
@@ -139,18 +181,27 @@ class RowCode:
                   f"else {{ {st} += expf({m.src} - {mt}); }}")
         out = self._pass(i, [f"float {mt} = -INFINITY, {st} = 0.f;"], update)
         if self.cuda:
-            return out + [f"const float {m.name} = {self.name}_block_reduce({mt}, -INFINITY, shm, FusedMax());",
-                          f"const float {s.name} = {self.name}_block_reduce({st} * expf({mt} - {m.name}), 0.f, shm, "
-                          "FusedSum());"]
+            return out + [f"const float {m.name} = {self._reduce(mt, '-INFINITY', 'FusedMax')};",
+                          f"const float {s.name} = {self._reduce(f'{st} * expf({mt} - {m.name})', '0.f', 'FusedSum')};"]
         return out + [f"const float {m.name} = {mt};", f"const float {s.name} = {st};"]
 
 
+def _row(program: Program, mode: str, knobs, name: str) -> str:
+    return _indent("\n".join(RowCode(program, mode, knobs, name).lines()), 8)
+
+
 def source(program: Program, cuda: bool, knobs, name: str, max_params: int) -> str:
-    row = _indent("\n".join(RowCode(program, cuda, knobs, name).lines()), 8)
-    common = dict(name=name, ops=" -> ".join(program.ops), row=row, max_params=max_params)
+    common = dict(name=name, ops=" -> ".join(program.ops), max_params=max_params)
     if not cuda:
-        return CPU.format(**common, pragma="#pragma omp parallel for schedule(static)\n" if knobs.parallel else "",
+        return CPU.format(**common, row=_row(program, "cpu", knobs, name),
+                          pragma="#pragma omp parallel for schedule(static)\n" if knobs.parallel else "",
                           knobs=f"parallel={knobs.parallel}, simd={knobs.simd}, online={knobs.online}")
-    return CUDA.format(**common, threads=knobs.threads, reduce=WARP if knobs.reduce == "warp" else SHARED,
-                       shm=32 if knobs.reduce == "warp" else knobs.threads,
-                       knobs=f"threads={knobs.threads}, reduce={knobs.reduce}, online={knobs.online}")
+    warp = knobs.warp_rows
+    warp_kernel = WARP_KERNEL.format(name=name, row=_row(program, "warp", knobs, name)) if warp else ""
+    warp_launch = WARP_LAUNCH.format(name=name, threads=knobs.threads, warp_cols=WARP_COLS) if warp else ""
+    return CUDA.format(**common, row=_row(program, "block", knobs, name), threads=knobs.threads,
+                       reduce=WARP if knobs.reduce == "warp" else SHARED,
+                       shm=32 if knobs.reduce == "warp" else knobs.threads, warp_kernel=warp_kernel,
+                       warp_launch=warp_launch,
+                       knobs=f"threads={knobs.threads}, reduce={knobs.reduce}, online={knobs.online}, "
+                             f"warp_rows={warp}")
