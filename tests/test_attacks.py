@@ -280,7 +280,9 @@ def test_hard_coded_literal_sizes_fail_the_extra_shape_check(cache_dir, tmp_path
                      "        self.linear = torch.nn.Linear(features, features)\n\n"
                      "    def forward(self, x):\n        return F.gelu(self.linear(x.reshape(8, 64)))\n")
     verdict = Judge("cpu", fast_config(cache_dir, policy="kernelbench")).evaluate(TASKS / "linear_gelu.py", fixed)
-    assert verdict.reward == -1 and "extra shape (get_inputs line 17: 8->5)" in verdict.error, verdict.error
+    # KernelBench has no extra shape: it passes there, and the finding says what the strict judge would do
+    assert verdict.correct, verdict.error
+    assert any("extra shape (get_inputs line 17: 8->5)" in f for f in verdict.strict_findings), verdict.strict_findings
 
 
 def test_a_task_with_no_size_to_change_says_so_in_the_verdict(cache_dir, tmp_path):

@@ -78,6 +78,13 @@ def test_compare_tensor_tolerance_nan_shape_dtype():
     nan = r.clone()
     nan[5] = float("nan")
     assert "NaN or Inf" in compare_tensor(nan, r, None, 1e-2, 1e-2, "out")["reason"]
+    inf = r.clone()
+    inf[7] = float("inf")
+    assert compare_tensor(inf, inf.clone(), None, 1e-2, 1e-2, "out")["ok"]  # the reference's own infinity
+    flipped = compare_tensor(-inf, -r.clone(), None, 1e-2, 1e-2, "out")
+    assert not flipped["ok"] and "first at flat index 7: got -inf, expected" in flipped["reason"], flipped
+    assert not compare_tensor(inf, -inf, None, 1e-2, 1e-2, "out")["ok"]  # the other infinity
+    assert "a problem of the task" in compare_tensor(nan, nan.clone(), None, 1e-2, 1e-2, "out")["reason"]
     assert "shape" in compare_tensor(r[:10], r, None, 1e-2, 1e-2, "out")["reason"]
     assert "dtype" in compare_tensor(r.half(), r, None, 1e-2, 1e-2, "out")["reason"]
     ints = torch.arange(10)

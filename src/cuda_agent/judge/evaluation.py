@@ -70,7 +70,7 @@ class Evaluation:
         request = {"backend": judge.backend.name, "allow_tf32": cfg.allow_tf32, "atol": cfg.atol, "rtol": cfg.rtol,
                    "max_relative_error": cfg.max_relative_error, "compile_mode": cfg.compile_mode,
                    "timing": judge.timing(), "trusted_clock": judge.backend.trusted_clock,
-                   "scaled_inputs": cfg.scaled_inputs, "output_pool": judge.output_pool}
+                   "scaled_inputs": cfg.scaled_inputs, "output_pool": judge.output_pool, "policy": cfg.policy}
         key = "|".join([self.task.hash, judge.backend.name, self.verdict.torch_version])
         known = judge.store.get("memory", key) or {}
         if known:
@@ -136,7 +136,7 @@ class Evaluation:
             "build_dir": str(build.build_dir), "kind": self.cand.kind, "backend": judge.backend.name,
             "task_path": str(task_file), "allow_tf32": cfg.allow_tf32, "allowed_ops": list(cfg.rules.allowed_ops),
             "audit_ops": cfg.policy == "strict", "timing": judge.timing(), "sandboxed": judge.sandboxed,
-            "trusted_inputs": judge.backend.trusted_clock, "output_pool": judge.output_pool}})
+            "trusted_inputs": judge.backend.trusted_clock, "output_pool": judge.output_pool, "policy": cfg.policy}})
         if self.worker.sandbox:
             verdict.sandbox = self.worker.sandbox.describe()
 
@@ -176,6 +176,7 @@ class Evaluation:
             return None
         self.verdict.compiled = True
         self.verdict.warnings += initialised.get("warnings", [])
+        self.verdict.strict_findings += initialised.get("findings", [])
         return begun
 
     def verify_and_time(self) -> TimingOutcome | None:

@@ -28,6 +28,7 @@ from ..task import Task, load_task
 from ..workspace.build import Builder, BuildResult
 from ..workspace.candidate import Candidate, load_candidate
 from ..workspace.inline import InlineBuilder
+from . import kernelbench
 from .candidate import output_pool
 from .checks.policy import COMPUTE_PACKAGES, compute_packages
 from .config import POLICIES, JudgeConfig
@@ -109,7 +110,8 @@ class Judge:
         task = reference if isinstance(reference, Task) else load_task(reference)
         cand = candidate if isinstance(candidate, Candidate) else load_candidate(candidate)
         cfg = self.config
-        seeds = list(cfg.seeds) if cfg.seeds else [secrets.randbelow(2**31) for _ in range(cfg.num_trials)]
+        seeds = list(cfg.seeds) if cfg.seeds else kernelbench.trial_seeds(trials=cfg.num_trials) \
+            if cfg.policy == "kernelbench" else [secrets.randbelow(2**31) for _ in range(cfg.num_trials)]
         verdict = Verdict(
             reward=-1, compiled=False, correct=False, backend=self.backend.name, torch_version=torch.__version__,
             tolerance={"atol": cfg.atol, "rtol": cfg.rtol}, seeds=seeds,

@@ -19,7 +19,7 @@ from .trusted.freezer import split_worker
 from .trusted.reference_worker import SCALE_MAX
 from .verification import Errors, Verification
 from .wire.process import WorkerDied
-from .wire.trusted_commands import Attach, Check, Detach, TimeCandidate
+from .wire.trusted_commands import Attach, CandidateChecked, Check, Detach, TimeCandidate
 
 READ_LIMIT = 16 << 30  # bytes the trusted side reads of one output at most
 
@@ -46,26 +46,27 @@ class TrustedPath(Verification):
 
     def verify(self, deadline: float) -> bool:
         """Every input set, drawn, run and compared by the reference worker: the first at the task's own scale, the
-        others (where the task holds there) scaled by a factor drawn for each, like every timed call's."""
+        others (where the task holds there) scaled by a factor drawn for each, like every timed call's. Under the
+        kernelbench policy its own trials decide (unscaled, KernelBench's seeds and rule); the extra shape and the
+        scaled values run after the timing (`finish`) and only add to `strict_findings`."""
         verdict = self.verdict
         errors: Errors = {"candidate": [], "eager": []}
         verdict.max_abs_error = verdict.max_rel_error = 0.0
-        plan = [(f"input set {k}", seed, None, self._scale() if self.scales and k else None)
+        lenient = self.cfg.policy == "kernelbench"
+        plan = [(f"input set {k}", seed, None, self._scale() if self.scales and k and not lenient else None)
                 for k, seed in enumerate(self.ev.seeds)]
+        extras = []
         shapes = self.extra_shape()
         if shapes:
-            plan.append((self.extra_label(shapes), secrets.randbelow(2**31), shapes, None))
+            extras.append((self.extra_label(shapes), secrets.randbelow(2**31), shapes, None))
         if self.cfg.scaled_inputs:
             label, seed, scale = self.scaled_check()
-            plan.append((label, seed, None, scale))
-        for label, seed, sizes, scale in plan:
-            reply = self.ev.ref.ask(Check(seed, sizes, scale, label, max(0.0, deadline - time.monotonic())),
-                                    self.cfg.reference_timeout_s)
-            if reply.skipped is not None:
-                verdict.warnings.append(f"{label} skipped: the reference fails there ({reply.skipped})")
+            extras.append((label, seed, None, scale))
+        self.extras = extras if lenient else []
+        for label, seed, sizes, scale in plan + ([] if lenient else extras):
+            reply = self._check(label, seed, sizes, scale, deadline)
+            if reply is None:
                 continue
-            verdict.phases_s["verify_candidate"] = round(verdict.phases_s.get("verify_candidate", 0.0)
-                                                         + reply.call_us / 1e6, 3)
             if not reply.ok:
                 verdict.error = self.call_failure(reply.failed, reply.reason)
                 return False
@@ -75,6 +76,31 @@ class TrustedPath(Verification):
             errors["eager"] += reply.eager_rel64
         return self.precision(errors)
 
+    def _check(self, label: str, seed: int, sizes: dict[str, int] | None, scale: float | None,
+               deadline: float) -> CandidateChecked | None:
+        """One input set checked (None: the reference does not hold there; the verdict warns)."""
+        reply = self.ev.ref.ask(Check(seed, sizes, scale, label, max(0.0, deadline - time.monotonic())),
+                                self.cfg.reference_timeout_s)
+        if reply.skipped is not None:
+            self.verdict.warnings.append(f"{label} skipped: the reference fails there ({reply.skipped})")
+            return None
+        self.verdict.phases_s["verify_candidate"] = round(self.verdict.phases_s.get("verify_candidate", 0.0)
+                                                          + reply.call_us / 1e6, 3)
+        self.verdict.strict_findings += reply.findings
+        return reply
+
+    def strict_extras(self) -> bool:
+        """The kernelbench policy's extra checks, after the timing: each failure a finding. False when one ended the
+        candidate's process (nothing more can be asked of it)."""
+        deadline = time.monotonic() + self.cfg.run_timeout_s
+        for label, seed, sizes, scale in self.extras:
+            reply = self._check(label, seed, sizes, scale, deadline)
+            if reply is not None and not reply.ok:
+                self.verdict.strict_findings.append(self.call_failure(reply.failed, reply.reason))
+                if reply.failed:
+                    return False
+        return True
+
     def time_candidate(self, deadline: float) -> Callable[[dict], dict]:
         def time_candidate(record: dict) -> dict:
             reply = self.ev.ref.ask(TimeCandidate(self.ev.judge.timing(), self.cfg.timed_checks,
@@ -83,12 +109,16 @@ class TrustedPath(Verification):
                 self.verdict.correct = False
                 raise TimingFailed(self.call_failure(reply.failed, reply.reason))
             record["checked_calls"] += reply.stats.pop("checked_calls")
+            self.verdict.strict_findings += reply.stats.pop("findings", [])
             record["candidate_memory_peak"] = reply.stats.pop("memory_peak")  # the kernel's, for scheduling
             return reply.stats
 
         return time_candidate
 
     def finish(self) -> None:
+        if not self.strict_extras():  # (kernelbench) the audits' answer went with the process: findings only
+            self.verdict.strict_findings.append("the in-process audits' results were lost with the process")
+            return
         reply = self.ev.ref.ask(Detach(end=True), self.cfg.reference_timeout_s)
         if reply.error:
             raise TimingFailed(self.call_failure(reply.failed, reply.error))

@@ -34,6 +34,8 @@ class Verdict:
     warnings: list[str] = field(default_factory=list)
     sandbox: str = ""  # the isolation the candidate's process ran under
     policy: str = "strict"  # the rules it was judged by (strict: CUDA Agent's; kernelbench)
+    # kernelbench: what the strict judge would also have found (none of it changes this verdict)
+    strict_findings: list[str] = field(default_factory=list)
     task: dict[str, Any] = field(default_factory=dict)
     candidate: dict[str, Any] = field(default_factory=dict)
     build: dict[str, Any] = field(default_factory=dict)

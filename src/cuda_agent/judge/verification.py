@@ -84,8 +84,12 @@ class Verification:
             finding = f"error vs fp64 is {ratio:.0f}x fp32 eager's ({c:.2e} vs {e:.2e})"
             likely = "the candidate likely computes in lower precision (TF32/fp16/bf16)"
             if limit is not None and ratio > limit and c > 1e-6:
+                reason = f"precision: {finding}, above the limit of {limit:g}x: {likely}"
+                if self.cfg.policy == "kernelbench":  # not KernelBench's rule: what strict would say
+                    verdict.strict_findings.append(reason)
+                    return True
                 verdict.correct = False
-                verdict.error = f"precision: {finding}, above the limit of {limit:g}x: {likely}"
+                verdict.error = reason
                 return False
             if ratio > PRECISION_WARN_RATIO and c > 1e-6:
                 verdict.warnings.append(f"precision: {finding}; {likely}")

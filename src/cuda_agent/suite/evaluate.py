@@ -1,10 +1,12 @@
 """Evaluate a folder of solutions against a KernelBench-layout suite, resumably, and summarise it.
 
 Layout: SUITE/level1/19_ReLU.py ... ; a solution is SOLUTIONS/level1/19_ReLU.py (single file) or
-SOLUTIONS/level1/19_ReLU/ (workspace). Each verdict is stored in SQLite under a key made of the task's and the
-solution's content hashes and everything else that can change a verdict (`measurement_key`: the judge's settings and
-version, the build toolchain and torch, the devices, their driver and CUDA), so an interrupted run resumes where it
-stopped, and a changed solution, setting, machine or upgrade is judged again.
+SOLUTIONS/level1/19_ReLU/ (workspace), or SOLUTIONS is a KernelBench generation folder
+(`level_1_problem_19_sample_0_kernel.py`, several samples per problem: kernelbench_runs.py). Each verdict is stored
+in SQLite under a key made of the task's and the solution's content hashes and everything else that can change a
+verdict (`measurement_key`: the judge's settings and version, the build toolchain and torch, the devices, their
+driver and CUDA), so an interrupted run resumes where it stopped, and a changed solution, setting, machine or
+upgrade is judged again.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from ..judge.pool import JudgePool
 from ..judge.store import Store
 from ..task import TaskError, load_task
 from ..workspace.candidate import CandidateError, load_candidate
+from . import kernelbench_runs
 
-SUMMARY_NOTE = "geometric means are over correct tasks only; 'faster' means speedup > 1.0"
+SUMMARY_NOTE = ("geometric means are over correct tasks only; 'faster' means speedup > 1.0; fast_p: the share of "
+                "all problems correct and faster than the baseline by more than p (KernelBench's metric)")
 
 
 @dataclass
@@ -87,20 +91,30 @@ def measurement_key(pool: JudgePool) -> str:
     return "|".join([pool.config.verdict_key(), pool.backend.identity(), pool.backend.machine()])
 
 
+def solutions_of(solutions_dir: Path, task: SuiteTask) -> list[tuple[int | None, Path | None]]:
+    """The task's solutions as (sample id, path): one in this repository's layout (sample None; path None when
+    missing), each sample in a KernelBench generation folder."""
+    if kernelbench_runs.is_generation_folder(solutions_dir):
+        return kernelbench_runs.samples(solutions_dir, task.level, task.path) or [(0, None)]
+    return [(None, find_solution(solutions_dir, task))]
+
+
 def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path, store: Store,
                    on_result: Callable[[SuiteTask, Verdict, bool], None] | None = None,
                    notify: Callable[[str], None] = lambda message: None,
                    rejudge: Iterable[str] = ()) -> list[dict]:
-    """Judge every task (reusing stored verdicts, except for the tasks whose names match a `rejudge` pattern, e.g.
-    "level1/19_*"), as many at once as the pool takes; one record per task, in the suite's order. Each verdict is
-    stored the moment it is known. Interrupted (Ctrl-C), nothing new starts and the evaluations in flight finish and
-    are stored; interrupted again, they are abandoned."""
+    """Judge every task's solutions (reusing stored verdicts, except for the tasks whose names match a `rejudge`
+    pattern, e.g. "level1/19_*"), as many at once as the pool takes; one record per solution (per sample in a
+    generation folder), in the suite's order. Each verdict is stored the moment it is known. Interrupted (Ctrl-C),
+    nothing new starts and the evaluations in flight finish and are stored; interrupted again, they are
+    abandoned."""
     backend = pool.backend.name
     settings = measurement_key(pool)
     rejudge = list(rejudge)
     verdicts: dict[int, Verdict] = {}
+    hashes: dict[int, str] = {}  # each task's content hash (which revision of a suite was judged)
     pending: dict[Future, tuple[int, str]] = {}
-    solutions = [find_solution(solutions_dir, task) for task in tasks]
+    jobs = [(task, sample, solution) for task in tasks for sample, solution in solutions_of(solutions_dir, task)]
 
     def record(future: Future) -> None:
         i, key = pending[future]
@@ -111,10 +125,10 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
         store.put("suite", key, verdicts[i].to_dict())
         del pending[future]
         if on_result:
-            on_result(tasks[i], verdicts[i], False)
+            on_result(jobs[i][0], verdicts[i], False)
 
     try:
-        for i, (task, solution) in enumerate(zip(tasks, solutions)):
+        for i, (task, sample, solution) in enumerate(jobs):
             try:
                 ref = load_task(task.path)
                 cand = load_candidate(solution) if solution else None
@@ -122,9 +136,13 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
                 ref, cand, early = None, None, str(exc)
             else:
                 single, workspace = solution_places(solutions_dir, task)
-                early = None if cand else \
-                    f"no solution found for {task.name} (neither {single} nor a folder {workspace})"
+                early = None if cand else f"no solution found for {task.name} " + (
+                    f"(no level_{task.level.removeprefix('level')}_problem_"
+                    f"{kernelbench_runs.problem_id(task.path)}_sample_S_kernel.py in {solutions_dir})"
+                    if sample is not None else f"(neither {single} nor a folder {workspace})")
             key = f"{settings}|{ref.hash if ref else task.name}|{cand.hash if cand else 'none'}"
+            if ref:
+                hashes[i] = ref.hash
             again = any(fnmatch.fnmatchcase(task.name, pattern) for pattern in rejudge)
             stored = None if again else store.get("suite", key)
             if stored is not None or early:
@@ -142,11 +160,14 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
             if future in pending:
                 record(future)
         raise
-    return [{"level": task.level, "task": task.name, "solution": str(solution) if solution else None,
-             "verdict": verdicts[i].to_dict()} for i, (task, solution) in enumerate(zip(tasks, solutions))]
+    return [{"level": task.level, "task": task.name, "task_hash": hashes.get(i), "sample": sample,
+             "solution": str(solution) if solution else None, "verdict": verdicts[i].to_dict()}
+            for i, (task, sample, solution) in enumerate(jobs)]
 
 
 def summarize(verdicts: list[dict]) -> dict:
+    """One verdict per problem: pass rate, faster-than rates, geometric mean speedups, mean reward, KernelBench's
+    `fast_p` against eager and against torch.compile, and under the kernelbench policy what strict would add."""
     n = len(verdicts)
     correct = [v for v in verdicts if v["correct"]]
     eager = [v["speedup_vs_eager"] for v in correct if v.get("speedup_vs_eager")]
@@ -158,7 +179,7 @@ def summarize(verdicts: list[dict]) -> dict:
     def geomean(xs: list[float]) -> float | None:
         return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
-    return {
+    summary = {
         "n": n,
         "pass_rate": rate(len(correct)),
         "faster_than_eager": rate(sum(1 for x in eager if x > 1.0)),
@@ -166,14 +187,43 @@ def summarize(verdicts: list[dict]) -> dict:
         "geomean_speedup_vs_eager": geomean(eager),
         "geomean_speedup_vs_compile": geomean(compiled),
         "mean_reward": sum(v["reward"] for v in verdicts) / n if n else None,
+        "fast_p_vs_eager": kernelbench_runs.fast_p(verdicts, n, "speedup_vs_eager"),
+        "fast_p_vs_compile": kernelbench_runs.fast_p(verdicts, n, "speedup_vs_compile"),
     }
+    if any(v.get("policy") == "kernelbench" for v in verdicts):
+        summary["strict"] = kernelbench_runs.strict_view(verdicts)
+    return summary
+
+
+def best_per_problem(records: list[dict]) -> dict[str, dict]:
+    """Each problem's best record: the highest reward, then the fastest against torch.compile."""
+    best: dict[str, dict] = {}
+    for r in records:
+        v, held = r["verdict"], best.get(r["task"])
+        if held is None or (v["reward"], v.get("speedup_vs_compile") or 0.0) > \
+                (held["verdict"]["reward"], held["verdict"].get("speedup_vs_compile") or 0.0):
+            best[r["task"]] = r
+    return best
 
 
 def report(records: list[dict]) -> dict:
+    """Per level and overall, over each problem's first sample (KernelBench's `fast_p` is over sample 0; in this
+    repository's layout, the one solution); with several samples, also over each problem's best (`best_of_samples`)
+    and which sample that was (`best_samples`)."""
     levels = sorted({r["level"] for r in records}, key=lambda s: int(s.removeprefix("level")))
-    return {
-        "levels": {lvl: summarize([r["verdict"] for r in records if r["level"] == lvl]) for lvl in levels},
-        "overall": summarize([r["verdict"] for r in records]),
+    first = {}
+    for r in records:
+        first.setdefault(r["task"], r)
+    first_records = list(first.values())
+    out = {
+        "levels": {lvl: summarize([r["verdict"] for r in first_records if r["level"] == lvl]) for lvl in levels},
+        "overall": summarize([r["verdict"] for r in first_records]),
         "note": SUMMARY_NOTE,
         "tasks": records,
     }
+    if len(first_records) < len(records):  # several samples per problem
+        best = best_per_problem(records)
+        out["best_of_samples"] = {lvl: summarize([r["verdict"] for r in best.values() if r["level"] == lvl])
+                                  for lvl in levels}
+        out["best_samples"] = {task: r["sample"] for task, r in best.items()}
+    return out

@@ -36,7 +36,7 @@ from ..wire.call_protocol import (
 )
 from ..wire.gpu_order import CalleeOrder, Flags, flag_value
 from ..wire.input_buffers import map_inputs
-from ..wire.process import close_fds, one_line
+from ..wire.process import close_fds, one_line, raised_at
 from ..wire.tensors import leaves
 
 
@@ -114,7 +114,7 @@ class Callee:
         try:
             self.last = self.forward(inputs, fn)
         except Exception as exc:  # the candidate's failure, reported as such
-            return Failed(k, one_line(exc))
+            return Failed(k, one_line(exc) + raised_at(exc))
         return Done(k, describe(self.last))
 
     def _poll(self, k: int) -> Running | Failed:
@@ -136,7 +136,7 @@ class Callee:
                 out = self.forward(inputs, fn)
                 found, fds, self.last = self.pool.describe(out)
         except Exception as exc:  # the candidate's failure, reported as such
-            return Failed(k, one_line(exc)), []
+            return Failed(k, one_line(exc) + raised_at(exc)), []
         finally:
             self.order.release(flag_value(k))
         return Done(k, found), fds

@@ -38,8 +38,9 @@ from ...backend import get_backend
 from ...sandbox.seccomp import SeccompError, forbid_new_processes
 from ...task import enable_sizes, import_file
 from ...workspace.inline import load_published, request_from_call
+from .. import kernelbench
 from ..checks.symbols import NativeAudit
-from ..wire.process import Channel, Handler, WorkerFailure, one_line, run_worker
+from ..wire.process import Channel, Handler, WorkerFailure, one_line, raised_at, run_worker
 from ..wire.tensors import checksum, leaves, make_inputs, refill
 from ..wire.timing import Hooks, time_callable
 from ..wire.transfer import export_outputs
@@ -88,6 +89,18 @@ def output_problems(out: Any, inputs: Any) -> list[str]:
         elif not isinstance(leaf, (int, float, bool, type(None))):
             problems.append(f"{path} is a {type(leaf).__name__}, not a tensor or number")
     return problems
+
+
+def state_dict_mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str | None:
+    """Why `model` would not take `state` with `load_state_dict(strict=True)` (names or shapes), or None; the
+    model's own weights stay as they are."""
+    own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    theirs = {name: tuple(t.shape) for name, t in state.items()}
+    missing, unexpected = sorted(set(theirs) - set(own)), sorted(set(own) - set(theirs))
+    shapes = sorted(name for name in set(own) & set(theirs) if own[name] != theirs[name])
+    parts = [f"{label}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}" for label, names in
+             (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes)) if names]
+    return "; ".join(parts) or None
 
 
 def stray_processes(sandboxed: bool) -> list[str]:
@@ -307,18 +320,31 @@ class LoadedCandidate:
         if self.task is not None:
             enable_sizes(self.task, Path(req["task_path"]).read_text())  # as the reference worker does
 
-    def initialise(self, public: Path) -> list[str]:
-        """Build ModelNew with the reference's constructor arguments and weights (strict); then no more processes.
-        Returns warnings."""
+    def initialise(self, public: Path) -> tuple[list[str], list[str]]:
+        """Build ModelNew with the reference's constructor arguments and weights: its state dict (strict), or under
+        the kernelbench policy KernelBench's seeded construction, where a state dict it would not take is a finding
+        (what strict would say); then no more processes. Returns warnings and findings."""
         init_inputs = torch.load(public / "init_inputs.pt", weights_only=True)
         state = torch.load(public / "state_dict.pt", weights_only=True)
+        seeded = self.req.get("policy") == "kernelbench"
         try:
-            with torch.device(self.device):
-                self.model = self.model_cls(*init_inputs).to(self.device).eval()
+            if seeded:
+                self.model = kernelbench.construct(self.model_cls, [x.to(self.device) if isinstance(
+                    x, torch.Tensor) else x for x in init_inputs], self.device).eval()
+            else:
+                with torch.device(self.device):
+                    self.model = self.model_cls(*init_inputs).to(self.device).eval()
         except Exception as exc:
-            raise WorkerFailure("verify_error", f"ModelNew(*get_init_inputs()) failed: {one_line(exc)}") from exc
+            raise WorkerFailure("verify_error", f"ModelNew(*get_init_inputs()) failed: {one_line(exc)}"
+                                                f"{raised_at(exc)}") from exc
+        findings = []
         try:
-            self.model.load_state_dict(state, strict=True)
+            if seeded:
+                unloaded = state_dict_mismatch(self.model, state)
+                findings += [f"ModelNew does not take Model's state dict (strict would fail): {unloaded}"] \
+                    if unloaded else []
+            else:
+                self.model.load_state_dict(state, strict=True)
         except Exception as exc:
             raise WorkerFailure("verify_error",
                                 f"ModelNew does not take Model's state dict (strict): {one_line(exc)}") from exc
@@ -326,13 +352,14 @@ class LoadedCandidate:
         try:
             forbid_new_processes()
         except SeccompError as exc:
-            return [f"processes started during forward cannot be forbidden here ({exc}); they are only looked for"]
+            return [f"processes started during forward cannot be forbidden here ({exc}); they are only looked "
+                    "for"], findings
         finally:
             strays = stray_processes(self.req["sandboxed"])
             if strays:
                 raise WorkerFailure("verify_error", "the candidate left processes running after ModelNew was built "
                                                     f"({', '.join(strays[:4])}): all work must happen in forward")
-        return []
+        return [], findings
 
     def audited(self, inputs: list, sync: bool = True) -> Any:
         """ModelNew on `inputs` under the op audit (strict), its device work finished (unless `sync` is false: the
@@ -353,7 +380,7 @@ class LoadedCandidate:
         try:
             out = self.audited(inputs)
         except Exception as exc:
-            reason = hidden(exc) or one_line(exc)
+            reason = hidden(exc) or one_line(exc) + raised_at(exc)
             raise WorkerFailure("verify_error", f"ModelNew.forward failed on {label}: {reason}") from exc
         return out, (time.perf_counter() - t0) * 1e6
 
@@ -491,8 +518,8 @@ def start(req: dict, chan: Channel) -> dict:
     chan.send("loaded", violations=cand.native_violations())
 
     def initialise(cmd: dict) -> tuple[str, dict]:
-        warnings = cand.initialise(Path(cmd["public_dir"]))
-        return "initialised", {"warnings": warnings, "violations": cand.native_violations()}
+        warnings, findings = cand.initialise(Path(cmd["public_dir"]))
+        return "initialised", {"warnings": warnings, "findings": findings, "violations": cand.native_violations()}
 
     def serve(cmd: dict) -> tuple[str, dict]:
         return "served", cand.serve(socket.socket(fileno=chan.receive_fds(1)[0]))

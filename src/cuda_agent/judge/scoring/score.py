@@ -54,7 +54,7 @@ def score(config: JudgeConfig, timing_method: str, outcome: TimingOutcome, work:
 def speed_of_light(config: JudgeConfig, work: dict[str, Any], peaks: dict[str, float] | None, t: float,
                    verdict: Verdict) -> str | None:
     """Report the bounds; warn when the full one is beaten; a hard one beaten is the failure returned (or a warning
-    when `speed_of_light_fails` is off)."""
+    when `speed_of_light_fails` is off; a strict finding under the kernelbench policy)."""
     if not peaks:
         return None
     bound = bounds(work, peaks, config.allow_tf32)
@@ -63,8 +63,10 @@ def speed_of_light(config: JudgeConfig, work: dict[str, Any], peaks: dict[str, f
     ratio = errors.get("ratio") if (errors.get("candidate") or 0.0) > 1e-6 else None  # negligible errors aside
     problem = hard_problem(t, bound, ratio, PRECISION_WARN_RATIO)
     if problem and config.speed_of_light_fails:
-        return problem
-    if problem or t < bound["full"]:
+        if config.policy != "kernelbench":
+            return problem
+        verdict.strict_findings.append(problem)  # not KernelBench's rule: what strict would say
+    elif problem or t < bound["full"]:
         verdict.warnings.append(problem or (
             f"faster than reading every input and writing every output{' with all its FLOPs' if bound['flops'] else ''}"
             f" at this device's peak allows ({t:.1f} us < {bound['full']:.1f} us): an algebraic shortcut, or a "

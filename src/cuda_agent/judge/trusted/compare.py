@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import kernelbench
 from ..wire.tensors import leaves, structure
 from ..wire.transfer import import_tensor
 
@@ -22,7 +23,8 @@ def _norm_ratio(sq_diff: float, sq_ref: float) -> float:
 
 def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, atol: float, rtol: float,
                    where: str, max_rel: float = 0.5) -> dict[str, Any]:
-    """Elementwise |c - r| <= atol + rtol*|r| over every element; NaN/Inf in c never pass. Scale-aware too:
+    """Elementwise |c - r| <= atol + rtol*|r| over every element; NaN or Inf in c pass only where r holds the same
+    infinity (a NaN in r is the task's problem, said as such). Scale-aware too:
     where the outputs are so small that `atol` alone would pass zeros or a constant, the normwise relative
     error ||c - r|| / ||r|| must stay under `max_rel` (0.5: far beyond rounding, far below "not computed")."""
     res: dict[str, Any] = {"ok": True, "reason": None, "max_abs": 0.0, "rel": 0.0, "rel64": None, "eager_rel64": None}
@@ -38,11 +40,21 @@ def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, a
     sq = {"diff": 0.0, "ref": 0.0, "diff64": 0.0, "eager64": 0.0, "ref64": 0.0}
     for start in range(0, cf.numel(), CHUNK):
         cc, rr = cf[start:start + CHUNK].double(), rf[start:start + CHUNK].double()
+        if bool(torch.isnan(rr).any()):
+            return {**res, "ok": False, "reason": f"{where}: the reference's own output has "
+                                                  f"{int(torch.isnan(rr).sum())}+ NaN elements on these inputs: "
+                                                  "a problem of the task, not of the candidate"}
         finite = torch.isfinite(cc)
         if not bool(finite.all()):
-            bad = int((~finite).sum())
-            return {**res, "ok": False, "reason": f"{where}: {bad} elements are NaN or Inf (in the first "
-                                                  f"{start + cc.numel()} of {cf.numel()})"}
+            same = torch.isinf(cc) & (cc == rr)  # the reference's own infinity, in the same place: equal
+            bad = ~finite & ~same
+            if bool(bad.any()):
+                first = int(torch.nonzero(bad)[0])
+                return {**res, "ok": False, "reason": (
+                    f"{where}: {int(bad.sum())} elements are NaN or Inf where the reference's are not (in the first "
+                    f"{start + cc.numel()} of {cf.numel()}; first at flat index {start + first}: got "
+                    f"{float(cc[first]):.6g}, expected {float(rr[first]):.6g})")}
+            cc, rr = torch.where(same, 0.0, cc), torch.where(same, 0.0, rr)
         diff = (cc - rr).abs()
         excess = diff - (atol + rtol * rr.abs())
         worst = int(torch.argmax(excess))
@@ -74,26 +86,38 @@ Leaf = tuple[str, str, Callable[[], Any]]  # (path, "tensor" or "value" or what 
 
 
 def compare_leaves(got: list[Leaf], got_structure: str, ref: Any, ref64: Any | None, atol: float, rtol: float,
-                   label: str, max_rel: float = 0.5) -> dict[str, Any]:
+                   label: str, max_rel: float = 0.5, kernelbench_rule: bool = False) -> dict[str, Any]:
     """Compare the candidate's output leaves, each loaded only when its turn comes (a tensor's loader may raise:
-    an unreadable output), with the reference outputs of one call."""
-    out: dict[str, Any] = {"ok": True, "reason": None, "max_abs": 0.0, "rel": 0.0, "rel64": [], "eager_rel64": []}
+    an unreadable output), with the reference outputs of one call. With `kernelbench_rule` KernelBench's rule
+    (`kernelbench.compare`) decides `ok` and `reason`, every leaf is compared, and `strict` holds what this judge's
+    own rule found (None: nothing)."""
+    out: dict[str, Any] = {"ok": True, "reason": None, "max_abs": 0.0, "rel": 0.0, "rel64": [], "eager_rel64": [],
+                           "strict": None}
     ref_leaves = list(leaves(ref))
     if [path for path, _, _ in got] != [p for p, _ in ref_leaves]:
-        return {**out, "ok": False, "reason": f"{label}: output structure {got_structure} != expected "
-                                              f"{structure(ref)}"}
+        reason = f"{label}: output structure {got_structure} != expected {structure(ref)}"
+        return {**out, "ok": False, "reason": reason, "strict": reason if kernelbench_rule else None}
     ref64_leaves = dict(leaves(ref64)) if ref64 is not None else {}
+    strict: str | None = None  # this judge's first failure
+    ours: str | None = None  # KernelBench's first
     for (path, kind, load), (_, r) in zip(got, ref_leaves):
         where = f"{label}: {path}"
         if isinstance(r, torch.Tensor):
             if kind != "tensor":
                 what = type(load()).__name__ if kind == "value" else kind
-                return {**out, "ok": False, "reason": f"{where} is a {what}, expected a tensor"}
+                reason = f"{where} is a {what}, expected a tensor"
+                strict, ours = strict or reason, ours or reason
+                break
             try:
                 c = load()
             except (OSError, ValueError, RuntimeError, TypeError, KeyError) as exc:
-                return {**out, "ok": False, "reason": f"{where}: unreadable output ({exc})"}
+                reason = f"{where}: unreadable output ({exc})"
+                strict, ours = strict or reason, ours or reason
+                break
             res = compare_tensor(c, r, ref64_leaves.get(path), atol, rtol, where, max_rel)
+            if kernelbench_rule and ours is None:
+                found = kernelbench.compare(r, c, atol, rtol)
+                ours = f"{where}: {found}" if found else None
             del c
             out["max_abs"] = max(out["max_abs"], res["max_abs"])
             out["rel"] = max(out["rel"], res["rel"])
@@ -101,15 +125,22 @@ def compare_leaves(got: list[Leaf], got_structure: str, ref: Any, ref64: Any | N
                 out["rel64"].append(res["rel64"])
                 out["eager_rel64"].append(res["eager_rel64"])
             if not res["ok"]:
-                return {**out, "ok": False, "reason": res["reason"]}
+                strict = strict or res["reason"]
         else:
             value = load() if kind == "value" else kind
             if isinstance(r, (int, float)) and not isinstance(r, bool) and isinstance(value, (int, float)):
                 if not math.isfinite(value) or abs(value - r) > atol + rtol * abs(r):
-                    return {**out, "ok": False, "reason": f"{where} = {value!r}, expected {r!r}"}
+                    strict = strict or f"{where} = {value!r}, expected {r!r}"
             elif value != r:
-                return {**out, "ok": False, "reason": f"{where} = {value!r}, expected {r!r}"}
-    return out
+                strict = strict or f"{where} = {value!r}, expected {r!r}"
+            if kernelbench_rule and ours is None:
+                found = kernelbench.compare(r, value, atol, rtol)
+                ours = f"{where}: {found}" if found else None
+        if strict and not kernelbench_rule:
+            break
+    if not kernelbench_rule:
+        return {**out, "ok": strict is None, "reason": strict}
+    return {**out, "ok": ours is None, "reason": ours, "strict": strict}
 
 
 def compare_trial(manifest: Any, fds: list[int], ref: Any, ref64: Any | None, atol: float, rtol: float, device: str,

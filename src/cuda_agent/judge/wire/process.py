@@ -282,6 +282,15 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {detail.strip()[:500]}"
 
 
+def raised_at(exc: BaseException, frames: int = 3) -> str:
+    """Where `exc` was raised: its traceback's last `frames` frames as ` (at FILE:LINE in FUNC <- ...)`, innermost
+    first, files by name ("" without a traceback)."""
+    found = traceback.extract_tb(exc.__traceback__)[-frames:]
+    if not found:
+        return ""
+    return " (at " + " <- ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(found)) + ")"
+
+
 Handler = Callable[[dict], tuple[str, dict]]
 
 
@@ -316,7 +325,7 @@ def run_worker(start: Callable[[dict, Channel], dict[str, Handler]], fallback_ev
         chan.send(failure.event, error=str(failure))
     except Exception as exc:
         traceback.print_exc()
-        chan.send(fallback_event, error=f"{Path(sys.argv[0]).stem} failed: {one_line(exc)}")
+        chan.send(fallback_event, error=f"{Path(sys.argv[0]).stem} failed: {one_line(exc)}{raised_at(exc)}")
 
 
 def fault_site(lines: list[str]) -> str | None:

@@ -75,6 +75,7 @@ class CandidateChecked:
     eager_rel64: list[float] = field(default_factory=list)
     call_us: float = 0.0
     stats: dict[str, Any] | None = None  # timing only
+    findings: list[str] = field(default_factory=list)  # kernelbench policy: what strict would have failed
     EVENT: ClassVar[str] = "candidate_checked"
 
 

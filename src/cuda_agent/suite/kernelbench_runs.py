@@ -1,0 +1,71 @@
+"""KernelBench's own run layout and metrics, for `eval-suite` (issue 33).
+
+A KernelBench generation folder holds `level_L_problem_P_sample_S_kernel.py` files side by side (several samples
+per problem; P is the number that starts the problem's file name). Its headline metric is `fast_p`: the share of
+all problems whose sample 0 is correct and faster than the baseline by more than p (its `score.fastp`, over
+`benchmark_eval_analysis.py`'s thresholds). Under `--policy kernelbench` a verdict's `strict_findings` say what
+the strict judge would have failed it on; `finding_kinds` names them for the report.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+SAMPLE_FILE = re.compile(r"level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py")
+FAST_P = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
+KINDS = (  # (kind, what a finding of it says) in the order they are looked for
+    ("state dict", "state dict"), ("extra shape", "extra shape"), ("scaled inputs", "scaled inputs"),
+    ("input changed in place", "modified in place"), ("timed call", "timed call"), ("precision", "precision:"),
+    ("speed of light", "speed of light"), ("process ended", "candidate process"),
+)
+
+
+def is_generation_folder(folder: Path) -> bool:
+    """Whether `folder` is laid out as KernelBench's generations are (sample files at its top)."""
+    return Path(folder).is_dir() and any(SAMPLE_FILE.fullmatch(p.name) for p in Path(folder).iterdir())
+
+
+def problem_id(task_file: Path) -> int | None:
+    found = re.match(r"(\d+)_", task_file.name)
+    return int(found.group(1)) if found else None
+
+
+def samples(folder: Path, level: str, task_file: Path) -> list[tuple[int, Path]]:
+    """The task's samples in a generation folder, by sample id."""
+    wanted = (int(level.removeprefix("level")), problem_id(task_file))
+    found = []
+    for path in Path(folder).iterdir():
+        m = SAMPLE_FILE.fullmatch(path.name)
+        if m and (int(m.group(1)), int(m.group(2))) == wanted:
+            found.append((int(m.group(3)), path))
+    return sorted(found)
+
+
+def fast_p(verdicts: list[dict], n: int, key: str) -> dict[str, float]:
+    """For each threshold p, the share of the `n` problems whose verdict is correct with `key` (a speedup) > p."""
+    speedups = [v.get(key) for v in verdicts if v["correct"]]
+    return {f"fast_{p:g}": sum(1 for s in speedups if s is not None and s > p) / n if n else 0.0 for p in FAST_P}
+
+
+def finding_kinds(findings: list[str]) -> list[str]:
+    """The kinds of a verdict's strict findings (each kind once; "other" for what no kind names)."""
+    kinds = []
+    for finding in findings:
+        kind = next((k for k, says in KINDS if says in finding), "outputs outside the judge's rule"
+                    if finding.startswith("incorrect:") else "other")
+        if kind not in kinds:
+            kinds.append(kind)
+    return kinds
+
+
+def strict_view(verdicts: list[dict]) -> dict:
+    """Under the kernelbench policy: how many pass KernelBench's rules, how many would also pass the strict judge's
+    other checks (no finding), and the findings by kind among those that pass KernelBench's."""
+    passing = [v for v in verdicts if v["correct"]]
+    n = len(verdicts)
+    counts = Counter(kind for v in passing for kind in finding_kinds(v.get("strict_findings") or []))
+    return {"pass_rate": len(passing) / n if n else 0.0,
+            "pass_rate_without_findings": sum(1 for v in passing if not v.get("strict_findings")) / n if n else 0.0,
+            "findings_by_kind": dict(counts.most_common())}

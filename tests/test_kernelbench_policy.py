@@ -1,0 +1,81 @@
+"""`--policy kernelbench` follows KernelBench's protocol (judge/kernelbench.py): seeded construction instead of a
+state dict, its trial seeds, inputs and rule decide; what the strict judge would add is `strict_findings`."""
+
+import torch
+
+from conftest import TASKS, fast_config
+from cuda_agent.judge import Judge, kernelbench
+
+LINEAR_GELU = TASKS / "linear_gelu.py"
+
+
+def candidate(folder, name: str, init: str) -> str:
+    path = folder / f"{name}.py"
+    path.write_text("import torch\nimport torch.nn.functional as F\n\n\nclass ModelNew(torch.nn.Module):\n"
+                    f"    def __init__(self, features):\n        super().__init__()\n{init}\n"
+                    "    def forward(self, x):\n        return F.gelu(x @ self.w.t() + self.b)\n")
+    return path
+
+
+def test_trial_seeds_are_drawn_from_the_one_seed_as_kernelbench_draws_them():
+    seeds = kernelbench.trial_seeds()
+    torch.manual_seed(42)
+    assert seeds == [int(torch.randint(0, 2**32 - 1, (1,)).item()) for _ in range(5)]
+    assert len(set(seeds)) == 5 and kernelbench.trial_seeds(trials=2) == seeds[:2]
+    assert kernelbench.trial_seeds(7) != seeds
+
+
+def test_seeded_construction_gives_the_same_weights_whatever_their_names_and_inputs_are_made_on_the_cpu():
+    class A(torch.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.linear = torch.nn.Linear(n, n)
+
+    class B(torch.nn.Module):  # the same parameters, created in the same order, under other names
+        def __init__(self, n):
+            super().__init__()
+            self.weight_matrix = torch.nn.Parameter(torch.empty(n, n))
+            self.bias_vector = torch.nn.Parameter(torch.empty(n))
+            torch.nn.init.kaiming_uniform_(self.weight_matrix, a=5 ** 0.5)
+            torch.nn.init.uniform_(self.bias_vector, -n ** -0.5, n ** -0.5)
+
+    a, b = kernelbench.construct(A, [8], "cpu"), kernelbench.construct(B, [8], "cpu")
+    assert torch.equal(a.linear.weight, b.weight_matrix) and torch.equal(a.linear.bias, b.bias_vector)
+    first = kernelbench.inputs(lambda: [torch.randn(3, 4)], 123, "cpu")
+    kernelbench.set_seed(123)
+    assert torch.equal(first[0], torch.randn(3, 4))
+
+
+def test_kernelbench_s_rule_shapes_dtypes_and_non_finite_values():
+    ref = torch.tensor([1.0, float("inf"), 2.0])
+    assert kernelbench.compare(ref, ref.clone()) is None  # the same infinity is equal
+    assert "mismatch" in kernelbench.compare(ref, torch.tensor([1.0, float("nan"), 2.0]))
+    assert kernelbench.compare(ref, ref[:2]).startswith("Output shape mismatch")
+    assert "allclose raised" in kernelbench.compare(ref, ref.double())
+    # allclose scales rtol by the candidate's value: |1 - 1.0199| <= 0.01 + 0.01 * 1.0199
+    assert kernelbench.compare(torch.tensor([1.0]), torch.tensor([1.0199])) is None
+    assert kernelbench.compare(torch.tensor([1.0]), torch.tensor([1.03])) is not None
+
+
+def test_a_candidate_with_its_own_parameter_names_passes_kernelbench_and_strict_says_why_it_would_not(
+        cache_dir, tmp_path):
+    renamed = candidate(tmp_path, "renamed", "        self.w = torch.nn.Parameter(torch.empty(features, features))\n"
+                        "        self.b = torch.nn.Parameter(torch.empty(features))\n"
+                        "        torch.nn.init.kaiming_uniform_(self.w, a=5 ** 0.5)\n"
+                        "        torch.nn.init.uniform_(self.b, -features ** -0.5, features ** -0.5)\n")
+    with Judge("cpu", fast_config(cache_dir, policy="kernelbench")) as judge:
+        verdict = judge.evaluate(LINEAR_GELU, renamed)
+        assert verdict.correct and verdict.reward >= 1, verdict.error
+        assert verdict.seeds == kernelbench.trial_seeds()
+        assert any("does not take Model's state dict (strict would fail): missing: linear.bias, linear.weight; "
+                   "unexpected: b, w" in f for f in verdict.strict_findings), verdict.strict_findings
+        # the same parameters drawn in another order hold other weights: wrong, as KernelBench finds it
+        swapped = candidate(tmp_path, "swapped", "        self.b = torch.nn.Parameter(torch.empty(features))\n"
+                            "        self.w = torch.nn.Parameter(torch.empty(features, features))\n"
+                            "        torch.nn.init.uniform_(self.b, -features ** -0.5, features ** -0.5)\n"
+                            "        torch.nn.init.kaiming_uniform_(self.w, a=5 ** 0.5)\n")
+        wrong = judge.evaluate(LINEAR_GELU, swapped)
+        assert not wrong.correct and "Output mismatch" in wrong.error, wrong.error
+    strict = Judge("cpu", fast_config(cache_dir)).evaluate(LINEAR_GELU, renamed)
+    assert strict.reward == -1 and "does not take Model's state dict (strict)" in strict.error, strict.error
+    assert strict.strict_findings == []

@@ -1,0 +1,83 @@
+"""eval-suite reads KernelBench's generation folders and reports its fast_p and, under the kernelbench policy, what
+the strict judge would add (suite/kernelbench_runs.py); judged here by a stand-in pool (the judge is tested
+elsewhere)."""
+
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+from cuda_agent.judge import Verdict
+from cuda_agent.judge.store import Store
+from cuda_agent.suite import kernelbench_runs
+from cuda_agent.suite.evaluate import discover, evaluate_suite, report
+from cuda_agent.task import load_task
+
+TASK = "import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n\n\n" \
+       "def get_inputs():\n    return [torch.randn(4)]\n\n\ndef get_init_inputs():\n    return []\n"
+
+
+class VerdictsByComment:
+    """A pool whose verdict is written in the solution itself: `# reward R speedup S findings F1|F2`."""
+
+    backend = SimpleNamespace(name="cpu", identity=lambda: "test", machine=lambda: "test")
+    config = SimpleNamespace(verdict_key=lambda: "test")
+
+    def __init__(self):
+        self.judged = []
+
+    def submit(self, task, cand) -> Future:
+        self.judged.append(cand.origin.name)
+        words = cand.text()["model_new.py"].split("\n")[0].split()
+        reward, speedup = int(words[2]), float(words[4])
+        findings = words[6].split("|") if len(words) > 6 else []
+        future = Future()
+        future.set_result(Verdict(reward=reward, compiled=True, correct=reward >= 1, policy="kernelbench",
+                                  speedup_vs_eager=speedup if reward >= 1 else None,
+                                  speedup_vs_compile=speedup / 2 if reward >= 1 else None,
+                                  strict_findings=[f.replace("_", " ") for f in findings]))
+        return future
+
+
+def test_a_generation_folder_is_judged_sample_by_sample_with_fast_p_and_strict_findings(tmp_path):
+    suite = tmp_path / "suite" / "level1"
+    suite.mkdir(parents=True)
+    for name in ("1_Copy.py", "2_Copy.py", "3_Copy.py"):
+        (suite / name).write_text(TASK)
+    runs = tmp_path / "generations"
+    runs.mkdir()
+    samples = {(1, 0): "1 speedup 1.6 findings extra_shape_(x)|modified_in_place", (1, 1): "3 speedup 2.5",
+               (2, 0): "-1 speedup 0", (2, 3): "2 speedup 1.2", (7, 0): "3 speedup 9"}  # problem 7: not in the suite
+    for (problem, sample), comment in samples.items():
+        (runs / f"level_1_problem_{problem}_sample_{sample}_kernel.py").write_text(
+            f"# reward {comment}\nclass ModelNew:\n    pass\n")
+    assert kernelbench_runs.is_generation_folder(runs) and not kernelbench_runs.is_generation_folder(suite)
+    pool = VerdictsByComment()
+    records = evaluate_suite(pool, discover(tmp_path / "suite"), runs, Store(tmp_path / "store.sqlite"))
+    assert [(r["task"], r["sample"]) for r in records] == [("level1/1_Copy.py", 0), ("level1/1_Copy.py", 1),
+                                                           ("level1/2_Copy.py", 0), ("level1/2_Copy.py", 3),
+                                                           ("level1/3_Copy.py", 0)]
+    assert "no level_1_problem_3_sample_S_kernel.py" in records[-1]["verdict"]["error"]
+    assert records[0]["task_hash"] == load_task(suite / "1_Copy.py").hash  # which revision of the suite was judged
+    rep = report(records)
+    first = rep["overall"]  # each problem's first sample: 1 (1.6x), 2 (wrong), 3 (missing)
+    assert first["n"] == 3 and first["pass_rate"] == 1 / 3
+    assert first["fast_p_vs_eager"] == {"fast_0": 1 / 3, "fast_0.5": 1 / 3, "fast_0.8": 1 / 3, "fast_1": 1 / 3,
+                                        "fast_1.5": 1 / 3, "fast_2": 0.0}
+    assert first["fast_p_vs_compile"]["fast_0.5"] == 1 / 3 and first["fast_p_vs_compile"]["fast_1"] == 0.0
+    assert first["strict"] == {"pass_rate": 1 / 3, "pass_rate_without_findings": 0.0,
+                               "findings_by_kind": {"extra shape": 1, "input changed in place": 1}}
+    assert rep["best_samples"] == {"level1/1_Copy.py": 1, "level1/2_Copy.py": 3, "level1/3_Copy.py": 0}
+    assert rep["best_of_samples"]["level1"]["pass_rate"] == 2 / 3
+    assert rep["best_of_samples"]["level1"]["strict"]["pass_rate_without_findings"] == 2 / 3
+    # resumed: nothing judged again
+    again = VerdictsByComment()
+    assert evaluate_suite(again, discover(tmp_path / "suite"), runs, Store(tmp_path / "store.sqlite")) == records
+    assert again.judged == []
+
+
+def test_finding_kinds_name_what_the_strict_judge_would_have_failed():
+    found = kernelbench_runs.finding_kinds([
+        "ModelNew does not take Model's state dict (strict would fail): missing: w",
+        "incorrect: extra shape (N: 8->5): out: 3+ of 40 elements outside atol=0.01",
+        "incorrect: input set 0: out: relative error 0.9 (||out - ref|| / ||ref||)",
+        "precision: error vs fp64 is 20000x fp32 eager's", "something new"])
+    assert found == ["state dict", "extra shape", "outputs outside the judge's rule", "precision", "other"]
