@@ -4,7 +4,7 @@
 # SMOL/gguf.part00 and `stash`es it; call 2 carries SMOL/gguf.part01 and the gguf wheel and `run`s: the parts
 # joined and checked, the model converted, the recipe run on the H200 task set (docs/data/expert_tasks_h200) cut
 # to TRAIN_TASKS and HELD_TASKS tasks, within TIME_LIMIT seconds (then it stops at a step boundary; recipe.json says
-# where). What comes back (under $OUT): run.tar.gz, the run folder's small files in its layout (recipe.json, every
+# where; a finished expert step of another run on the machine is reused). What comes back (under $OUT): run.tar.gz, the run folder's small files in its layout (recipe.json, every
 # step's done.json and metrics.jsonl, the evaluations' tables and episode folders, the tasks; `tar xzf` it where
 # `train audit` should read it), the LoRA adapters' weights under adapters/ when LORA_RANK > 0, and the log; never
 # the full weights.
@@ -38,6 +38,16 @@ case "${1:-}" in
     head -n "${TRAIN_TASKS:-48}" "$data/train.jsonl" > "$keep/train.jsonl"
     head -n "${HELD_TASKS:-32}" "$data/held_out.jsonl" > "$keep/held_out.jsonl"
     run=$keep/run-${ARM:-full}-${SEED:-0}
+    # the expert's episodes depend on neither seed nor arm: a finished expert step of another run on this machine,
+    # on the same train tasks, is this run's too (its episodes stay where they are)
+    tasks_sum=$(sha256sum < "$keep/train.jsonl" | cut -c1-16)
+    mkdir -p "$run" && echo "$tasks_sum" > "$run/train.sha"
+    for other in "$keep"/run-*; do
+      if [[ ! -e $run/expert && -f $other/expert/done.json && $(cat "$other/train.sha" 2>/dev/null) == "$tasks_sum" ]]
+      then
+        cp -r "$other/expert" "$run/expert" && echo "the expert's episodes of $other reused"
+      fi
+    done
     status=0
     python3 -m cuda_agent train recipe --model "$keep/model" --data "$keep/train.jsonl" \
       --held-out "$keep/held_out.jsonl" --out "$run" --backend "${BACKEND:-cuda}" --arm "${ARM:-full}" \

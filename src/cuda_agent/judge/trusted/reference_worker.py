@@ -277,8 +277,10 @@ class Reference:
                 expected = None  # the task does not hold at this scale: nothing to compare
             result = self._judge_call(calls, call, *expected, label) if expected is not None else \
                 self._inputs_kept(calls, label) if inputs_checked else {"ok": True}
-            if not result["ok"] and lenient and result["reason"].startswith("incorrect"):
-                findings.append(result["reason"])  # what strict would say; KernelBench checks no timed call
+            # what strict would say (KernelBench checks no timed call); a call whose window may have been cut must
+            # be correct under any policy: its time is believed only then
+            if not result["ok"] and lenient and result["reason"].startswith("incorrect") and label not in forced:
+                findings.append(result["reason"])
             elif not result["ok"]:
                 raise CallFailed(result["reason"])
             return call
