@@ -57,7 +57,7 @@ def test_kernelbench_s_rule_shapes_dtypes_and_non_finite_values():
     assert kernelbench.compare(torch.tensor([1.0]), torch.tensor([1.03])) is not None
 
 
-def test_a_candidate_with_its_own_parameter_names_passes_kernelbench_and_strict_says_why_it_would_not(
+def test_a_candidate_with_its_own_parameter_names_passes_kernelbench_and_says_why_strict_would_not(
         cache_dir, tmp_path):
     renamed = candidate(tmp_path, "renamed", "        self.w = torch.nn.Parameter(torch.empty(features, features))\n"
                         "        self.b = torch.nn.Parameter(torch.empty(features))\n"
@@ -76,6 +76,4 @@ def test_a_candidate_with_its_own_parameter_names_passes_kernelbench_and_strict_
                             "        torch.nn.init.kaiming_uniform_(self.w, a=5 ** 0.5)\n")
         wrong = judge.evaluate(LINEAR_GELU, swapped)
         assert not wrong.correct and "Output mismatch" in wrong.error, wrong.error
-    strict = Judge("cpu", fast_config(cache_dir)).evaluate(LINEAR_GELU, renamed)
-    assert strict.reward == -1 and "does not take Model's state dict (strict)" in strict.error, strict.error
-    assert strict.strict_findings == []
+    # (the strict judge refuses such a candidate: test_judge_cpu's state-dict test)
