@@ -1,7 +1,6 @@
 import os
 import shutil
 import tempfile
-from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,21 +12,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
 TASKS = DATA / "tasks"
 CANDIDATES = DATA / "candidates"
-
-
-# Files of few but long tests (minutes each): handed out first, so that none starts when the other worker is nearly
-# done (xdist gives whole files to its two workers in collection order: `--no-loadscope-reorder` in pyproject.toml).
-SLOW_FILES = ("test_rl_demo.py", "test_first_run.py", "test_real_model.py", "test_rl_eval.py", "test_rl_stages.py")
-
-
-def pytest_collection_modifyitems(items):
-    """The slow files first, then the others by their number of tests (most first), each file's tests in order."""
-    count = Counter(item.path for item in items)
-
-    def key(item):
-        name = item.path.name
-        return (0, SLOW_FILES.index(name), 0, "") if name in SLOW_FILES else (1, 0, -count[item.path], str(item.path))
-    items.sort(key=key)
 
 
 @pytest.fixture(scope="session")
