@@ -2,7 +2,8 @@
 each judged `--repeats` times (fresh inputs, fresh timing), reported per task set, family and knob setting: the
 share of reward >= 2 (faster than eager) and of reward 3 (faster than torch.compile), the geometric-mean speedups,
 the eager and compile baselines, and how often a task's repeated verdicts agree. "best" is each task's best knob
-setting of those tried. One JSON line per verdict in `--out`.jsonl; the table in `--out`.md.
+setting of those tried. One JSON line per verdict in `--out`.jsonl (a rerun with the same `--out` and arguments
+judges only what it lacks, so a long run can be done a slice at a time); the table in `--out`.md, over them all.
 
     python3 benchmarks/expert_ceiling.py --data splits/train.jsonl --data splits/held_out.jsonl \\
         [--backend cuda] [--repeats 3] [--random 1] [--limit N] [--time-limit S] [--out FILE]
@@ -84,15 +85,29 @@ def main() -> None:
                 (folder / path).write_text(text)
             jobs += [(data.stem, family, task, name, knobs, folder)] * args.repeats
     lines, deadline = [], time.monotonic() + (args.time_limit or math.inf)
-    log = args.out.with_suffix(".jsonl").open("w") if args.out else None
+    done: dict[tuple, int] = defaultdict(int)  # (set, task, knobs) -> verdicts judged before
+    if args.out and args.out.with_suffix(".jsonl").is_file():
+        lines = [json.loads(line) for line in args.out.with_suffix(".jsonl").read_text().splitlines() if line]
+        for line in lines:
+            done[line["set"], line["task"], line["knobs"]] += 1
+        print(f"resumed: {len(lines)} verdicts judged before", flush=True)
+    todo = []
+    for job in jobs:
+        key = (job[0], job[2].stem, job[3])
+        if done[key]:
+            done[key] -= 1
+        else:
+            todo.append(job)
+    log = args.out.with_suffix(".jsonl").open("a") if args.out else None
     pool = JudgePool(args.backend, workers=args.workers)
     try:
-        futures = [pool.submit(task, folder) for _, _, task, _, _, folder in jobs]
-        for (label, family, task, name, knobs, _), future in zip(jobs, futures):
+        futures = [pool.submit(task, folder) for _, _, task, _, _, folder in todo]
+        for (label, family, task, name, knobs, _), future in zip(todo, futures):
             try:
                 verdict = future.result(timeout=max(0.0, min(deadline - time.monotonic(), 1e6))).to_dict()
             except TimeoutError:
-                print(f"time limit: {len(jobs) - len(lines)} of {len(jobs)} evaluations not judged", flush=True)
+                print(f"time limit: {len(jobs) - len(lines)} of {len(jobs)} evaluations not judged (rerun with the "
+                      "same --out to go on)", flush=True)
                 break
             lines.append({"set": label, "family": family, "task": task.stem, "knobs": name, "knob_values": asdict(
                 knobs), **{k: verdict.get(k) for k in ("reward", "speedup_vs_eager", "speedup_vs_compile",

@@ -106,6 +106,7 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     ppo = [json.loads(line) for line in (tmp_path / "run" / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert {"policy_violations", "cut_share", "response_tokens_mean", "entropy"} <= set(ppo[-1])
     assert ppo[-1]["cut_share"] == 1  # 8 new tokens a turn: every reply is cut
+    assert "a policy that imitates it is cut mid-reply" in result.output  # the expert's turns are > 8 tokens
     sft = [json.loads(line) for line in (tmp_path / "run" / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert sft[-1]["sft_loss"] > 0 and sft[-1]["reward_mean"] >= 1  # trained on the expert's judged episode
     again = runner.invoke(app, args)

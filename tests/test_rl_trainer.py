@@ -95,6 +95,23 @@ def test_a_checkpoint_resumes_the_same_training(setup, tmp_path):
     assert not (tmp_path / "ckpt.tmp").exists() and not (tmp_path / "ckpt.old").exists()
 
 
+def test_a_checkpoint_restores_the_cpu_generator_state_of_a_stage_trained_on_another_device(setup, tmp_path,
+                                                                                           monkeypatch):
+    """A stage keeps its own torch.Generator's state in the checkpoint's extra; a trainer whose actor is on the
+    GPU must hand it back as a CPU ByteTensor (read onto the actor's device, a resumed SFT on the H200 failed with
+    "RNG state must be a torch.ByteTensor"). The actor's device is faked here: "meta" stands for "not the CPU"."""
+    tokenizer, reply, prompt, actor, critic = setup
+    trainer = PPOTrainer(actor, critic, TrainConfig(), reply.logprob_fn(len(prompt)))
+    generator = torch.Generator().manual_seed(3)
+    trainer.save(tmp_path / "ckpt", tokenizer, {"generator": generator.get_state()}, optimizer=True)
+    expected = torch.rand(4, generator=generator)
+    monkeypatch.setattr(Actor, "device", property(lambda self: torch.device("meta")))
+    extra = trainer.restore(tmp_path / "ckpt")
+    again = torch.Generator()
+    again.set_state(extra["generator"])
+    assert torch.equal(torch.rand(4, generator=again), expected)
+
+
 def test_a_checkpoint_without_the_optimizer_state_resumes_with_fresh_optimizers(setup, tmp_path):
     tokenizer, reply, prompt, actor, critic = setup
     config = TrainConfig(actor_lr=1e-3, critic_lr=1e-3)

@@ -47,8 +47,10 @@ class RecipeConfig:
     ppo_steps: int = 20
     sft_batch: int = 8  # conversations per supervised step
     sft_lr: float | None = None  # the supervised stages' (SFT, RFT, filter-and-fine-tune) learning rate; None: actor_lr
-    stage: StageConfig = field(default_factory=lambda: StageConfig(batch=16, compact=True))  # episodes, limits
-    eval: EvalConfig = field(default_factory=lambda: EvalConfig(compact=True))
+    # episodes and their limits: a turn long enough for the expert's (its first, every file written, is up to 3,658
+    # SmolLM2 tokens on docs/data/expert_tasks_h200), else SFT teaches replies that are cut mid-call
+    stage: StageConfig = field(default_factory=lambda: StageConfig(batch=16, compact=True, max_new_tokens=4096))
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(compact=True, max_new_tokens=4096))
     controls: tuple[str, ...] = CONTROLS
     time_limit_s: float | None = None  # the whole recipe's; then it stops at a step boundary (rerun continues)
 
@@ -149,8 +151,8 @@ class Recipe:
         model = self.base
         if arm != "no_rft":
             expert = self._step("expert", lambda folder: {"episodes": [asdict(e) for e in play_expert(
-                self.pool, self.train, folder, cfg.expert_shapes, log=self.log, compact=cfg.stage.compact,
-                out_of_time=self._out_of_time)[0]]})
+                self.pool, self.train, folder, cfg.expert_shapes, parallel=self.pool.workers, log=self.log,
+                compact=cfg.stage.compact, out_of_time=self._out_of_time)[0]]})
             expert_runs = [Path(e["run_dir"]) for e in expert["episodes"]]
             model = self._stage("sft", cfg.stage_config("rft", cfg.sft_steps, cfg.sft_batch), model, expert_runs)
             heldout["sft"] = self._evaluate("sft", model)

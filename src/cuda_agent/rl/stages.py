@@ -77,10 +77,13 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     (out / "config.json").write_text(json.dumps({"model": str(model), "tasks": [str(t) for t in tasks],
                                                  **asdict(config)}, indent=2, default=str))
     sft_rows = _rft_rows(rft_runs or [], out, log) if config.stage == "rft" else []
+    conversations = [(conversation_ids(turns, json.loads(r["messages"])), float(r["reward"])) for r in sft_rows]
+    for problem in unreachable(conversations, config):
+        log(f"warning: {problem}")
 
     def step() -> dict:
         if config.stage == "rft":
-            return _sft_step(trainer, turns, rng.sample(sft_rows, min(config.batch, len(sft_rows))))
+            return _sft_step(trainer, turns, rng.sample(conversations, min(config.batch, len(conversations))))
         return _ppo_step(trainer, turns, config, pool, tasks, out, rng, generator)
 
     def describe(step: int, record: dict) -> str:
@@ -179,9 +182,33 @@ def conversation_ids(turns: TurnTokenizer, messages: list[dict]) -> TokenTraject
     return trajectory
 
 
-def _sft_step(trainer: PPOTrainer, turns: TurnTokenizer, rows: list[dict]) -> dict:
-    """One supervised step of the actor on the model turns of `rows` (their conversations)."""
-    trajectories = [conversation_ids(turns, json.loads(r["messages"])) for r in rows]
+def unreachable(conversations: list[tuple[TokenTrajectory, float]], config: StageConfig) -> list[str]:
+    """Why supervised data is not something the policy can say within its episodes' limits: a model turn longer
+    than `max_new_tokens` is cut there at play time (a tool call cut mid-JSON cannot be read), a conversation longer
+    than `max_context` ends before its last turn. Either way a perfect imitator would score -1."""
+    def longest_turn(t: TokenTrajectory) -> int:
+        longest = length = 0
+        for m in t.mask:
+            length = length + 1 if m else 0
+            longest = max(longest, length)
+        return longest
+
+    turn = max((longest_turn(t) for t, _ in conversations), default=0)
+    context = max((len(t.ids) for t, _ in conversations), default=0)
+    problems = []
+    if turn > config.max_new_tokens:
+        problems.append(f"the supervised data has a model turn of {turn} tokens but a turn may have "
+                        f"--max-new-tokens {config.max_new_tokens}: a policy that imitates it is cut mid-reply "
+                        f"(raise --max-new-tokens to at least {turn})")
+    if context > config.max_context:
+        problems.append(f"the supervised data has a conversation of {context} tokens but an episode may have "
+                        f"{config.max_context}: a policy that imitates it ends before its last turn")
+    return problems
+
+
+def _sft_step(trainer: PPOTrainer, turns: TurnTokenizer, rows: list[tuple[TokenTrajectory, float]]) -> dict:
+    """One supervised step of the actor on the model turns of `rows` (conversations as ids, and their rewards)."""
+    trajectories = [t for t, _ in rows]
     width = max(len(t.ids) for t in trajectories)
     pad = turns.tokenizer.pad_token_id or 0
     ids = torch.tensor([t.ids + [pad] * (width - len(t.ids)) for t in trajectories], device=trainer.actor.device)
@@ -190,4 +217,4 @@ def _sft_step(trainer: PPOTrainer, turns: TurnTokenizer, rows: list[dict]) -> di
     mask = torch.tensor([[0] * t.prompt_length + t.mask + [0] * (width - len(t.ids)) for t in trajectories],
                         device=trainer.actor.device, dtype=torch.float)[:, 1:]
     return {**trainer.sft_update(ids, attention, mask),
-            "reward_mean": statistics.fmean(float(r["reward"]) for r in rows)}
+            "reward_mean": statistics.fmean(reward for _, reward in rows)}

@@ -182,16 +182,17 @@ class PPOTrainer:
 
     def restore(self, folder: Path, log: Callable[[str], None] = print) -> dict:
         """Step, RNG and the optimizers' state (fresh ones when the checkpoint has none) from a checkpoint whose
-        actor and critic this trainer was built from."""
-        state = torch.load(Path(folder) / "trainer.pt", map_location=self.actor.device, weights_only=False)
+        actor and critic this trainer was built from. Read onto the CPU: the RNG states (torch's, CUDA's, the stage's
+        own generators in `extra`) must stay there; the optimizers move their state to their parameters' device."""
+        state = torch.load(Path(folder) / "trainer.pt", map_location="cpu", weights_only=False)
         if "actor_optim" in state:
             self.actor_optim.load_state_dict(state["actor_optim"])
             self.critic_optim.load_state_dict(state["critic_optim"])
         else:
             log(f"{folder} holds no optimizer state (saved without --save-optimizer): the optimizers start afresh")
-        torch.set_rng_state(state["torch_rng"].cpu())
+        torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.step = state["step"]
         return state["extra"]
 
