@@ -12,6 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent import sandbox
@@ -19,6 +20,7 @@ from cuda_agent.agent import Environment, LoopConfig, OpenAIClient, ScriptedClie
 from cuda_agent.llm import parse_text_tool_calls
 from cuda_agent.agent.loop import parse_files
 from cuda_agent.agent.tools import clip
+from cuda_agent.cli import app
 from cuda_agent.judge import Judge
 
 AFFINE = TASKS / "affine_relu.py"
@@ -352,17 +354,17 @@ def test_the_best_workspace_exported_as_one_file_passes_the_judge(judge, tmp_pat
     assert verdict.candidate["kind"] == "single_file" and verdict.correct and verdict.reward >= 1, verdict.error
 
 
-def test_optimize_command_runs_the_episode_and_reports_the_best(cache_dir, tmp_path):
+def test_optimize_command_runs_the_episode_and_reports_the_best(cache_dir, tmp_path, fast_cli):
+    """In-process (the judge times briefly): the episode's progress on stderr, the result on stdout."""
     thinking = {"role": "assistant", "content": "Let me think about the layout first.", "tool_calls": []}
     endpoint = ScriptedEndpoint([EPISODE[0], thinking, *EPISODE[1:]])  # a turn without a tool call, then the rest
     try:
-        run = subprocess.run([sys.executable, "-m", "cuda_agent", "optimize", str(AFFINE), "--model", "scripted",
-                              "--base-url", endpoint.url, "--backend", "cpu", "--out", str(tmp_path / "run"),
-                              "--cache-dir", str(cache_dir), "--max-turns", "20"],
-                             capture_output=True, text=True, timeout=600)
+        run = CliRunner().invoke(app, ["optimize", str(AFFINE), "--model", "scripted", "--base-url", endpoint.url,
+                                       "--backend", "cpu", "--out", str(tmp_path / "run"), "--cache-dir",
+                                       str(cache_dir), "--max-turns", "20"])
     finally:
         endpoint.close()
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.exit_code == 0, run.output[-2000:]
     assert "turn   9  finish" in run.stderr  # live progress, one line per tool call
     assert "turn   2  model      50 tokens in" in run.stderr  # and one per reply, also without a tool call
     assert "no tool call" in next(line for line in run.stderr.splitlines() if line.startswith("turn   2  model"))
@@ -378,7 +380,9 @@ def test_the_agent_is_judged_by_the_strict_policy_only(cache_dir, tmp_path):
         Environment(Judge("cpu", fast_config(cache_dir, sandbox="none")), tmp_path / "run", use_sandbox=True)
 
 
-def test_optimize_suite_runs_every_task_at_once_resumes_and_exports_what_eval_suite_judges(cache_dir, tmp_path):
+def test_optimize_suite_runs_every_task_at_once_resumes_and_exports_what_eval_suite_judges(cache_dir, tmp_path,
+                                                                                           fast_cli):
+    """In-process (the judge times briefly); every command's JSON on stdout."""
     suite = tmp_path / "suite"
     (suite / "level1").mkdir(parents=True)
     (suite / "level1" / "1_affine_relu.py").write_text(AFFINE.read_text())
@@ -396,16 +400,15 @@ def test_optimize_suite_runs_every_task_at_once_resumes_and_exports_what_eval_su
 
     endpoint = ScriptedEndpoint(reply)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "cuda_agent", "optimize-suite", str(suite), "--model", "scripted", "--base-url",
-               endpoint.url, "--backend", "cpu", "--out", str(out), "--cache-dir", str(cache_dir), "--concurrency",
-               "2", "--sandbox", "auto", "--json"]
+    command = ["optimize-suite", str(suite), "--model", "scripted", "--base-url", endpoint.url, "--backend", "cpu",
+               "--out", str(out), "--cache-dir", str(cache_dir), "--concurrency", "2", "--sandbox", "auto", "--json"]
     try:
-        first = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        first = CliRunner().invoke(app, command)
         asked = len(endpoint.requests)
-        again = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        again = CliRunner().invoke(app, command)
     finally:
         endpoint.close()
-    assert first.returncode == 0 and again.returncode == 0, first.stderr[-2000:] + again.stderr[-2000:]
+    assert first.exit_code == 0 and again.exit_code == 0, first.output[-2000:] + again.output[-2000:]
     assert asked == len(solved) + len(gave_up) and len(endpoint.requests) == asked  # the rerun asked nothing
     report = json.loads(first.stdout)
     assert json.loads(again.stdout)["overall"] == report["overall"] == json.loads((out / "report.json").read_text())[
@@ -417,10 +420,10 @@ def test_optimize_suite_runs_every_task_at_once_resumes_and_exports_what_eval_su
     assert (out / "solutions" / "level1" / "1_affine_relu" / "model_new.py").exists()
     assert not (out / "solutions" / "level1" / "2_linear_gelu").exists()
     assert (out / "runs" / "level1" / "2_linear_gelu" / "trajectory.jsonl").exists()
-    rejudged = subprocess.run([sys.executable, "-m", "cuda_agent", "eval-suite", str(suite), "--solutions",
-                               str(out / "solutions"), "--backend", "cpu", "--cache-dir", str(cache_dir), "--json",
-                               "--db", str(tmp_path / "db.sqlite")], capture_output=True, text=True, timeout=900)
-    assert rejudged.returncode == 0, rejudged.stderr[-2000:]
+    rejudged = CliRunner().invoke(app, ["eval-suite", str(suite), "--solutions", str(out / "solutions"), "--backend",
+                                        "cpu", "--cache-dir", str(cache_dir), "--json", "--db",
+                                        str(tmp_path / "db.sqlite")])
+    assert rejudged.exit_code == 0, rejudged.output[-2000:]
     assert json.loads(rejudged.stdout)["overall"]["pass_rate"] == 0.5
     # the run folder as a page: each task with its episode's turns and stop reason
     from cuda_agent.report import write_report
