@@ -68,6 +68,18 @@ def test_a_generation_folder_is_judged_sample_by_sample_with_fast_p_and_strict_f
     assert rep["best_samples"] == {"level1/1_Copy.py": 1, "level1/2_Copy.py": 3, "level1/3_Copy.py": 0}
     assert rep["best_of_samples"]["level1"]["pass_rate"] == 2 / 3
     assert rep["best_of_samples"]["level1"]["strict"]["pass_rate_without_findings"] == 2 / 3
+    # the page: both rules' pass rates per level, the findings that separate them, fast_p, each task's hash
+    import json
+
+    from cuda_agent.report import write_report
+
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    page = write_report(tmp_path / "report.json", tmp_path / "page.html")[0].read_text()
+    assert "rules and the strict judge" in page and "findings among KernelBench" in page
+    assert ">33.3%<" in page and ">0.0%<" in page and "1 extra shape; 1 input changed in place" in page
+    assert "fast_1.5" in page and records[0]["task_hash"][:12] in page
+    assert rep["suite_revision"]["tasks"] == 3 and rep["suite_revision"]["kernelbench_files"] == 0
+    assert "none is a KernelBench file of any revision" in page
     # resumed: nothing judged again
     again = VerdictsByComment()
     assert evaluate_suite(again, discover(tmp_path / "suite"), runs, Store(tmp_path / "store.sqlite")) == records
@@ -81,3 +93,46 @@ def test_finding_kinds_name_what_the_strict_judge_would_have_failed():
         "incorrect: input set 0: out: relative error 0.9 (||out - ref|| / ||ref||)",
         "precision: error vs fp64 is 20000x fp32 eager's", "something new"])
     assert found == ["state dict", "extra shape", "outputs outside the judge's rule", "precision", "other"]
+
+
+def test_a_task_file_is_placed_in_kernelbench_s_history_by_its_git_hash(tmp_path, monkeypatch):
+    """revisions.py: a file's git blob hash (as `git hash-object` gives it) finds the dates its content was current;
+    over a suite, the dates every task was current at once, or that they never were."""
+    import subprocess
+
+    from cuda_agent.suite import revisions
+
+    old, new, other = (tmp_path / name for name in ("old.py", "new.py", "other.py"))
+    old.write_text(TASK)
+    new.write_text(TASK.replace("randn(4)", "randn(8)"))
+    other.write_text(TASK.replace("randn(4)", "randn(16)"))
+    git = subprocess.run(["git", "hash-object", str(old)], capture_output=True, text=True, check=True).stdout.strip()
+    assert revisions.blob_hash(old.read_bytes()) == git
+    fake = {"source": "KB", "head": "abcdef1234567", "head_date": "2026-01-19", "files": {
+        git: ["level1/1_Copy.py", "2024-10-24", "2025-07-14", False],
+        revisions.blob_hash(new.read_bytes()): ["level1/1_Copy.py", "2025-07-17", "2026-01-19", True]}}
+    monkeypatch.setattr(revisions, "table", lambda: fake)
+    assert revisions.lookup(old) == {"path": "level1/1_Copy.py", "from": "2024-10-24", "to": "2025-07-14",
+                                     "current": False}
+    assert revisions.lookup(other) is None
+    together = revisions.summarise([revisions.lookup(new), revisions.lookup(other)])
+    assert together["kernelbench_files"] == 1 and together["unknown"] == 1 and together["newest_revision"] == 1
+    assert together["all_current_between"] == ["2025-07-17", "2026-01-19"]
+    assert revisions.summarise([revisions.lookup(old), revisions.lookup(new)])["all_current_between"] is None
+
+
+def test_the_packaged_revision_table_covers_kernelbench_s_levels():
+    """The table shipped in the package (scripts/kernelbench_revisions.py over a clone): every version of the
+    problem files of levels 1-3 at least, each with its dates in order; where this machine holds the benchmark's
+    files (../shared/kernelbench), every one of them is found."""
+    from pathlib import Path
+
+    from cuda_agent.suite import revisions
+
+    files = revisions.table()["files"]
+    assert len(files) > 750
+    assert {path.split("/")[0] for path, *_ in files.values()} >= {"level1", "level2", "level3"}
+    assert all(first <= last for _, first, last, _ in files.values())
+    shared = Path(__file__).resolve().parents[2] / "shared" / "kernelbench"
+    for task in sorted(shared.glob("level*/*.py")):
+        assert revisions.lookup(task) is not None, task

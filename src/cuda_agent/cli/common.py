@@ -17,6 +17,7 @@ from rich.table import Table
 from ..backend import BackendError
 from ..judge.config import JudgeConfig
 from ..judge.verdict import Verdict
+from ..suite.revisions import describe
 from .options import EXIT_USAGE
 from .program import App
 
@@ -178,6 +179,8 @@ def print_report(rep: dict, title: str, as_json: bool) -> None:
                       f"{s['fast_p_vs_eager']['fast_1.5']:.1%}")
     out.print(table)
     out.print(f"[dim]{rep['note']}[/]")
+    if rep.get("suite_revision"):
+        out.print(f"suite: {describe(rep['suite_revision'])}", highlight=False, soft_wrap=True)
     if lenient and rep["overall"]["strict"]["findings_by_kind"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in rep["overall"]["strict"]["findings_by_kind"].items())
         out.print(f"passing KernelBench's rules but not the strict judge's checks: {kinds}", highlight=False,

@@ -14,6 +14,8 @@ from plotly.subplots import make_subplots
 
 from ..agent.summary import EpisodeSummary
 from ..judge.verdict import Verdict
+from ..suite.kernelbench_runs import finding_kinds
+from ..suite.revisions import describe
 from .page import Cell, esc, figure, number, pct, table, text
 
 View = tuple[str, str, list[tuple[str, str]], list[dict[str, Any]]]
@@ -49,7 +51,9 @@ def _task_row(record: dict) -> dict[str, Any]:
             "eager_us": times.get("eager"), "compile_us": times.get("compile"), "candidate_us": times.get("candidate"),
             "speedup_vs_eager": v.get("speedup_vs_eager"), "speedup_vs_compile": v.get("speedup_vs_compile"),
             "max_abs_error": v.get("max_abs_error") if v.get("correct") or v.get("max_abs_error") else None,
-            "reason": Verdict.from_dict(v).reason, "turns": episode.get("turns"), "stop": episode.get("stop")}
+            "reason": Verdict.from_dict(v).reason, "turns": episode.get("turns"), "stop": episode.get("stop"),
+            "strict_findings": "; ".join(finding_kinds(v.get("strict_findings") or [])) or None,
+            "task_hash": record.get("task_hash")}
 
 
 def _speedup_plot(suites: list[tuple[str, dict]]) -> str:
@@ -70,26 +74,64 @@ def _speedup_plot(suites: list[tuple[str, dict]]) -> str:
     return figure(fig)
 
 
+def _revision_line(revision: dict | None) -> str:
+    """Which KernelBench revision the suite's files are (suite/revisions.py)."""
+    return f'<p class="muted">{esc(describe(revision))}</p>' if revision else ""
+
+
+def _two_rules(suite: dict) -> str:
+    """Under the kernelbench policy: per level, the pass rate by KernelBench's rules and by the strict judge's (no
+    strict finding), and which findings make the difference (e.g. "3 input changed in place")."""
+    rows = [[text(name), number(s["n"], "d"), _summary_cell(s["strict"]["pass_rate"], "rate"),
+             _summary_cell(s["strict"]["pass_rate_without_findings"], "rate"),
+             text("; ".join(f"{n} {kind}" for kind, n in s["strict"]["findings_by_kind"].items()) or "none")]
+            for name, s in _levels(suite) if s.get("strict")]
+    return table(["level", "n", "pass (KernelBench's rules)", "pass (strict judge)",
+                  "findings among KernelBench's passes"], rows, text_columns=(0, 4)) + \
+        '<p class="muted">Judged once under <code>--policy kernelbench</code>: its verdict follows KernelBench\'s ' \
+        "protocol; every check the strict judge adds still ran and is counted here. Rewards use strict only.</p>"
+
+
+def _fast_p(suite: dict) -> str:
+    """KernelBench's headline metric per level: the share of problems correct and faster than p."""
+    keys = list((suite["overall"].get("fast_p_vs_eager") or {}).keys())
+    rows = [[text(name), text(baseline)] + [_summary_cell((s.get(f"fast_p_vs_{baseline}") or {}).get(k), "rate")
+                                             for k in keys]
+            for name, s in _levels(suite) for baseline in ("eager", "compile")]
+    return table(["level", "baseline", *keys], rows, text_columns=(0, 1))
+
+
 def suite_view(suite: dict) -> View:
     levels = table(["level"] + [label for _, label, _ in SUMMARY_KEYS],
                    [[text(name)] + [_summary_cell(s.get(k), kind) for k, _, kind in SUMMARY_KEYS]
                     for name, s in _levels(suite)], text_columns=(0,))
     rows = [_task_row(r) for r in suite["tasks"]]
     episodes = any(r["turns"] is not None for r in rows)
+    lenient = any(r["verdict"].get("policy") == "kernelbench" for r in suite["tasks"])
     headers = ["level", "task", "reward", "correct", "eager (us)", "compile (us)", "candidate (us)", "x eager",
-               "x compile", "max abs error", *(["turns", "stop"] if episodes else []), "reason"]
+               "x compile", "max abs error", *(["turns", "stop"] if episodes else []),
+               *(["strict findings"] if lenient else []), "task hash", "reason"]
     cells = [[text(r["level"]), text(r["task"].split("/")[-1]), number(r["reward"], "d"),
               Cell("yes" if r["correct"] else "no", int(r["correct"]), "good" if r["correct"] else "bad"),
               number(r["eager_us"], ".1f"), number(r["compile_us"], ".1f"), number(r["candidate_us"], ".1f"),
               number(r["speedup_vs_eager"], ".2f", "x"), number(r["speedup_vs_compile"], ".2f", "x"),
               number(r["max_abs_error"], ".2e"),
-              *([number(r["turns"], "d"), text(r["stop"])] if episodes else []), text(r["reason"], "text reason")]
+              *([number(r["turns"], "d"), text(r["stop"])] if episodes else []),
+              *([text(r["strict_findings"] or "none")] if lenient else []),
+              text((r["task_hash"] or "")[:12] or None), text(r["reason"], "text reason")]
              for r in rows]
     failing = sum(1 for r in rows if not r["correct"])
-    sections = [("Per level (the paper's table)", levels + f'<p class="muted">{esc(suite.get("note", ""))}</p>'),
-                ("Speedup distribution per level (correct tasks)", _speedup_plot([("run", suite)])),
+    sections = [("Per level (the paper's table)", levels + f'<p class="muted">{esc(suite.get("note", ""))}</p>'
+                 + _revision_line(suite.get("suite_revision")))]
+    if any(s.get("strict") for _, s in _levels(suite)):
+        sections.append(("KernelBench's rules and the strict judge's", _two_rules(suite)))
+    if suite["overall"].get("fast_p_vs_eager"):
+        sections.append(("KernelBench's fast_p (correct and faster than p)", _fast_p(suite)))
+    sections += [("Speedup distribution per level (correct tasks)", _speedup_plot([("run", suite)])),
                 (f"Tasks ({len(rows)}, {failing} not correct; click a header to sort)",
-                 table(headers, cells, sortable=True, text_columns=(0, 1, len(headers) - 1)))]
+                 table(headers, cells, sortable=True, text_columns=tuple(
+                     i for i, h in enumerate(headers) if h in ("level", "task", "strict findings", "task hash",
+                                                               "reason"))))]
     return "Suite report", f"from <code>{esc(suite['source'])}</code>{_run_line(suite)}", sections, rows
 
 

@@ -24,7 +24,7 @@ from ..judge.pool import JudgePool
 from ..judge.store import Store
 from ..task import TaskError, load_task
 from ..workspace.candidate import CandidateError, load_candidate
-from . import kernelbench_runs
+from . import kernelbench_runs, revisions
 
 SUMMARY_NOTE = ("geometric means are over correct tasks only; 'faster' means speedup > 1.0; fast_p: the share of "
                 "all problems correct and faster than the baseline by more than p (KernelBench's metric)")
@@ -160,7 +160,8 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
             if future in pending:
                 record(future)
         raise
-    return [{"level": task.level, "task": task.name, "task_hash": hashes.get(i), "sample": sample,
+    return [{"level": task.level, "task": task.name, "task_hash": hashes.get(i),
+             "kernelbench_file": revisions.lookup(task.path), "sample": sample,
              "solution": str(solution) if solution else None, "verdict": verdicts[i].to_dict()}
             for i, (task, sample, solution) in enumerate(jobs)]
 
@@ -219,6 +220,7 @@ def report(records: list[dict]) -> dict:
         "levels": {lvl: summarize([r["verdict"] for r in first_records if r["level"] == lvl]) for lvl in levels},
         "overall": summarize([r["verdict"] for r in first_records]),
         "note": SUMMARY_NOTE,
+        "suite_revision": revisions.summarise([r.get("kernelbench_file") for r in first_records]),
         "tasks": records,
     }
     if len(first_records) < len(records):  # several samples per problem
