@@ -9,7 +9,8 @@
 # `agreement`: the two GPU clocks on KernelBench tasks (KERNELBENCH, AGREEMENT_TASKS, default 24); `rollout`:
 # benchmarks/rollout_speed.py; `expert`: the expert's task set built on the GPU into EXPERT_DATA (default
 # $OUT/expert-data; kept when it holds splits/ already), then its ceiling (CEILING_ARGS, default --repeats 1
-# --random 1 --limit 150; CEILING_LIMIT seconds, default 300).
+# --random 1 --limit 150; CEILING_LIMIT seconds, default 300; CEILING_FROM: an earlier slice's jsonl, e.g.
+# docs/data/expert_ceiling_h200.jsonl, to go on from: only what it lacks is judged, and the table covers both).
 # GPU_TESTS_K selects tests by pytest's -k expression (to split the run over calls of a limited length).
 # `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into DATA_DIR (default $OUT/data;
 # DATA_WORKERS, DATA_TIME_LIMIT seconds, DATA_MAX_ATTEMPTS; rerun with the same DATA_DIR to resume); KERNELBENCH
@@ -75,6 +76,7 @@ if [[ $stages == *" expert "* ]]; then
     python3 -m cuda_agent data build --family expert --target 300 --held-out 0.4 --out "$expert" --backend cuda \
       --no-compile --workers 12 ${KERNELBENCH:+--kernelbench "$KERNELBENCH"} > "$OUT/expert_data.log" 2>&1 || status=1
   fi
+  if [[ -n ${CEILING_FROM:-} ]]; then cp "$CEILING_FROM" "$OUT/ceiling.jsonl"; fi
   python3 benchmarks/expert_ceiling.py --data "$expert/splits/train.jsonl" --data "$expert/splits/held_out.jsonl" \
     --backend cuda ${CEILING_ARGS:---repeats 1 --random 1 --limit 150} --time-limit "${CEILING_LIMIT:-300}" \
     --out "$OUT/ceiling" > "$OUT/ceiling.log" 2>&1 || status=1
