@@ -4,13 +4,16 @@
 # Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements-log.md, the current numbers
 # in docs/measurements.md.
 # Usage: scripts/gpu_check.sh [tests] [build] [latency] [fresh] [suite] [throughput] [data] [agreement] [rollout]
-#        [expert]
+#        [expert] [differential]
 #   (default: tests build latency fresh suite; THROUGHPUT_ARGS adds judge_throughput.py options, e.g. --modes pool,pool2)
 # `agreement`: the two GPU clocks on KernelBench tasks (KERNELBENCH, AGREEMENT_TASKS, default 24); `rollout`:
 # benchmarks/rollout_speed.py; `expert`: the expert's task set built on the GPU into EXPERT_DATA (default
 # $OUT/expert-data; kept when it holds splits/ already), then its ceiling (CEILING_ARGS, default --repeats 1
 # --random 1 --limit 150; CEILING_LIMIT seconds, default 300; CEILING_FROM: an earlier slice's jsonl, e.g.
 # docs/data/expert_ceiling_h200.jsonl, to go on from: only what it lacks is judged, and the table covers both).
+# `differential`: KernelBench's own eval_kernel_against_ref against --policy kernelbench on the same candidates
+# (benchmarks/kernelbench_differential.py; KB_SRC: a KernelBench clone or `git archive` of one revision, e.g.
+# .kbsrc/v0.1; the tests' candidates, plus SOLUTIONS judged against KERNELBENCH when both are set).
 # GPU_TESTS_K selects tests by pytest's -k expression (to split the run over calls of a limited length).
 # `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into DATA_DIR (default $OUT/data;
 # DATA_WORKERS, DATA_TIME_LIMIT seconds, DATA_MAX_ATTEMPTS; rerun with the same DATA_DIR to resume); KERNELBENCH
@@ -66,6 +69,12 @@ if [[ $stages == *" agreement "* && -n "${KERNELBENCH:-}" ]]; then
   python3 benchmarks/gpu_clock_agreement.py --kernelbench "$KERNELBENCH" --tasks "${AGREEMENT_TASKS:-24}" \
     --out "$OUT/agreement.json" > "$OUT/agreement.log" 2>&1 || status=1
   tail -1 "$OUT/agreement.log"
+fi
+if [[ $stages == *" differential "* && -n "${KB_SRC:-}" ]]; then
+  python3 benchmarks/kernelbench_differential.py --kernelbench-src "$KB_SRC" --builtin \
+    ${SOLUTIONS:+--suite "$KERNELBENCH" --solutions "$SOLUTIONS"} --out "$OUT/differential.jsonl" \
+    > "$OUT/differential.log" 2>&1 || status=1
+  grep -A 40 "agree on correctness" "$OUT/differential.log"
 fi
 if [[ $stages == *" rollout "* ]]; then
   python3 benchmarks/rollout_speed.py --out "$OUT/rollout_speed.json" 2>&1 | tee "$OUT/rollout_speed.log" || status=1

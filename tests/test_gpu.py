@@ -48,6 +48,22 @@ def test_cuda_single_file_load_inline(gpu_judge):
     assert verdict.reward >= 1
 
 
+@pytest.mark.parametrize("method", ["kernelbench", "kernelbench-v0.1"])
+def test_kernelbench_s_timing_runs_beside_ours_on_the_gpu_for_a_workspace_and_a_load_inline_file(cache_dir, method):
+    """Both kinds of candidate get KernelBench's CUDA-event timing in a second process; on a plain pointwise kernel
+    its speedups agree with the judge's within a factor of 3 (methods differ: events and mean vs our median)."""
+    from cuda_agent.judge import Judge
+
+    with Judge("cuda", fast_config(cache_dir, policy="kernelbench", timing=method)) as judge:
+        for cand in (CANDIDATES / "affine_relu_cuda", CANDIDATES / "affine_relu_cuda_single.py"):
+            v = judge.evaluate(AFFINE, cand)
+            kb = v.kernelbench_timing
+            assert v.correct and not kb.get("error"), (v.error, kb)
+            assert kb["method"] == method and kb["stats_ms"]["candidate"]["num_trials"] == 100, kb
+            assert kb["compile_ms"] and not kb["compile_error"], kb
+            assert 1 / 3 < kb["speedup_vs_eager"] / v.speedup_vs_eager < 3, (kb, v.speedup_vs_eager)
+
+
 def test_a_single_file_built_for_an_older_gpu_gets_machine_code_for_this_one(gpu_judge, tmp_path):
     source = (CANDIDATES / "affine_relu_cuda_single.py").read_text()
     older = tmp_path / "older_gpu.py"

@@ -77,3 +77,40 @@ def test_a_candidate_with_its_own_parameter_names_passes_kernelbench_and_says_wh
         wrong = judge.evaluate(LINEAR_GELU, swapped)
         assert not wrong.correct and "Output mismatch" in wrong.error, wrong.error
     # (the strict judge refuses such a candidate: test_judge_cpu's state-dict test)
+
+
+def test_kernelbench_s_timing_loops_call_warm_up_discard_and_keep_as_each_revision_does():
+    calls = []
+    current, first = kernelbench.TIMINGS["kernelbench"], kernelbench.TIMINGS["kernelbench-v0.1"]
+    times = kernelbench.time_calls(lambda x: calls.append(x), [1], current, "cpu")
+    assert len(times) == 100 and len(calls) == 3 + 1 + 100 and all(t >= 0 for t in times)
+    calls.clear()
+    assert len(kernelbench.time_calls(lambda x: calls.append(x), [1], current, "cpu", reference=True)) == 100
+    assert len(calls) == 5 + 1 + 100  # measure_ref_program_time warms up 5 times
+    calls.clear()
+    kernelbench.time_calls(lambda x: calls.append(x), [1], first, "cpu")
+    assert len(calls) == 3 + 100 and not first.flush_l2 and current.flush_l2
+    stats = kernelbench.timing_stats([1.0, 3.0])
+    assert stats == {"mean": 2.0, "std": 1.0, "min": 1.0, "max": 3.0, "num_trials": 2}
+    from cuda_agent.judge.config import TIMINGS
+    assert set(TIMINGS) == {"ours", *kernelbench.TIMINGS}
+
+
+def test_kernelbench_timing_is_reported_beside_the_judge_s_and_a_candidate_that_fakes_it_gains_nothing(
+        cache_dir, tmp_path):
+    """KernelBench times ModelNew inside the candidate's process: a candidate can fake that number (here it
+    replaces the timing loop when imported), so it is reported as the candidate's and the verdict ignores it."""
+    honest = candidate(tmp_path, "honest", "        self.linear = torch.nn.Linear(features, features)\n"
+                       "        self.w, self.b = self.linear.weight, self.linear.bias\n")
+    faker = tmp_path / "faker.py"
+    faker.write_text(honest.read_text() + "\n\nfrom cuda_agent.judge import kernelbench as _kb\n"
+                     "_kb.time_calls = lambda *args, **kwargs: [1e-9] * 100\n")
+    with Judge("cpu", fast_config(cache_dir, policy="kernelbench", timing="kernelbench")) as judge:
+        v = judge.evaluate(LINEAR_GELU, faker)
+    assert v.correct and v.speedup_vs_eager is not None, v.error
+    kb = v.kernelbench_timing
+    assert kb["method"] == "kernelbench" and "candidate's own process" in kb["measured"], kb
+    assert kb["speedup_vs_eager"] > 1e4 and kb["candidate_ms"] < 1e-8  # what the candidate's process said
+    assert kb["stats_ms"]["eager"]["num_trials"] == 100 and 1e-4 < kb["eager_ms"] < 1e3  # the reference's, real
+    assert kb["compile_ms"] > 1e-4 or kb["compile_error"], kb
+    assert v.speedup_vs_eager < 100 and "kernelbench_timing" in v.phases_s, v.phases_s  # the judge's own clock

@@ -86,6 +86,32 @@ def test_a_generation_folder_is_judged_sample_by_sample_with_fast_p_and_strict_f
     assert again.judged == []
 
 
+def test_kernelbench_s_timing_is_set_beside_the_judge_s_per_level_in_the_report_and_on_the_page(tmp_path):
+    def verdict(reward, ours, theirs, error=None):
+        kb = {"method": "kernelbench", "speedup_vs_eager": theirs, "speedup_vs_compile": theirs and theirs / 2,
+              "error": error} if reward >= 1 else {}
+        return Verdict(reward=reward, compiled=True, correct=reward >= 1, speedup_vs_eager=ours,
+                       speedup_vs_compile=ours and ours / 4, kernelbench_timing=kb).to_dict()
+    records = [{"level": "level1", "task": f"level1/{i}_T.py", "sample": None, "verdict": v}
+               for i, v in enumerate([verdict(3, 2.0, 4.0), verdict(2, 1.0, 1.0), verdict(1, 0.5, None, "boom"),
+                                      verdict(-1, None, None)])]
+    rep = report(records)
+    kb = rep["overall"]["kernelbench_timing"]
+    assert kb["method"] == "kernelbench" and kb["timed"] == 2 and kb["failed"] == 1
+    assert abs(kb["geomean_speedup_vs_eager"] - 2.0) < 1e-9  # sqrt(4 * 1)
+    assert abs(kb["geomean_speedup_vs_eager_ours"] - 2 ** 0.5) < 1e-9
+    assert kb["median_ratio_eager"] == 1.5 and kb["median_ratio_compile"] == 3.0  # (4/2 + 1/1) / 2; ours / 4
+    assert kb["fast_p_vs_eager"]["fast_1.5"] == 0.25 and kb["fast_p_vs_eager"]["fast_0.5"] == 0.5  # of all 4
+    assert "kernelbench_timing" not in report(records[3:])["overall"]
+    import json
+
+    from cuda_agent.report import write_report
+
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    page = write_report(tmp_path / "report.json", tmp_path / "page.html")[0].read_text()
+    assert "timing and the judge" in page and "x eager (KB timing)" in page and ">4.00x<" in page
+
+
 def test_finding_kinds_name_what_the_strict_judge_would_have_failed():
     found = kernelbench_runs.finding_kinds([
         "ModelNew does not take Model's state dict (strict would fail): missing: w",

@@ -181,6 +181,14 @@ def print_report(rep: dict, title: str, as_json: bool) -> None:
     out.print(f"[dim]{rep['note']}[/]")
     if rep.get("suite_revision"):
         out.print(f"suite: {describe(rep['suite_revision'])}", highlight=False, soft_wrap=True)
+    kb = rep["overall"].get("kernelbench_timing")
+    if kb:
+        def pair(key: str) -> str:
+            return f"{fmt(kb[key], '.2f', 'x')} (ours {fmt(kb[key + '_ours'], '.2f', 'x')})"
+        out.print(f"{kb['method']} timing (in the candidate's process; {kb['timed']} tasks, {kb['failed']} failed): "
+                  f"geomean vs eager {pair('geomean_speedup_vs_eager')}, vs compile "
+                  f"{pair('geomean_speedup_vs_compile')}, fast_1.5 {kb['fast_p_vs_eager']['fast_1.5']:.1%}",
+                  highlight=False, soft_wrap=True)
     if lenient and rep["overall"]["strict"]["findings_by_kind"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in rep["overall"]["strict"]["findings_by_kind"].items())
         out.print(f"passing KernelBench's rules but not the strict judge's checks: {kinds}", highlight=False,

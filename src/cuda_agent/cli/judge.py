@@ -19,7 +19,7 @@ from . import common
 from .common import (app, err, fail, fmt, integers, make_judge, make_pool, notify, out, print_report,
                      writable)
 from .options import (BACKEND_HELP, EXIT_REJECTED, FAIL_ON_REJECT, SUITE_HELP, AllowTf32, Atol, Backends, CacheDir,
-                      CompileMode, MaxErrorRatio, Policy, Rtol, SandboxMode, Timeout, Trials)
+                      CompileMode, MaxErrorRatio, Policy, Rtol, SandboxMode, Timeout, Timing, Trials)
 from .progress import Progress
 
 def _print_verdict(v) -> None:
@@ -38,6 +38,12 @@ def _print_verdict(v) -> None:
     if v.speedup_vs_eager or v.speedup_vs_compile:
         rows.append(("speedup", f"vs eager {fmt(v.speedup_vs_eager, '.2f', 'x')}   "
                                 f"vs compile {fmt(v.speedup_vs_compile, '.2f', 'x')}"))
+    kb = v.kernelbench_timing
+    if kb:
+        rows.append((kb["method"], kb["error"] if kb.get("error") else
+                     f"eager {fmt(kb['eager_ms'], '.4g')}   compile {fmt(kb['compile_ms'], '.4g')}   candidate "
+                     f"{fmt(kb['candidate_ms'], '.4g')} ms   speedup vs eager {fmt(kb['speedup_vs_eager'], '.2f', 'x')}"
+                     f"   vs compile {fmt(kb['speedup_vs_compile'], '.2f', 'x')}   (in the candidate's process)"))
     if v.correct or v.max_abs_error:  # outputs were compared
         e = v.error_vs_fp64
         rows.append(("numerics", f"max abs error {fmt(v.max_abs_error, '.2e')}   rel {fmt(v.max_rel_error, '.2e')}"
@@ -88,6 +94,7 @@ def eval_cmd(
     keep: bool = typer.Option(False, help="keep the evaluation's working folder for debugging"),
     sandbox_mode: SandboxMode = JudgeConfig.sandbox,
     policy: Policy = JudgeConfig.policy,
+    timing: Timing = JudgeConfig.timing,
     fail_on_reject: bool = FAIL_ON_REJECT,
 ) -> None:
     """Judge one candidate against a reference: build, verify, audit, time, reward."""
@@ -100,7 +107,7 @@ def eval_cmd(
             reference = dataset_row(reference, row, rows)
         judge = make_judge(backend, cache_dir, trials, seed, atol=atol, rtol=rtol, allow_tf32=allow_tf32,
                        keep_run_dirs=keep, compile_mode=compile_mode, run_timeout_s=timeout,
-                       max_error_ratio=max_error_ratio, sandbox=sandbox_mode, policy=policy)
+                       max_error_ratio=max_error_ratio, sandbox=sandbox_mode, policy=policy, timing=timing)
         what = f"judging {solution} against {reference.name} on {backend}"
         with judge, err.status(f"{what}...") as status:
             judge.on_phase = _phase_reporter(status, what)
@@ -135,6 +142,7 @@ def eval_suite_cmd(
     cache_dir: CacheDir = None,
     sandbox_mode: SandboxMode = JudgeConfig.sandbox,
     policy: Policy = JudgeConfig.policy,
+    timing: Timing = JudgeConfig.timing,
     db: Optional[Path] = typer.Option(None, help="results database (default: in the cache); reruns resume from it"),
     workers: Optional[int] = typer.Option(None, min=1, help="evaluations in flight at once (default: enough for every "
                                           "core and GPU; 1: one at a time)"),
@@ -161,7 +169,7 @@ def eval_suite_cmd(
             raise ValueError(f"--rejudge {unmatched[0]}: matches no task (names look like {tasks[0].name})")
         config = common.config(cache_dir, trials, atol=atol, rtol=rtol, allow_tf32=allow_tf32,
                                compile_mode=compile_mode, run_timeout_s=timeout, max_error_ratio=max_error_ratio,
-                               sandbox=sandbox_mode, policy=policy)
+                               sandbox=sandbox_mode, policy=policy, timing=timing)
         pool = make_pool(backend, config, gpus, workers)
     except (FileNotFoundError, BackendError, ValueError) as exc:
         fail(str(exc), as_json)

@@ -47,6 +47,10 @@ CacheDir = Annotated[Optional[Path], typer.Option(help="judge cache (default ~/.
                                                        "$CUDA_AGENT_CACHE)")]
 SandboxMode = Annotated[Literal["auto", "required", "none"], typer.Option("--sandbox", help=SANDBOX_HELP)]
 Policy = Annotated[Literal["strict", "kernelbench"], typer.Option(help=POLICY_HELP)]
+TIMING_HELP = ("ours (the judge's clock: what verdicts and rewards use), or also KernelBench's own timing beside it "
+               "(kernelbench: its current loop, CUDA events, L2 flushed, 100 trials; kernelbench-v0.1: its first "
+               "release's, no flush), measured in the candidate's process and reported as that")
+Timing = Annotated[Literal["ours", "kernelbench", "kernelbench-v0.1"], typer.Option("--timing", help=TIMING_HELP)]
 
 
 # Exit codes (README "Exit codes"): 0 the command did its work (a verdict was produced, whatever its reward),

@@ -62,6 +62,7 @@ class PolicyConfig:
 
 
 POLICIES = ("strict", "kernelbench")
+TIMINGS = ("ours", "kernelbench", "kernelbench-v0.1")  # kernelbench.TIMINGS, and ours
 
 
 def default_cache_dir() -> Path:
@@ -119,6 +120,9 @@ class JudgeConfig:
     # strict: CUDA Agent's rules (compute only in the candidate's own kernels; the only policy rewards use);
     # kernelbench: KernelBench's (torch ops allowed in ModelNew), every correctness, isolation and timing defence kept.
     policy: str = "strict"
+    # ours (the judge's clock, the only one verdicts use), or also a KernelBench revision's own timing beside it,
+    # measured in the candidate's process and reported in `verdict.kernelbench_timing` (kernelbench.TIMINGS)
+    timing: str = "ours"
     rules: PolicyConfig = field(default_factory=PolicyConfig)  # what `strict` allows
 
     def timing_key(self) -> str:

@@ -22,6 +22,7 @@ from ..workspace.candidate import Candidate
 from ..workspace.inline import InlineError
 from .checks.policy import scan_sources
 from .checks.symbols import library_problems
+from . import kernelbench_timing
 from .in_process_path import InProcessPath
 from .references import ReferenceFailed, ReferenceWorker
 from .scoring.score import score
@@ -104,6 +105,9 @@ class Evaluation:
                 self.phases.mark("reference_queued")
                 begun = self.begin()
                 outcome = self.verify_and_time() if begun is not None else None
+                if outcome is not None and self.cfg.timing != "ours":
+                    self.verdict.kernelbench_timing = kernelbench_timing.measure(self)
+                    self.phases.mark("kernelbench_timing")
             if outcome is not None:
                 self.score(outcome, begun["work"])
         except WorkerDied as exc:
@@ -130,15 +134,19 @@ class Evaluation:
             return
         task_file = run_dir / "task" / self.task.path.name  # the candidate's view holds this folder
         task_file.write_text(self.task.source)
-        judge = self.judge
         self.worker = self.slot.worker
-        self.worker.send({"request": {
-            "build_dir": str(build.build_dir), "kind": self.cand.kind, "backend": judge.backend.name,
-            "task_path": str(task_file), "allow_tf32": cfg.allow_tf32, "allowed_ops": list(cfg.rules.allowed_ops),
-            "audit_ops": cfg.policy == "strict", "timing": judge.timing(), "sandboxed": judge.sandboxed,
-            "trusted_inputs": judge.backend.trusted_clock, "output_pool": judge.output_pool, "policy": cfg.policy}})
+        self.worker.send({"request": self.candidate_request()})
         if self.worker.sandbox:
             verdict.sandbox = self.worker.sandbox.describe()
+
+    def candidate_request(self, **changed: Any) -> dict[str, Any]:
+        """What the candidate's worker is told to load and how (`changed`: a second worker's differences)."""
+        judge, cfg = self.judge, self.cfg
+        return {"build_dir": str(self.build.build_dir), "kind": self.cand.kind, "backend": judge.backend.name,
+                "task_path": str(self.slot.run_dir / "task" / self.task.path.name), "allow_tf32": cfg.allow_tf32,
+                "allowed_ops": list(cfg.rules.allowed_ops), "audit_ops": cfg.policy == "strict",
+                "timing": judge.timing(), "sandboxed": judge.sandboxed, "trusted_inputs": judge.backend.trusted_clock,
+                "output_pool": judge.output_pool, "policy": cfg.policy, **changed}
 
     def reference_ready(self) -> dict[str, Any]:
         ready = self.ref.wait_ready(self.cfg.reference_timeout_s)
@@ -246,7 +254,7 @@ class Evaluation:
 
     def _build(self, build_dir: Path) -> BuildResult:
         """A workspace is built here, and its library's symbols checked (strict); a single file's `load_inline`
-        calls are built when its worker asks (`_serve_builds`)."""
+        calls are built when its worker asks (`serve_builds`)."""
         if self.cand.kind == "single_file":
             build_dir.mkdir(parents=True, exist_ok=True)
             self.cand.write_to(build_dir)
@@ -260,7 +268,7 @@ class Evaluation:
         """The candidate's next message (its load_inline builds served on the way); None when it failed or broke the
         policy there (the verdict says which)."""
         verdict = self.verdict
-        msg = self._serve_builds()
+        msg = self.serve_builds()
         verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
         if verdict.policy_violations:
             verdict.error = f"policy violation: {verdict.policy_violations[0]}"
@@ -271,18 +279,19 @@ class Evaluation:
             return msg
         return None
 
-    def _serve_builds(self) -> dict[str, Any]:
-        """The worker's next message, building the `load_inline` calls it asks for on the way (workspace/inline.py).
-        The evaluation's builds share one budget: at most `max_builds` calls and `build_budget_s` seconds with the
-        workspace's build, each call's build stopped when the budget is spent. The worker has `run_timeout_s` plus
-        the build budget from now, builds included: nothing is added back."""
+    def serve_builds(self, inline: list[dict] | None = None) -> dict[str, Any]:
+        """The worker's next message, building the `load_inline` calls it asks for on the way (workspace/inline.py),
+        each recorded in `inline` (default: the verdict's build record). The evaluation's builds share one budget:
+        at most `max_builds` calls and `build_budget_s` seconds with the workspace's build, each call's build stopped
+        when the budget is spent. The worker has `run_timeout_s` plus the build budget from now, builds included:
+        nothing is added back."""
         cfg, verdict, worker = self.cfg, self.verdict, self.worker
         deadline = time.monotonic() + cfg.run_timeout_s + cfg.build_budget_s
         while True:
             msg = worker.receive(deadline)
             if msg.get("event") != "build":
                 return msg
-            inline = verdict.build.setdefault("inline", [])
+            inline = verdict.build.setdefault("inline", []) if inline is None else inline
             spent = verdict.build.get("seconds", 0.0) + sum(b.get("seconds", 0.0) for b in inline)
             left = min(cfg.build_budget_s - spent, deadline - time.monotonic())
             if len(inline) >= cfg.max_builds or left <= 0:

@@ -31,7 +31,7 @@ from ..workspace.inline import InlineBuilder
 from . import kernelbench
 from .candidate import output_pool
 from .checks.policy import COMPUTE_PACKAGES, compute_packages
-from .config import POLICIES, JudgeConfig
+from .config import POLICIES, TIMINGS, JudgeConfig
 from .device_lock import DeviceLock
 from .evaluation import Evaluation
 from .memory_budget import MemoryBudget
@@ -62,6 +62,8 @@ class Judge:
         self.backend.check_toolchain()
         if self.config.policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {self.config.policy!r}")
+        if self.config.timing not in TIMINGS:
+            raise ValueError(f"timing must be one of {', '.join(TIMINGS)}, not {self.config.timing!r}")
         self.cache_dir = Path(self.config.cache_dir).expanduser().resolve()
         (self.cache_dir / "runs").mkdir(parents=True, exist_ok=True)
         try:

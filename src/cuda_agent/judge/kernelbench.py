@@ -9,11 +9,16 @@ seeding and then moved (`inputs`), and compare one output with `torch.allclose` 
 (`compare`): 1e-2 in the releases whose numbers were published (v0.1; its newer code uses 1e-4 for fp32).
 
 Everything here runs on the trusted side (the reference worker), except `construct`, which both sides run: the
-candidate's construction only makes the weights its outputs are then compared with.
+candidate's construction only makes the weights its outputs are then compared with; and its timing method
+(`TIMINGS`, `time_calls`), which `--timing kernelbench` runs beside the judge's own clock and never in a verdict's
+decision (kernelbench_timing.py).
 """
 
 from __future__ import annotations
 
+import math
+import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -81,3 +86,67 @@ def compare(ref: Any, got: Any, atol: float = TOLERANCE, rtol: float = TOLERANCE
         return None
     diff = (ref.double() - got.double()).abs()
     return f"Output mismatch: max difference {float(diff.max()):.6g}, mean {float(diff.mean()):.6g}"
+
+
+@dataclass(frozen=True)
+class TimingMethod:
+    """How one KernelBench revision times a model: CUDA events around each call, after `warmup` calls (the
+    reference's: `ref_warmup`), `trials` kept after discarding the first `discard_first`; with `flush_l2`, 256 MB
+    of int64 written before each trial and the device synchronised before and after it; the runtime is the mean."""
+    name: str
+    revision: str
+    warmup: int
+    ref_warmup: int
+    trials: int
+    discard_first: int
+    flush_l2: bool
+
+
+TIMINGS = {
+    # src/kernelbench/timing.py from b6c5259 (2026-01-19): time_execution_with_cuda_event; measure_ref_program_time
+    "kernelbench": TimingMethod("kernelbench", "b6c5259 (2026-01-19)", warmup=3, ref_warmup=5, trials=100,
+                                discard_first=1, flush_l2=True),
+    # src/eval.py and scripts/generate_baseline_time.py of the first release, whose numbers were published
+    "kernelbench-v0.1": TimingMethod("kernelbench-v0.1", "48642c5 (2024-12)", warmup=3, ref_warmup=3, trials=100,
+                                     discard_first=0, flush_l2=False),
+}
+
+
+def time_calls(fn: Callable[..., Any], args: list, method: TimingMethod, device: str, reference: bool = False
+               ) -> list[float]:
+    """Its timing loop: milliseconds per kept trial. On the cpu backend (KernelBench has none) the host clock
+    around each call takes the events' place, and there is no cache to flush."""
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(method.ref_warmup if reference else method.warmup):
+        fn(*args)
+        sync()
+    if cuda and method.flush_l2:
+        torch.cuda.empty_cache()
+    times = []
+    for trial in range(method.trials + method.discard_first):
+        if method.flush_l2:
+            sync()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if method.flush_l2:
+                torch.empty((32, 1024, 1024), dtype=torch.int64, device="cuda").fill_(42)
+            start.record()
+            fn(*args)
+            end.record()
+            sync()
+            ms = start.elapsed_time(end)
+        else:
+            began = time.perf_counter()
+            fn(*args)
+            ms = (time.perf_counter() - began) * 1e3
+        if trial >= method.discard_first:
+            times.append(ms)
+    return times
+
+
+def timing_stats(times: list[float]) -> dict[str, float]:
+    """Its summary of one timing (mean, std (population), min, max in ms; num_trials)."""
+    mean = sum(times) / len(times)
+    std = math.sqrt(sum((t - mean) ** 2 for t in times) / len(times))
+    return {"mean": mean, "std": std, "min": min(times), "max": max(times), "num_trials": len(times)}

@@ -36,6 +36,8 @@ class Verdict:
     policy: str = "strict"  # the rules it was judged by (strict: CUDA Agent's; kernelbench)
     # kernelbench: what the strict judge would also have found (none of it changes this verdict)
     strict_findings: list[str] = field(default_factory=list)
+    # --timing kernelbench: KernelBench's timing, made in the candidate's own process (it decides nothing here)
+    kernelbench_timing: dict[str, Any] = field(default_factory=dict)
     task: dict[str, Any] = field(default_factory=dict)
     candidate: dict[str, Any] = field(default_factory=dict)
     build: dict[str, Any] = field(default_factory=dict)

@@ -53,7 +53,9 @@ def _task_row(record: dict) -> dict[str, Any]:
             "max_abs_error": v.get("max_abs_error") if v.get("correct") or v.get("max_abs_error") else None,
             "reason": Verdict.from_dict(v).reason, "turns": episode.get("turns"), "stop": episode.get("stop"),
             "strict_findings": "; ".join(finding_kinds(v.get("strict_findings") or [])) or None,
-            "task_hash": record.get("task_hash")}
+            "task_hash": record.get("task_hash"),
+            "kb_vs_eager": (v.get("kernelbench_timing") or {}).get("speedup_vs_eager"),
+            "kb_vs_compile": (v.get("kernelbench_timing") or {}).get("speedup_vs_compile")}
 
 
 def _speedup_plot(suites: list[tuple[str, dict]]) -> str:
@@ -101,6 +103,22 @@ def _fast_p(suite: dict) -> str:
     return table(["level", "baseline", *keys], rows, text_columns=(0, 1))
 
 
+def _two_clocks(suite: dict) -> str:
+    """Under `--timing kernelbench`: per level, the speedups by KernelBench's own timing (made in the candidate's
+    process) beside the judge's, over the same tasks."""
+    rows = [[text(name), number(k["timed"], "d")] + [
+        number(k[key], ".2f", "x") if "ratio" not in key else number(k[key], ".2f")
+        for key in ("geomean_speedup_vs_eager", "geomean_speedup_vs_eager_ours", "median_ratio_eager",
+                    "geomean_speedup_vs_compile", "geomean_speedup_vs_compile_ours", "median_ratio_compile")]
+            for name, s in _levels(suite) for k in [s.get("kernelbench_timing")] if k]
+    method = next(s["kernelbench_timing"]["method"] for _, s in _levels(suite) if s.get("kernelbench_timing"))
+    return table(["level", "timed", "x eager (KernelBench's)", "x eager (ours)", "median ratio",
+                  "x compile (KernelBench's)", "x compile (ours)", "median ratio"], rows, text_columns=(0,)) + \
+        f'<p class="muted">KernelBench\'s timing ({esc(method)}): CUDA events in the candidate\'s own process, its ' \
+        "warm-ups, trials and flush; a candidate can fool it, so no verdict uses it. Ours: the judge's clock. The " \
+        "median ratio is KernelBench's speedup over ours, task by task.</p>"
+
+
 def suite_view(suite: dict) -> View:
     levels = table(["level"] + [label for _, label, _ in SUMMARY_KEYS],
                    [[text(name)] + [_summary_cell(s.get(k), kind) for k, _, kind in SUMMARY_KEYS]
@@ -108,9 +126,11 @@ def suite_view(suite: dict) -> View:
     rows = [_task_row(r) for r in suite["tasks"]]
     episodes = any(r["turns"] is not None for r in rows)
     lenient = any(r["verdict"].get("policy") == "kernelbench" for r in suite["tasks"])
+    clocks = any(r["kb_vs_eager"] for r in rows)
     headers = ["level", "task", "reward", "correct", "eager (us)", "compile (us)", "candidate (us)", "x eager",
                "x compile", "max abs error", *(["turns", "stop"] if episodes else []),
-               *(["strict findings"] if lenient else []), "task hash", "reason"]
+               *(["strict findings"] if lenient else []), *(["x eager (KB timing)", "x compile (KB timing)"]
+                                                             if clocks else []), "task hash", "reason"]
     cells = [[text(r["level"]), text(r["task"].split("/")[-1]), number(r["reward"], "d"),
               Cell("yes" if r["correct"] else "no", int(r["correct"]), "good" if r["correct"] else "bad"),
               number(r["eager_us"], ".1f"), number(r["compile_us"], ".1f"), number(r["candidate_us"], ".1f"),
@@ -118,6 +138,7 @@ def suite_view(suite: dict) -> View:
               number(r["max_abs_error"], ".2e"),
               *([number(r["turns"], "d"), text(r["stop"])] if episodes else []),
               *([text(r["strict_findings"] or "none")] if lenient else []),
+              *([number(r["kb_vs_eager"], ".2f", "x"), number(r["kb_vs_compile"], ".2f", "x")] if clocks else []),
               text((r["task_hash"] or "")[:12] or None), text(r["reason"], "text reason")]
              for r in rows]
     failing = sum(1 for r in rows if not r["correct"])
@@ -125,6 +146,8 @@ def suite_view(suite: dict) -> View:
                  + _revision_line(suite.get("suite_revision")))]
     if any(s.get("strict") for _, s in _levels(suite)):
         sections.append(("KernelBench's rules and the strict judge's", _two_rules(suite)))
+    if suite["overall"].get("kernelbench_timing"):
+        sections.append(("KernelBench's timing and the judge's", _two_clocks(suite)))
     if suite["overall"].get("fast_p_vs_eager"):
         sections.append(("KernelBench's fast_p (correct and faster than p)", _fast_p(suite)))
     sections += [("Speedup distribution per level (correct tasks)", _speedup_plot([("run", suite)])),

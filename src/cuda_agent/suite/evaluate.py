@@ -168,7 +168,8 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
 
 def summarize(verdicts: list[dict]) -> dict:
     """One verdict per problem: pass rate, faster-than rates, geometric mean speedups, mean reward, KernelBench's
-    `fast_p` against eager and against torch.compile, and under the kernelbench policy what strict would add."""
+    `fast_p` against eager and against torch.compile, under the kernelbench policy what strict would add, and with
+    `--timing kernelbench` the speedups by KernelBench's own timing beside these."""
     n = len(verdicts)
     correct = [v for v in verdicts if v["correct"]]
     eager = [v["speedup_vs_eager"] for v in correct if v.get("speedup_vs_eager")]
@@ -193,6 +194,9 @@ def summarize(verdicts: list[dict]) -> dict:
     }
     if any(v.get("policy") == "kernelbench" for v in verdicts):
         summary["strict"] = kernelbench_runs.strict_view(verdicts)
+    timed = kernelbench_runs.timing_view(verdicts)
+    if timed:
+        summary["kernelbench_timing"] = timed
     return summary
 
 

@@ -4,12 +4,16 @@ A KernelBench generation folder holds `level_L_problem_P_sample_S_kernel.py` fil
 per problem; P is the number that starts the problem's file name). Its headline metric is `fast_p`: the share of
 all problems whose sample 0 is correct and faster than the baseline by more than p (its `score.fastp`, over
 `benchmark_eval_analysis.py`'s thresholds). Under `--policy kernelbench` a verdict's `strict_findings` say what
-the strict judge would have failed it on; `finding_kinds` names them for the report.
+the strict judge would have failed it on; `finding_kinds` names them for the report. Under `--timing kernelbench`
+each correct verdict also holds KernelBench's own timing (made in the candidate's process): `timing_view` sets its
+speedups beside the judge's.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -69,3 +73,29 @@ def strict_view(verdicts: list[dict]) -> dict:
     return {"pass_rate": len(passing) / n if n else 0.0,
             "pass_rate_without_findings": sum(1 for v in passing if not v.get("strict_findings")) / n if n else 0.0,
             "findings_by_kind": dict(counts.most_common())}
+
+
+def timing_view(verdicts: list[dict]) -> dict | None:
+    """The speedups by KernelBench's timing method (`verdict.kernelbench_timing`) beside the judge's, over the
+    correct verdicts timed both ways: geometric means, `fast_p` over all problems, and the median ratio of
+    KernelBench's speedup to the judge's per task (None when nothing was timed its way)."""
+    measured = [v["kernelbench_timing"] for v in verdicts if v["correct"] and v.get("kernelbench_timing")]
+    if not measured:
+        return None
+    timed = [v for v in verdicts if v["correct"] and (v.get("kernelbench_timing") or {}).get("speedup_vs_eager")]
+    n = len(verdicts)
+
+    def geomean(xs: list[float]) -> float | None:
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+    out: dict = {"method": measured[0]["method"], "timed": len(timed), "failed": sum(1 for k in measured
+                                                                                     if k.get("error"))}
+    for base in ("eager", "compile"):
+        key = f"speedup_vs_{base}"
+        theirs = [v["kernelbench_timing"].get(key) for v in timed]
+        pairs = [(t, v.get(key)) for t, v in zip(theirs, timed) if t and v.get(key)]
+        out[f"geomean_{key}"] = geomean([t for t in theirs if t])
+        out[f"geomean_{key}_ours"] = geomean([o for _, o in pairs])
+        out[f"median_ratio_{base}"] = statistics.median(t / o for t, o in pairs) if pairs else None
+        out[f"fast_p_vs_{base}"] = fast_p([{"correct": True, key: t} for t in theirs], n, key)
+    return out

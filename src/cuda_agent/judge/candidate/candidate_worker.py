@@ -448,6 +448,18 @@ class LoadedCandidate:
         return {**stats, "violations": violations}
 
 
+    def kernelbench_time(self, method: str) -> dict:
+        """KernelBench's timing of ModelNew on its inputs (seed 42), as it does it, in this process: whatever this
+        reports, the candidate's code could have changed (kernelbench_timing.py)."""
+        task = self.task or import_file(self.req["task_path"], "task_inputs")
+        try:
+            inputs = kernelbench.inputs(task.get_inputs, kernelbench.SEED, self.device)
+            with torch.no_grad():
+                return {"ms": kernelbench.time_calls(self.model, inputs, kernelbench.TIMINGS[method], self.device)}
+        except Exception as exc:
+            return {"error": f"{one_line(exc)}{raised_at(exc)}"}
+
+
 class TimedCalls(Hooks):
     """The timing loop's calls: each one on a fresh input set from a seed the judge sends just before it (written
     into the same buffers); before the next, the judge may ask for the outputs of the one that just ran."""
@@ -530,6 +542,7 @@ def start(req: dict, chan: Channel) -> dict:
         "trial": checked(lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]),
                                                                    cmd.get("shapes"), cmd.get("scale")))),
         "time": checked(lambda cmd: ("timed", {"stats": cand.time(), "memory_peak": cand.backend.memory_peak()})),
+        "kernelbench_time": lambda cmd: ("kernelbench_timed", cand.kernelbench_time(cmd["method"])),
     }
 
 

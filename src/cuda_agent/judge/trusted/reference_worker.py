@@ -425,6 +425,22 @@ class Reference:
         self._release()
         return stats
 
+    def kernelbench_time(self, method: str) -> dict:
+        """KernelBench's timing of Model on its inputs (seed 42): eager, and under a torch.compile of its own
+        (inductor, default mode: KernelBench's baseline; compiled during its warm-up calls, as there)."""
+        timing = kernelbench.TIMINGS[method]
+        inputs = _step("get_inputs()", kernelbench.inputs, self.module.get_inputs, kernelbench.SEED, self.device)
+        with torch.no_grad():
+            eager = _step("Model.forward", kernelbench.time_calls, self.model, inputs, timing, self.device, True)
+            try:
+                compiled = kernelbench.time_calls(torch.compile(self.model, backend="inductor"), inputs, timing,
+                                                  self.device, True)
+                error = None
+            except Exception as exc:
+                compiled, error = None, one_line(exc)
+        self._release()
+        return {"eager": eager, "compile": compiled, "compile_error": error}
+
 
 class DeviceGate:
     """The judge's shared hold on the device during torch.compile's first run, seen from this worker. It holds the
@@ -587,6 +603,7 @@ def start(req: dict, chan: Channel) -> dict:
         "compare": compare,
         "time": lambda cmd: ("baselines", ref.time_baselines()),
         "time_eager": lambda cmd: ("eager_timed", {"stats": ref.time_eager(cmd["timing"])}),
+        "kernelbench_time": lambda cmd: ("kernelbench_timed", ref.kernelbench_time(cmd["method"])),
         "prepare": lambda cmd: ("prepared", ref.prepare_baselines(DeviceGate(chan) if cmd.get("gate") else None)),
         "memory": lambda cmd: ("memory", {"bytes": ref.backend.memory_held(), "peak": ref.backend.memory_peak(),
                                           "total": ref.backend.memory_total()}),
