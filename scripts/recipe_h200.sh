@@ -4,7 +4,8 @@
 # SMOL/gguf.part00 and `stash`es it; call 2 carries SMOL/gguf.part01 and the gguf wheel and `run`s: the parts
 # joined and checked, the model converted, the recipe run on the H200 task set (docs/data/expert_tasks_h200) cut
 # to TRAIN_TASKS and HELD_TASKS tasks, within TIME_LIMIT seconds (then it stops at a step boundary; recipe.json says
-# where; a finished expert step of another run on the machine is reused). What comes back (under $OUT): run.tar.gz, the run folder's small files in its layout (recipe.json, every
+# where; a finished expert step of another run on the machine is reused; give the device call TIME_LIMIT + GRACE +
+# about 60 s for the packing). What comes back (under $OUT): run.tar.gz, the run folder's small files in its layout (recipe.json, every
 # step's done.json and metrics.jsonl, the evaluations' tables and episode folders, the tasks; `tar xzf` it where
 # `train audit` should read it), the LoRA adapters' weights under adapters/ when LORA_RANK > 0, and the log; never
 # the full weights.
@@ -50,6 +51,9 @@ case "${1:-}" in
       fi
     done
     status=0
+    # the recipe stops itself at TIME_LIMIT (inside a step too: a reply being sampled is dropped and played again
+    # by the next call); GRACE seconds later it is interrupted as by Ctrl-C, and what it has is packed either way
+    timeout -s INT -k 30 "$(( ${TIME_LIMIT:-1200} + ${GRACE:-60} ))" \
     python3 -m cuda_agent train recipe --model "$keep/model" --data "$keep/train.jsonl" \
       --held-out "$keep/held_out.jsonl" --out "$run" --backend "${BACKEND:-cuda}" --arm "${ARM:-full}" \
       --seed "${SEED:-0}" \

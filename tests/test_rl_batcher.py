@@ -63,3 +63,15 @@ def test_many_episode_threads_share_batches_and_a_failure_reaches_every_caller(a
         assert sampler([5, 6], 2, {63})[0]  # and it serves on
     finally:
         sampler.close()
+
+
+def test_a_reply_asked_for_after_the_time_limit_raises_timeout_and_the_sampler_serves_on(actor):
+    late = [True]
+    sampler = BatchSampler(actor.model, pad_id=0, seed=1, out_of_time=lambda: late[0])
+    try:
+        with pytest.raises(TimeoutError, match="time limit"):
+            sampler([5, 6, 7], 4, {63})
+        late[0] = False
+        assert sampler([5, 6], 2, {63})[0]
+    finally:
+        sampler.close()

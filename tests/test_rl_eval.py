@@ -126,8 +126,8 @@ def test_the_supervised_stages_take_their_own_learning_rate_and_checkpoint_less_
 
 
 def test_the_recipe_stops_at_its_time_limit_and_the_same_command_continues(tiny_checkpoint, tmp_path, cache_dir):
-    """A clock that passes the 60 s limit during the base evaluation's batch: that batch ends, nothing after it
-    starts, recipe.json says where it stopped; the same recipe without the limit then continues from there."""
+    """A clock that passes the 60 s limit as the base evaluation's first episode ends: nothing after it starts,
+    recipe.json says where it stopped; the same recipe without the limit then continues from there."""
     from cuda_agent.judge.pool import JudgePool
     from cuda_agent.rl.config import EvalConfig, StageConfig
     from cuda_agent.rl.recipe import Recipe, RecipeConfig
@@ -135,11 +135,15 @@ def test_the_recipe_stops_at_its_time_limit_and_the_same_command_continues(tiny_
     limits = dict(max_turns=1, max_new_tokens=4, compact=True)
     config = RecipeConfig(arm="no_rft", controls=(), value_steps=1, ppo_steps=1, time_limit_s=60,
                           stage=StageConfig(batch=1, **limits), eval=EvalConfig(samples=2, batch=1, **limits))
-    ticks = iter(range(0, 10**6, 25))  # seconds: 0 at the start, +25 at each look
-    lines = []
+    now, lines = [0.0], []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if " sample 0: reward " in line:  # the first episode's end
+            now[0] = 61.0
     with JudgePool("cpu", fast_config(cache_dir)) as pool:
         first = Recipe(config, tiny_checkpoint, [TASKS / "affine_relu.py"], [TASKS / "row_mean.py"],
-                       tmp_path / "run", pool, "cpu", lines.append, clock=lambda: next(ticks)).run()
+                       tmp_path / "run", pool, "cpu", log, clock=lambda: now[0]).run()
         assert first["stopped"] == "time limit reached in eval_base after 1 of 2 episodes", lines
         assert first["heldout"] == {} and not (tmp_path / "run" / "value").exists()
         assert json.loads((tmp_path / "run" / "recipe.json").read_text())["stopped"] == first["stopped"]
@@ -147,6 +151,24 @@ def test_the_recipe_stops_at_its_time_limit_and_the_same_command_continues(tiny_
                        [TASKS / "row_mean.py"], tmp_path / "run", pool, "cpu", lines.append).run()
     assert "eval: 1 of 2 episodes played before, 1 to play" in lines
     assert "stopped" not in again and list(again["heldout"]) == ["base", "ppo"] and again["controls"] == {}
+
+
+def test_an_episode_whose_reply_runs_past_the_time_limit_is_dropped_and_played_by_the_rerun(
+        tiny_checkpoint, tmp_path, cache_dir):
+    from cuda_agent.judge.pool import JudgePool
+    from cuda_agent.rl import evaluation
+    from cuda_agent.rl.config import EvalConfig
+
+    config = EvalConfig(samples=1, batch=1, max_turns=1, max_new_tokens=4, compact=True)
+    with JudgePool("cpu", fast_config(cache_dir)) as pool:
+        late = evaluation.local_player(tiny_checkpoint, config, pool, "cpu", out_of_time=lambda: True)
+        with pytest.raises(TimeoutError, match="time limit reached before this reply"):
+            evaluation.evaluate([TASKS / "row_mean.py"], tmp_path / "eval", config, late, {})
+        assert not list((tmp_path / "eval" / "episodes").glob("*/sample_0"))  # no half episode left behind
+        lines = []
+        player = evaluation.local_player(tiny_checkpoint, config, pool, "cpu", log=lines.append)
+        result = evaluation.evaluate([TASKS / "row_mean.py"], tmp_path / "eval", config, player, {}, lines.append)
+    assert result["summary"]["episodes"] == 1 and any(" sample 0: reward " in line for line in lines), lines
 
 
 def test_the_critic_is_scored_on_episodes_read_back_from_their_run_folders(tiny_checkpoint, tmp_path):

@@ -65,8 +65,9 @@ def train_eval_cmd(
         tasks = task_files(data, out_dir / "tasks")
         with JudgePool(backend, common.config(cache_dir), devices=integers(gpus, "--gpus")) as pool:
             warn_unsandboxed(pool)
+            log = lambda m: common.err.print(m, highlight=False, soft_wrap=True)  # noqa: E731
             if model is not None:
-                player = evaluation.local_player(model, config, pool, device, root_model)
+                player = evaluation.local_player(model, config, pool, device, root_model, log)
                 described = {"model": str(model), "kind": "checkpoint"}
             else:
                 from ..llm import OpenAIClient
@@ -74,7 +75,6 @@ def train_eval_cmd(
                 OpenAIClient(endpoint, base_url).check()
                 player = evaluation.endpoint_player(endpoint, base_url, config, pool)
                 described = {"model": endpoint, "kind": "endpoint", "base_url": base_url}
-            log = lambda m: common.err.print(m, highlight=False, soft_wrap=True)  # noqa: E731
             result = evaluation.evaluate(tasks, out_dir, config, player, described, log)
     except (TaskError, BackendError, ValueError) as exc:
         fail(str(exc))

@@ -7,7 +7,8 @@ the positions it would have alone), one prefill, then KV-cache decode steps with
 device, each row ending at its own stop token or room; the host looks at the tokens every `SYNC_EVERY` steps only.
 The log-probs are those of the sampled tokens at the batch's temperature, as `response_logprob_fn` recomputes
 them. Which requests share a batch depends on timing, so sampling is reproducible from the seed only with one
-episode at a time.
+episode at a time. With `out_of_time`, a batch that is still decoding when it says so is dropped and each of its
+episodes hears `TimeoutError` (its caller plays that episode again later), so a time limit holds inside a step.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -36,8 +38,9 @@ class _Request:
 
 class BatchSampler:
     def __init__(self, model: torch.nn.Module, pad_id: int | None, temperature: float = 1.0, max_batch: int = 128,
-                 gather_s: float = 0.02, seed: int = 0):
+                 gather_s: float = 0.02, seed: int = 0, out_of_time: Callable[[], bool] = lambda: False):
         self.model, self.pad_id, self.temperature = model, pad_id or 0, temperature
+        self.out_of_time = out_of_time
         self.max_batch, self.gather_s = max_batch, gather_s
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -52,6 +55,8 @@ class BatchSampler:
         request = _Request(list(ids), room, set(stop))
         self._requests.put(request)
         request.done.wait()
+        if isinstance(request.error, TimeoutError):
+            raise TimeoutError(str(request.error))
         if request.error is not None:
             raise RuntimeError(f"the batch sampler failed: {request.error}") from request.error
         return request.tokens, request.logprobs
@@ -87,6 +92,8 @@ class BatchSampler:
     def generate(self, batch: list[_Request]) -> None:
         """Sample every request of `batch` together (their tokens and log-probs filled in)."""
         self.batches += 1
+        if self.out_of_time():
+            raise TimeoutError("time limit reached before this reply")
         width = max(len(r.ids) for r in batch)
         ids = torch.tensor([[self.pad_id] * (width - len(r.ids)) + r.ids for r in batch], device=self.device)
         attention = torch.tensor([[0] * (width - len(r.ids)) + [1] * len(r.ids) for r in batch], device=self.device)
@@ -108,6 +115,8 @@ class BatchSampler:
             ended = ended | (token == stop).any(1) | (step + 1 >= room)
             if (step + 1) % SYNC_EVERY == 0 and bool(ended.all()):
                 break
+            if (step + 1) % (SYNC_EVERY * 16) == 0 and self.out_of_time():
+                raise TimeoutError(f"time limit reached after {step + 1} tokens of this reply")
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             position = position + 1
             out = self.model(input_ids=token, attention_mask=attention, position_ids=position,

@@ -41,9 +41,12 @@ def record_of(task: Path, sample: int, run_dir: Path) -> EpisodeRecord:
 Player = Callable[[list[tuple[Path, int, Path]]], None]  # plays each (task, sample, run folder) of a chunk
 
 
-def local_player(model: Path, config: EvalConfig, pool: JudgePool, device: str, root: Path | None = None) -> Player:
+def local_player(model: Path, config: EvalConfig, pool: JudgePool, device: str, root: Path | None = None,
+                 log: Callable[[str], None] = print, out_of_time: Callable[[], bool] = lambda: False) -> Player:
     """Episodes of a local model (an HF folder, or a LoRA adapter rebuilt on `root` or the model it names), a chunk
-    at a time on one batch sampler (seeded by the config and the chunk)."""
+    at a time on one batch sampler (seeded by the config and the chunk), each one's end logged. Once `out_of_time()`
+    the replies being sampled stop: their episodes' folders are removed (played again by a rerun) and the chunk
+    raises TimeoutError."""
     from transformers import AutoTokenizer
 
     from ..agent.tools import schemas
@@ -61,14 +64,18 @@ def local_player(model: Path, config: EvalConfig, pool: JudgePool, device: str, 
     def run(chunk: list[tuple[Path, int, Path]]) -> None:
         chunks[0] += 1
         sampler = BatchSampler(actor.model, tokenizer.pad_token_id, config.temperature,
-                               seed=config.seed * 1_000_003 + chunks[0])
+                               seed=config.seed * 1_000_003 + chunks[0], out_of_time=out_of_time)
         sampler.expected, lock = len(chunk), threading.Lock()
 
         def one(job):
-            task, _, run_dir = job
+            task, k, run_dir = job
             try:
-                play(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=config.compact), sampler, turns,
-                     task, run_dir, loop, config.max_new_tokens)
+                done = play(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=config.compact), sampler,
+                            turns, task, run_dir, loop, config.max_new_tokens).summary
+                log(f"eval: {task.stem} sample {k}: reward {done.reward}, {done.turns} turns ({done.stop})")
+            except TimeoutError:
+                shutil.rmtree(run_dir, ignore_errors=True)  # cut short: not an episode
+                raise
             finally:
                 with lock:
                     sampler.expected -= 1

@@ -112,7 +112,7 @@ class Recipe:
         config = replace(self.config.eval, seed=self.config.seed, samples=samples or self.config.eval.samples)
 
         def run(folder: Path) -> dict:
-            player = local_player(model, config, self.pool, self.device)
+            player = local_player(model, config, self.pool, self.device, log=self.log, out_of_time=self._out_of_time)
             return evaluate(self.held_out, folder, config, player, {"model": str(model), "stage": name}, self.log,
                             self._out_of_time)["summary"]
         summary = self._step(f"eval_{name}", run)
@@ -213,7 +213,8 @@ class Recipe:
     def _sample(self, model: Path, folder: Path, samples: int, offset: int) -> list[str]:
         """The model's own episodes on the train tasks (RFT's candidates: the filter keeps the positive ones)."""
         config = replace(self.config.eval, samples=samples, seed=self.config.seed + offset)
-        evaluate(self.train, folder, config, local_player(model, config, self.pool, self.device),
+        evaluate(self.train, folder, config, local_player(model, config, self.pool, self.device, log=self.log,
+                                                          out_of_time=self._out_of_time),
                  {"model": str(model), "stage": folder.name}, self.log, self._out_of_time)
         return self._runs(folder)
 
