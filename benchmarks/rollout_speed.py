@@ -1,5 +1,6 @@
 """Rollout and trainer speed, side by side in one run (issue 31): tokens per second of the batch sampler at
-several batch sizes against one sequence at a time (the sampler before it), and of a PPO forward+backward in fp32
+several batch sizes, stepping the model and with the static decoder, against one sequence at a time (the sampler
+before it), and of a PPO forward+backward in fp32
 and under bf16 autocast; and the gap between the sampler's log-probs and the trainer's recompute of them. A model
 of SmolLM2-135M's config with fresh weights (speed does not depend on the weights), or `--model` an HF folder.
 Prints one JSON line per measurement; `--out` keeps them all.
@@ -58,10 +59,11 @@ def one_at_a_time(model, prompt: list[int], tokens: int, device: str) -> float:
     return tokens / (time.perf_counter() - began)
 
 
-def batched(model, prompts: list[list[int]], tokens: int, device: str) -> tuple[float, list]:
-    """Every prompt answered by the batcher at once, from threads as episodes call it. Tokens per second, and each
-    row's (prompt, tokens, log-probs)."""
-    sampler = BatchSampler(model, pad_id=0, gather_s=0.5)
+def batched(model, prompts: list[list[int]], tokens: int, device: str, static: bool) -> tuple[float, list]:
+    """Every prompt answered by the batcher at once, from threads as episodes call it (with `static`, decoded by
+    the static decoder's CUDA graph). Tokens per second, and each row's (prompt, tokens, log-probs)."""
+    sampler = BatchSampler(model, pad_id=0, gather_s=0.5,
+                           weights=(lambda: dict(model.state_dict())) if static else None)
     sampler.expected = len(prompts)
     out = []
     threads = [threading.Thread(target=lambda p=p: out.append((p, *sampler(p, tokens, NEVER)))) for p in prompts]
@@ -132,12 +134,14 @@ def main() -> None:
 
     report(what="one sequence at a time (before)", batch=1, tokens_per_s=one_at_a_time(model, prompt(), args.tokens,
                                                                                           args.device))
-    for size in [int(b) for b in args.batches.split(",")]:
-        speed, sampled = batched(model, [prompt() for _ in range(size)], args.tokens, args.device)
-        report(what="batch sampler", batch=size, tokens_per_s=speed)
-    for bf16 in (False, True):
-        report(what=f"log-prob gap, sampler vs trainer {'bf16 autocast' if bf16 else 'fp32'}",
-               **logprob_gap(model, sampled, args.device, bf16))
+    for static in (False, True):
+        for size in [int(b) for b in args.batches.split(",")]:
+            speed, sampled = batched(model, [prompt() for _ in range(size)], args.tokens, args.device, static)
+            report(what=f"batch sampler, {'static decoder (CUDA graph)' if static else 'model steps'}", batch=size,
+                   tokens_per_s=speed)
+        for bf16 in (False, True):
+            report(what=f"log-prob gap, sampler ({'static' if static else 'model steps'}) vs trainer "
+                        f"{'bf16 autocast' if bf16 else 'fp32'}", **logprob_gap(model, sampled, args.device, bf16))
     for bf16 in (False, True):
         try:
             speed = {"tokens_per_s": trainer_step(model, args.train_rows, args.train_length, args.device, bf16)}

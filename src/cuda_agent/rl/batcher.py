@@ -3,8 +3,9 @@
 Each episode plays in a thread of its own and calls the batcher as its sampler (prompt ids, room, stop ids). A
 single serving thread takes every request waiting (after `gather_s`, or as soon as `expected` are waiting), and
 runs them as one batch: the prompts left-padded with position ids from the attention mask (so each row is scored at
-the positions it would have alone), one prefill, then KV-cache decode steps with sampling and log-probs on the
-device, each row ending at its own stop token or room; the host looks at the tokens every `SYNC_EVERY` steps only.
+the positions it would have alone), one prefill, then KV-cache decode steps (for a Llama-architecture model given its
+`weights`, over static buffers replayed as one CUDA graph per step: static_decode.py) with sampling and log-probs on
+the device, each row ending at its own stop token or room; the host looks at the tokens every `SYNC_EVERY` steps only.
 The log-probs are those of the sampled tokens at the batch's temperature, as `response_logprob_fn` recomputes
 them. Which requests share a batch depends on timing, so sampling is reproducible from the seed only with one
 episode at a time. With `out_of_time`, a batch that is still decoding when it says so is dropped and each of its
@@ -20,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from . import static_decode
 from .models import positions
 
 SYNC_EVERY = 8  # decode steps between looks at whether every row has ended
@@ -38,9 +40,14 @@ class _Request:
 
 class BatchSampler:
     def __init__(self, model: torch.nn.Module, pad_id: int | None, temperature: float = 1.0, max_batch: int = 128,
-                 gather_s: float = 0.02, seed: int = 0, out_of_time: Callable[[], bool] = lambda: False):
+                 gather_s: float = 0.02, seed: int = 0, out_of_time: Callable[[], bool] = lambda: False,
+                 weights: Callable[[], dict[str, torch.Tensor]] | None = None):
+        """`weights`: the policy's weights as the model computes with them (its state dict, or a LoRA actor's merged
+        one: `Actor.decoding_weights`); given, a model `static_decode` supports decodes there (one CUDA graph per
+        batch on the GPU), else every step goes through the model."""
         self.model, self.pad_id, self.temperature = model, pad_id or 0, temperature
         self.out_of_time = out_of_time
+        self.weights = weights if weights is not None and static_decode.supports(model) is None else None
         self.max_batch, self.gather_s = max_batch, gather_s
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -103,11 +110,18 @@ class BatchSampler:
         position = positions(attention)
         out = self.model(input_ids=ids, attention_mask=attention, position_ids=position, use_cache=True,
                          logits_to_keep=1)
+        logits = out.logits[:, -1].float()
+        decoder = None
+        if self.weights is not None:
+            decoder = static_decode.StaticDecoder(self.model, self.weights(), len(batch),
+                                                  width + max(r.room for r in batch))
+            decoder.load_prefill(out.past_key_values, attention, position)
+            out = None  # the model's own cache is not needed any more
         position = position[:, -1:]
         ended = torch.zeros(len(batch), dtype=torch.bool, device=self.device)
         tokens, logps, alive = [], [], []
         for step in range(max(r.room for r in batch)):
-            logp = torch.log_softmax(out.logits[:, -1].float() / self.temperature, dim=-1)
+            logp = torch.log_softmax(logits / self.temperature, dim=-1)
             token = torch.multinomial(logp.exp(), 1, generator=self.generator)
             tokens.append(token[:, 0])
             logps.append(logp.gather(1, token)[:, 0])
@@ -117,10 +131,14 @@ class BatchSampler:
                 break
             if (step + 1) % (SYNC_EVERY * 16) == 0 and self.out_of_time():
                 raise TimeoutError(f"time limit reached after {step + 1} tokens of this reply")
+            if decoder is not None:
+                logits = decoder.step(token)
+                continue
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             position = position + 1
             out = self.model(input_ids=token, attention_mask=attention, position_ids=position,
                              past_key_values=out.past_key_values, use_cache=True)
+            logits = out.logits[:, -1].float()
         tokens_t, logps_t, alive_t = (torch.stack(x, 1).cpu() for x in (tokens, logps, alive))
         for i, request in enumerate(batch):
             kept = alive_t[i]

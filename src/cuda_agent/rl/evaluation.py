@@ -64,7 +64,8 @@ def local_player(model: Path, config: EvalConfig, pool: JudgePool, device: str, 
     def run(chunk: list[tuple[Path, int, Path]]) -> None:
         chunks[0] += 1
         sampler = BatchSampler(actor.model, tokenizer.pad_token_id, config.temperature,
-                               seed=config.seed * 1_000_003 + chunks[0], out_of_time=out_of_time)
+                               seed=config.seed * 1_000_003 + chunks[0], out_of_time=out_of_time,
+                               weights=actor.decoding_weights)
         sampler.expected, lock = len(chunk), threading.Lock()
 
         def one(job):

@@ -44,6 +44,10 @@ class Actor(torch.nn.Module):
         self.lora = LoRA.load(self.model, adapter) if adapter is not None else LoRA(self.model, rank, alpha)
         self.model.enable_input_require_grads()  # (gradient checkpointing then reaches the updates)
 
+    def decoding_weights(self) -> dict[str, torch.Tensor]:
+        """The weights the model computes with now (LoRA's updates merged in): what a static decoder reads."""
+        return self.lora.merged_state_dict() if self.lora is not None else dict(self.model.state_dict())
+
     def frozen_copy(self) -> torch.nn.Module:
         """The policy as it is now, without anything that trains (the KL reference)."""
         if self.lora is not None:

@@ -108,7 +108,8 @@ def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, po
     step = trainer.step + 1
     picked = [tasks[rng.randrange(len(tasks))] for _ in range(config.batch)]
     sampler = BatchSampler(trainer.actor.model, turns.tokenizer.pad_token_id, config.temperature,
-                           seed=int(torch.randint(2**62, (1,), generator=generator)))
+                           seed=int(torch.randint(2**62, (1,), generator=generator)),
+                           weights=trainer.actor.decoding_weights)
     sampler.expected = config.batch  # every episode of the step plays at once; the batcher serves their turns
 
     def one(i: int):
