@@ -168,3 +168,42 @@ def kept_processes(*judges) -> set[str]:
         if not more:
             return found
         found |= more
+
+
+def static_decoder_follows_the_model(actor, device: str, steps: int, atol: float) -> None:
+    """Left-padded rows prefilled by the model, then `steps` tokens fed through the static decoder and through the
+    model's own cache: the same next-token logits at every step (the decoder's CUDA graph on a GPU)."""
+    import torch
+
+    from cuda_agent.rl import static_decode
+    from cuda_agent.rl.models import positions
+
+    assert static_decode.supports(actor.model) is None
+    ids = torch.tensor([[0, 0, 5, 9, 11], [7, 2, 3, 4, 8]], device=device)
+    attention = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], device=device)
+    position = positions(attention)
+    with torch.no_grad():
+        out = actor.model(input_ids=ids, attention_mask=attention, position_ids=position, use_cache=True)
+        decoder = static_decode.StaticDecoder(actor.model, actor.decoding_weights(), 2, 5 + steps)
+        decoder.load_prefill(out.past_key_values, attention, position)
+        past, position = out.past_key_values, position[:, -1:]
+        for step in range(steps):
+            token = torch.tensor([[step % 60 + 1], [60 - step % 60]], device=device)
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+            position = position + 1
+            out = actor.model(input_ids=token, attention_mask=attention, position_ids=position, past_key_values=past,
+                              use_cache=True)
+            past = out.past_key_values
+            assert torch.allclose(decoder.step(token), out.logits[:, -1].float(), atol=atol), step
+    assert (decoder.graph is not None) == (device == "cuda")
+
+
+def sampled_logprobs_are_the_trainer_s(actor, prompt: list[int], tokens: list[int], logprobs: list[float],
+                                       temperature: float, atol: float) -> None:
+    """A sampled reply's log-probs equal the trainer's recompute of the whole sequence at once."""
+    import torch
+
+    ids = torch.tensor([prompt + tokens], device=next(actor.model.parameters()).device)
+    with torch.no_grad():
+        alone = actor.logprobs(ids, torch.ones_like(ids), temperature=temperature)[0][0, len(prompt) - 1:]
+    assert torch.allclose(alone.cpu(), torch.tensor(logprobs), atol=atol), (alone, logprobs)

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CANDIDATES, TASKS, fast_config, kept_processes
+from conftest import (CANDIDATES, TASKS, fast_config, kept_processes, sampled_logprobs_are_the_trainer_s,
+                      static_decoder_follows_the_model)
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -537,34 +538,14 @@ def test_the_experts_cuda_kernels_are_judged_correct_with_every_knob_setting(gpu
 def test_the_static_decoder_s_cuda_graph_replays_the_model_s_steps(tiny_llama):
     """The batch sampler's decode step captured as a CUDA graph gives the model's own next-token logits, step after
     step, and a sampler using it the trainer's log-probs."""
-    from cuda_agent.rl import static_decode
     from cuda_agent.rl.batcher import BatchSampler
-    from cuda_agent.rl.models import Actor, positions
+    from cuda_agent.rl.models import Actor
 
     actor = Actor.load(tiny_llama, "cuda")
-    ids = torch.tensor([[0, 0, 5, 9, 11], [7, 2, 3, 4, 8]], device="cuda")
-    attention = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], device="cuda")
-    position = positions(attention)
-    with torch.no_grad():
-        out = actor.model(input_ids=ids, attention_mask=attention, position_ids=position, use_cache=True)
-        decoder = static_decode.StaticDecoder(actor.model, actor.decoding_weights(), 2, 5 + 40)
-        decoder.load_prefill(out.past_key_values, attention, position)
-        past, position = out.past_key_values, position[:, -1:]
-        for step in range(40):
-            token = torch.tensor([[step % 60 + 1], [60 - step % 60]], device="cuda")
-            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-            position = position + 1
-            out = actor.model(input_ids=token, attention_mask=attention, position_ids=position, past_key_values=past,
-                              use_cache=True)
-            past = out.past_key_values
-            assert torch.allclose(decoder.step(token), out.logits[:, -1].float(), atol=1e-4), step
-    assert decoder.graph is not None
+    static_decoder_follows_the_model(actor, "cuda", steps=40, atol=1e-4)
     sampler = BatchSampler(actor.model, pad_id=0, temperature=0.8, seed=3, weights=actor.decoding_weights)
     try:
         tokens, logprobs = sampler([5, 9, 11, 3], 30, {63})
     finally:
         sampler.close()
-    full = torch.tensor([[5, 9, 11, 3] + tokens], device="cuda")
-    with torch.no_grad():
-        alone = actor.logprobs(full, torch.ones_like(full), temperature=0.8)[0][0, 3:]
-    assert torch.allclose(alone.cpu(), torch.tensor(logprobs), atol=1e-3), (alone, logprobs)
+    sampled_logprobs_are_the_trainer_s(actor, [5, 9, 11, 3], tokens, logprobs, 0.8, atol=1e-3)

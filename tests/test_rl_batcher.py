@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 
+from conftest import sampled_logprobs_are_the_trainer_s, static_decoder_follows_the_model
 from cuda_agent.rl.batcher import BatchSampler
 from cuda_agent.rl.models import Actor
 
@@ -42,10 +43,7 @@ def test_rows_sampled_together_carry_the_log_probs_each_has_alone(actor, static)
             assert 1 <= len(tokens) == len(logprobs) <= room
             assert tokens[-1] in stop or len(tokens) == room, (tokens, stop, room)
             assert not set(tokens[:-1]) & stop  # nothing sampled after a stop
-            ids = torch.tensor([prompt + tokens])
-            with torch.no_grad():
-                alone = actor.logprobs(ids, torch.ones_like(ids), temperature=0.8)[0][0, len(prompt) - 1:]
-            assert torch.allclose(alone, torch.tensor(logprobs), atol=1e-4), (alone, logprobs)
+            sampled_logprobs_are_the_trainer_s(actor, prompt, tokens, logprobs, 0.8, atol=1e-4)
     finally:
         sampler.close()
 
@@ -81,28 +79,7 @@ def test_a_reply_asked_for_after_the_time_limit_raises_timeout_and_the_sampler_s
 
 
 def test_the_static_decoder_computes_the_model_s_next_token_logits_step_by_step(actor):
-    """Left-padded rows prefilled by the model, then ten tokens fed through the static decoder and through the
-    model's own cache: the same logits at every step."""
-    from cuda_agent.rl import static_decode
-    from cuda_agent.rl.models import positions
-
-    assert static_decode.supports(actor.model) is None
-    ids = torch.tensor([[0, 0, 5, 9, 11], [7, 2, 3, 4, 8]])
-    attention = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-    position = positions(attention)
-    with torch.no_grad():
-        out = actor.model(input_ids=ids, attention_mask=attention, position_ids=position, use_cache=True)
-        decoder = static_decode.StaticDecoder(actor.model, actor.decoding_weights(), 2, 5 + 10)
-        decoder.load_prefill(out.past_key_values, attention, position)
-        past, position = out.past_key_values, position[:, -1:]
-        for step in range(10):
-            token = torch.tensor([[step + 1], [60 - step]])
-            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-            position = position + 1
-            out = actor.model(input_ids=token, attention_mask=attention, position_ids=position, past_key_values=past,
-                              use_cache=True)
-            past = out.past_key_values
-            assert torch.allclose(decoder.step(token), out.logits[:, -1].float(), atol=1e-5), step
+    static_decoder_follows_the_model(actor, "cpu", steps=10, atol=1e-5)
 
 
 def test_the_static_decoder_reads_a_lora_actor_s_merged_weights_and_refuses_what_it_does_not_know(tiny_llama):
@@ -116,10 +93,7 @@ def test_the_static_decoder_reads_a_lora_actor_s_merged_weights_and_refuses_what
     try:
         prompt = [5, 9, 11, 3]
         tokens, logprobs = sampler(prompt, 8, {63})
-        ids = torch.tensor([prompt + tokens])
-        with torch.no_grad():
-            alone = actor.logprobs(ids, torch.ones_like(ids), temperature=0.8)[0][0, len(prompt) - 1:]
-        assert torch.allclose(alone, torch.tensor(logprobs), atol=1e-4), (alone, logprobs)
+        sampled_logprobs_are_the_trainer_s(actor, prompt, tokens, logprobs, 0.8, atol=1e-4)
     finally:
         sampler.close()
     actor.model.config.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0}
