@@ -89,7 +89,7 @@ def from_hf(model_dir: Path, submodule: str, sample: str) -> Made:
     args, kwargs = seen["call"]
     cls, config = type(target), model.config
     made = Made("")
-    params, call, inputs = _forward_plan(args, kwargs, made.notes)
+    params, call, inputs = _forward_plan(args, kwargs, made.notes, _positional_names(cls, len(args)))
     construct = _constructor(cls, target)
     made.source = "\n".join([
         f'"""{submodule} of {Path(model_dir).name} ({cls.__name__}) as a task: cuda-agent task new --hf-model."""',
@@ -155,10 +155,19 @@ def _tensor_expr(x: torch.Tensor) -> str:
     return f"torch.randint({int(x.min())}, {int(x.max()) + 1}, {shape}, dtype={x.dtype})"
 
 
-def _forward_plan(args: tuple, kwargs: dict, notes: list[str]) -> tuple[list[str], str, list[str]]:
+def _positional_names(cls: type, count: int) -> list[str]:
+    """The names of the class's `forward` parameters that took the recorded positional arguments (so that the
+    task's `forward` reads as the class's: `kernels.kernelize` compares them)."""
+    names = [p.name for p in list(inspect.signature(cls.forward).parameters.values())[1:]
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return names[:count] + [f"arg{i}" for i in range(len(names), count)]
+
+
+def _forward_plan(args: tuple, kwargs: dict, notes: list[str], positional: list[str]
+                  ) -> tuple[list[str], str, list[str]]:
     """`forward`'s parameters, the call to the class's own forward and `get_inputs()`'s expressions."""
     params, call, inputs = [], [], []
-    named = [(f"arg{i}", value, None) for i, value in enumerate(args)] + [(k, v, k) for k, v in kwargs.items()]
+    named = [(positional[i], value, None) for i, value in enumerate(args)] + [(k, v, k) for k, v in kwargs.items()]
     for name, value, keyword in named:
         prefix = f"{keyword}=" if keyword else ""
         if isinstance(value, torch.Tensor):

@@ -1,0 +1,128 @@
+"""`cuda-agent export`: a verified kernel into the user's model (export/): the package's drop-in module (the
+original's class name, constructor and parameter names) and custom op (torch.compile traces through it), and the
+Hugging Face `kernels` build that `get_local_kernel` loads and `kernelize` swaps into a transformers model."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from typer.testing import CliRunner
+
+from conftest import CANDIDATES, TASKS
+from cuda_agent.cli import app
+from cuda_agent.task import import_file
+
+kernels = pytest.importorskip("kernels")
+transformers = pytest.importorskip("transformers")
+
+LLAMA_MLP_NEW = '''import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class ModelNew(nn.Module):  # the task's LlamaMLP, written out (a kernel would go here)
+    def __init__(self):
+        super().__init__()
+        self.gate_proj = nn.Linear(32, 64, bias=False)
+        self.up_proj = nn.Linear(32, 64, bias=False)
+        self.down_proj = nn.Linear(64, 32, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+'''
+
+
+class Ops(TorchDispatchMode):
+    """The ops a forward dispatches."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def run(*args):
+    return CliRunner().invoke(app, [*map(str, args)])
+
+
+def test_a_transformers_mlp_becomes_a_kernel_that_kernelize_swaps_into_the_whole_model(tmp_path, cache_dir):
+    """The issue's path on the cpu backend: a 2-layer Llama, one MLP block made a task, a kernel for it exported,
+    loaded by kernels.get_local_kernel, swapped into every MLP by kernelize: the whole model's outputs match, the
+    kernel's op is what runs, and torch.compile of the model runs with the op inside."""
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    made = run("task", "new", "--hf-model", tmp_path / "llama", "--submodule", "model.layers.0.mlp", "--sample",
+               "1,5,9,3,7", "--out", tmp_path / "mlp_task.py")
+    assert made.exit_code == 0, made.output
+    (tmp_path / "mlp_new.py").write_text(LLAMA_MLP_NEW)
+    done = run("export", tmp_path / "mlp_new.py", "--task", tmp_path / "mlp_task.py", "--name", "llama_mlp",
+               "--out", tmp_path / "exported", "--backend", "cpu", "--cache-dir", cache_dir)
+    assert done.exit_code == 0, done.output
+    assert "llama_mlp.LlamaMLP is the drop-in module" in done.output and "3 tensors" in done.output
+
+    from kernels import LocalLayerRepository, Mode, kernelize, replace_kernel_forward_from_hub, use_kernel_mapping
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    loaded = kernels.get_local_kernel(tmp_path / "exported")
+    assert hasattr(loaded.layers, "llama_mlp")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "llama").eval()
+    ids = torch.tensor([[1, 5, 9, 3, 7, 2]])
+    with torch.no_grad():
+        want = model(ids).logits
+    replace_kernel_forward_from_hub(LlamaMLP, "LlamaMLP")
+    with use_kernel_mapping({"LlamaMLP": {"cpu": LocalLayerRepository(tmp_path / "exported",
+                                                                       layer_name="llama_mlp")}}):
+        kernelize(model, mode=Mode.INFERENCE, device="cpu")
+    with torch.no_grad(), Ops() as ops:
+        got = model(ids).logits
+    assert sum("cuda_agent_llama_mlp" in op for op in ops.seen) == 2  # both layers' MLPs run on the kernel
+    assert torch.allclose(got, want, atol=1e-5)
+    with torch.no_grad():
+        assert torch.allclose(torch.compile(model)(ids).logits, want, atol=1e-4)
+
+
+def test_the_package_s_drop_in_module_takes_the_user_s_state_dict_and_runs_a_prebuilt_cpp_kernel(tmp_path,
+                                                                                                   cache_dir):
+    """A single file's load_inline extension is built at export and shipped: a fresh process imports the package
+    and runs the kernel without compiling anything."""
+    done = run("export", CANDIDATES / "affine_relu_single.py", "--task", TASKS / "affine_relu.py", "--name",
+               "affine_relu", "--out", tmp_path / "out", "--backend", "cpu", "--cache-dir", cache_dir)
+    assert done.exit_code == 0, done.output
+    assert [p.name for p in (tmp_path / "out" / "affine_relu" / "_ext").iterdir()] == ["affine_relu_inline.so"]
+    empty = tmp_path / "no-builds"
+    empty.mkdir()
+    script = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import affine_relu\n"
+              "m = affine_relu.Model(2.0, 0.1); x = torch.randn(4096)\n"
+              "assert torch.allclose(m(x), torch.relu(x * 2.0 + 0.1) * 0.5)\n"
+              "with torch.no_grad(): assert torch.allclose(torch.compile(m, fullgraph=True)(x), m(x))\n"
+              "print('ok')\n")
+    ran = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], capture_output=True, text=True,
+                         env={"TORCH_EXTENSIONS_DIR": str(empty), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert ran.stdout.strip() == "ok", ran.stderr[-2000:]
+    assert not any(empty.iterdir())  # nothing was compiled on import
+
+
+def test_a_solution_whose_parameters_are_named_otherwise_is_refused_and_names_must_be_packages(tmp_path, cache_dir):
+    (tmp_path / "task.py").write_text(
+        "import torch\n\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n        return self.linear(x)\n\n\n"
+        "def get_inputs():\n    return [torch.randn(2, 8)]\n\n\ndef get_init_inputs():\n    return []\n")
+    (tmp_path / "new.py").write_text(
+        "import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.w = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n        return self.w(x)\n")
+    refused = run("export", tmp_path / "new.py", "--task", tmp_path / "task.py", "--name", "lin", "--out",
+                  tmp_path / "out", "--backend", "cpu", "--cache-dir", cache_dir)
+    assert refused.exit_code == 2 and "ModelNew's parameters (w.weight, w.bias) are not Model's" in refused.output
+    assert not (tmp_path / "out" / "lin").exists()
+    bad = run("export", tmp_path / "new.py", "--task", tmp_path / "task.py", "--name", "My-Kernel", "--out",
+              tmp_path / "out", "--backend", "cpu")
+    assert bad.exit_code == 2 and "a Python package name" in bad.output
+    module = import_file(tmp_path / "task.py", "export_refusal_task")
+    assert list(module.Model().state_dict()) == ["linear.weight", "linear.bias"]
