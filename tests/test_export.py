@@ -52,8 +52,9 @@ def run(*args):
 
 def test_a_transformers_mlp_becomes_a_kernel_that_kernelize_swaps_into_the_whole_model(tmp_path, cache_dir):
     """The issue's path on the cpu backend: a 2-layer Llama, one MLP block made a task, a kernel for it exported,
-    loaded by kernels.get_local_kernel, swapped into every MLP by kernelize: the whole model's outputs match, the
-    kernel's op is what runs, and torch.compile of the model runs with the op inside."""
+    checked in the whole model (check-model: both MLPs replaced, outputs and time), loaded by
+    kernels.get_local_kernel, swapped into every MLP by kernelize: the whole model's outputs match, the kernel's op
+    is what runs, and torch.compile of the model runs with the op inside."""
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     torch.manual_seed(0)
@@ -66,6 +67,13 @@ def test_a_transformers_mlp_becomes_a_kernel_that_kernelize_swaps_into_the_whole
                "--out", tmp_path / "exported", "--backend", "cpu", "--cache-dir", cache_dir)
     assert done.exit_code == 0, done.output
     assert "llama_mlp.LlamaMLP is the drop-in module" in done.output and "3 tensors" in done.output
+
+    checked = run("check-model", "--hf-model", tmp_path / "llama", "--replace",
+                  f"model.layers.*.mlp={tmp_path / 'exported' / 'llama_mlp'}", "--sample", "1,5,9,3,7,2",
+                  "--backend", "cpu", "--fail-on-reject")
+    assert checked.exit_code == 0, checked.output
+    assert "replaced   2: model.layers.0.mlp, model.layers.1.mlp" in checked.output
+    assert "outputs    match" in checked.output and "x (the judge's timing loop, median)" in checked.output
 
     from kernels import LocalLayerRepository, Mode, kernelize, replace_kernel_forward_from_hub, use_kernel_mapping
     from transformers.models.llama.modeling_llama import LlamaMLP

@@ -82,7 +82,7 @@ def from_hf(model_dir: Path, submodule: str, sample: str) -> Made:
     handle = target.register_forward_pre_hook(lambda m, args, kwargs: seen.setdefault("call", (args, kwargs)),
                                               with_kwargs=True)
     with torch.no_grad():
-        model(_sample_ids(model_dir, sample))
+        model(sample_ids(model_dir, sample))
     handle.remove()
     if "call" not in seen:
         raise UserTaskError(f"{submodule} was not called on the sample")
@@ -135,7 +135,8 @@ def _built(module, what: str):
         raise UserTaskError(f"{what} with the given inputs failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _sample_ids(model_dir: Path, sample: str) -> torch.Tensor:
+def sample_ids(model_dir: Path, sample: str) -> torch.Tensor:
+    """The sample as token ids: text through the folder's tokenizer, or comma-separated ids without one."""
     if (Path(model_dir) / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer
 

@@ -37,3 +37,41 @@ def export_cmd(
               f"torch.ops.{done.namespace}.forward the op)", highlight=False, soft_wrap=True)
     for note in done.notes:
         out.print(f"  {note}", highlight=False, soft_wrap=True, markup=False)
+
+
+@app.command("check-model")
+def check_model_cmd(
+    hf_model: Path = typer.Option(..., "--hf-model", help="the transformers model folder"),
+    replace: str = typer.Option(..., "--replace", metavar="SUBMODULE=EXPORT", help="submodules to replace (a name "
+                                "or a pattern, e.g. 'model.layers.*.mlp') and the package `export` wrote (OUT/NAME)"),
+    sample: str = typer.Option(..., help="text the model runs on (token ids '1,2,3' for a folder without a "
+                               "tokenizer)"),
+    backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
+    fail_on_reject: bool = typer.Option(False, "--fail-on-reject", help="exit 1 when the outputs differ beyond the "
+                                        "judge's tolerance"),
+) -> None:
+    """The whole model with the kernel in, against the model as it is: outputs and time."""
+    from ..export.check_model import CheckError, check
+    from ..user_task import UserTaskError, sample_ids
+
+    pattern, _, export_dir = replace.partition("=")
+    if not pattern or not export_dir:
+        fail(f"--replace {replace!r}: expected SUBMODULE=EXPORT_DIR")
+    if not (hf_model / "config.json").is_file():
+        fail(f"--hf-model {hf_model}: no config.json (a transformers model folder?)")
+    try:
+        result = check(hf_model, pattern, Path(export_dir), sample_ids(hf_model, sample), backend)
+    except (CheckError, UserTaskError, BackendError) as exc:
+        fail(str(exc))
+    colour = "green" if result.within_tolerance else "red"
+    rows = [("replaced", f"{len(result.replaced)}: {', '.join(result.replaced)}"),
+            ("outputs", f"[{colour}]{'match' if result.within_tolerance else 'DIFFER'}[/] (max abs difference "
+                        f"{result.max_abs_diff:.2e}; atol = rtol = 1e-2)"),
+            ("vs fp64", f"original {result.error_vs_fp64['original']:.2e}, replaced "
+                        f"{result.error_vs_fp64['replaced']:.2e} (max abs error of the logits)"),
+            ("time (us)", f"original {result.time_us['original']:.1f}, replaced {result.time_us['replaced']:.1f}: "
+                          f"{result.speedup:.2f}x (the judge's timing loop, median)")]
+    for label, value in rows:
+        out.print(f"  {label:<10} {value}", highlight=False, soft_wrap=True)
+    if fail_on_reject and not result.within_tolerance:
+        raise typer.Exit(1)
