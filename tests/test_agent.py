@@ -10,8 +10,10 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from conftest import CANDIDATES, TASKS, fast_config
@@ -22,6 +24,7 @@ from cuda_agent.agent.loop import parse_files
 from cuda_agent.agent.tools import clip
 from cuda_agent.cli import app
 from cuda_agent.judge import Judge
+from cuda_agent.task import import_file
 
 AFFINE = TASKS / "affine_relu.py"
 OK = CANDIDATES / "affine_relu_ok"
@@ -370,6 +373,36 @@ def test_optimize_command_runs_the_episode_and_reports_the_best(cache_dir, tmp_p
     assert "no tool call" in next(line for line in run.stderr.splitlines() if line.startswith("turn   2  model"))
     assert "stopped: finish after 9 turn(s); 1 verified candidate(s)" in run.stdout
     assert "best: reward" in run.stdout and (tmp_path / "run" / "best_single_file.py").exists()
+
+
+def test_optimize_a_module_makes_its_task_runs_the_agent_and_exports_the_best_kernel(cache_dir, tmp_path, fast_cli):
+    """`optimize --module`: the user's class becomes the run's task, the episode solves it, and the best kernel is
+    exported as a drop-in module of the user's class (docs/drop-in.md)."""
+    user_module = AFFINE.read_text().split("\n\nN = ")[0].replace("class Model(", "class AffineReLU(")
+    (tmp_path / "blocks.py").write_text(user_module)
+    solved = [{"role": "assistant", "content": "", "tool_calls": [
+        call("write_file", path="kernels/affine_relu.cpp", content=KERNEL),
+        call("write_file", path="kernels/affine_relu_binding.cpp", content=BINDING),
+        call("write_file", path="model_new.py", content=MODEL_NEW)]},
+        {"role": "assistant", "content": "", "tool_calls": [call("profile")]},
+        {"role": "assistant", "content": "Done.", "tool_calls": [call("finish", summary="fused")]}]
+    endpoint = ScriptedEndpoint(solved)
+    try:
+        run = CliRunner().invoke(app, ["optimize", "--module", f"{tmp_path / 'blocks.py'}:AffineReLU", "--init",
+                                       "[2.0, 0.1]", "--inputs", "[torch.randn(1 << 16)]", "--model", "scripted",
+                                       "--base-url", endpoint.url, "--backend", "cpu", "--out", str(tmp_path / "run"),
+                                       "--cache-dir", str(cache_dir)])
+    finally:
+        endpoint.close()
+    assert run.exit_code == 0, run.output[-2000:]
+    assert "best: reward" in run.stdout and "exported: " in run.stdout, run.stdout
+    record = json.loads((tmp_path / "run" / "module.json").read_text())
+    assert record["export"]["class"] == "AffineReLU" and record["check"] is None
+    package = import_file(Path(record["export"]["package"]) / "__init__.py", "optimized_affine_relu")
+    x = torch.randn(4096)
+    assert torch.allclose(package.AffineReLU(2.0, 0.1)(x), torch.relu(x * 2.0 + 0.1) * 0.5)
+    both = CliRunner().invoke(app, ["optimize", str(AFFINE), "--module", "x.py:C", "--model", "m", "--backend", "cpu"])
+    assert both.exit_code == 2 and "give one of REFERENCE, --module" in both.output
 
 
 def test_the_agent_is_judged_by_the_strict_policy_only(cache_dir, tmp_path):

@@ -39,6 +39,7 @@ class UserTaskError(ValueError):
 @dataclass
 class Made:
     source: str
+    class_name: str  # the module's class (what the task's Model subclasses)
     notes: list[str] = field(default_factory=list)
 
 
@@ -54,7 +55,7 @@ def from_file(path: Path, class_name: str, init: str, inputs: str) -> Made:
         f"\n\nclass Model({class_name}):  # unchanged: its parameter names are the state dict's\n    pass\n"
     task = (f"{source.rstrip()}\n\n\n# ---- cuda-agent task new {Path(path).name}:{class_name} ----{head}\n\n"
             f"def get_init_inputs():\n    return list({init})\n\n\ndef get_inputs():\n    return list({inputs})\n")
-    made = Made(task)
+    made = Made(task, class_name)
     module = _imported(task, path.parent)
     model, args = _built(module, f"{class_name}(*{init})")
     try:
@@ -88,7 +89,7 @@ def from_hf(model_dir: Path, submodule: str, sample: str) -> Made:
         raise UserTaskError(f"{submodule} was not called on the sample")
     args, kwargs = seen["call"]
     cls, config = type(target), model.config
-    made = Made("")
+    made = Made("", cls.__name__)
     params, call, inputs = _forward_plan(args, kwargs, made.notes, _positional_names(cls, len(args)))
     construct = _constructor(cls, target)
     made.source = "\n".join([

@@ -19,9 +19,20 @@ from .progress import Progress
 
 @app.command("optimize")
 def optimize_cmd(
-    reference: Path = typer.Argument(..., metavar="REFERENCE", help="KernelBench-format reference file to optimise, "
-                                     "or a dataset from `data build` (.parquet/.jsonl) with --row"),
+    reference: Optional[Path] = typer.Argument(None, metavar="[REFERENCE]", help="KernelBench-format reference file "
+                                               "to optimise, or a dataset from `data build` (.parquet/.jsonl) with "
+                                               "--row (or --module / --hf-model instead)"),
     row: Optional[int] = typer.Option(None, min=0, help="the dataset row to optimise"),
+    module: Optional[str] = typer.Option(None, "--module", metavar="FILE.py:CLASS", help="your module instead of a "
+                                         "task (with --init and --inputs, as `task new`): the best kernel is then "
+                                         "exported into RUN/export"),
+    init: str = typer.Option("[]", help="with --module: its constructor's arguments, a Python list"),
+    inputs: Optional[str] = typer.Option(None, help="with --module: one sample of forward's arguments, a Python list"),
+    hf_model: Optional[Path] = typer.Option(None, "--hf-model", help="a transformers model folder instead of a task "
+                                            "(with --submodule and --sample): the best kernel is exported and checked "
+                                            "in the whole model"),
+    submodule: Optional[str] = typer.Option(None, help="with --hf-model: the submodule, e.g. model.layers.0.mlp"),
+    sample: Optional[str] = typer.Option(None, help="with --hf-model: text the model runs on"),
     model: str = typer.Option(..., "--model", help="model name served by the endpoint"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. "
                                            "http://localhost:8000/v1 (vLLM, SGLang); key from $OPENAI_API_KEY"),
@@ -51,6 +62,25 @@ def optimize_cmd(
     from ..task import load_task
 
     stamp = _time.strftime('%Y%m%d-%H%M%S')
+    if sum(x is not None for x in (reference, module, hf_model)) != 1:
+        fail("give one of REFERENCE, --module FILE.py:CLASS (with --inputs) or --hf-model DIR (with --submodule and "
+             "--sample)")
+    if hf_model is not None and (not submodule or sample is None):
+        fail("--hf-model needs --submodule and --sample")
+    if module is not None and (inputs is None or not module.rpartition(":")[0].endswith(".py")):
+        fail("--module FILE.py:CLASS needs --inputs (one sample of forward's arguments)")
+    from_module = None
+    if reference is None:
+        from ..export import module_run
+        from ..user_task import UserTaskError
+
+        out_dir = out_dir or Path("runs") / f"{(module or submodule).rpartition(':')[2]}-{stamp}"
+        try:
+            reference, made, name = module_run.make_task(out_dir, module, init, inputs, hf_model, submodule, sample)
+        except UserTaskError as exc:
+            fail(str(exc))
+        from_module = (made, name)
+        out.print(f"task from {module or f'{hf_model}:{submodule}'}: {reference}", highlight=False, soft_wrap=True)
     try:
         if reference.suffix in DATASET_SUFFIXES:  # the row's code becomes the run's reference file
             out_dir = out_dir or Path("runs") / f"{reference.stem}_row{row}-{stamp}"
@@ -94,6 +124,36 @@ def optimize_cmd(
     else:
         out.print("[bold red]no verified candidate[/]")
     out.print(f"run folder: {run_dir} (trajectory.jsonl, summary.json)", highlight=False, soft_wrap=True)
+    if from_module is not None:
+        _export_best(run_dir, reference, summary.best_dir if final else None, from_module, backend, hf_model,
+                     submodule, sample, cache_dir)
+
+
+def _export_best(run_dir: Path, task: Path, best_dir: Optional[str], from_module: tuple, backend: str,
+                 hf_model: Optional[Path], submodule: Optional[str], sample: Optional[str],
+                 cache_dir: Optional[Path]) -> None:
+    """`optimize --module/--hf-model`: the best kernel exported (and checked in the whole model); module.json."""
+    from ..export import ExportError, module_run
+    from ..export.check_model import CheckError
+
+    made, name = from_module
+    try:
+        record = module_run.finish(run_dir, task, best_dir, name, backend, hf_model, submodule, sample, made.notes,
+                                   cache_dir)
+    except (ExportError, CheckError) as exc:
+        fail(f"the best kernel could not be exported: {exc}")
+    if record["export"] is None:
+        out.print("nothing to export (no verified kernel)", highlight=False, soft_wrap=True)
+        return
+    out.print(f"exported: {record['export']['package']} ({name}.{record['export']['class']}) and "
+              f"{record['export']['kernels_build']}", highlight=False, soft_wrap=True)
+    check = record["check"]
+    if check:
+        out.print(f"whole model: outputs {'match' if check['within_tolerance'] else 'DIFFER'} (max abs difference "
+                  f"{check['max_abs_diff']:.2e}), {check['time_us']['original']:.1f} -> "
+                  f"{check['time_us']['replaced']:.1f} us ({check['speedup']:.2f}x)", highlight=False,
+                  soft_wrap=True)
+    out.print(f"record: {run_dir / 'module.json'}", highlight=False, soft_wrap=True)
 
 
 @app.command("optimize-suite")
