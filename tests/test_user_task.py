@@ -5,9 +5,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import fast_config
 from cuda_agent.cli import app
-from cuda_agent.judge import Judge
 from cuda_agent.task import import_file, load_task
 
 MLP = '''import torch
@@ -30,7 +28,7 @@ def new(*args):
     return CliRunner().invoke(app, ["task", "new", *map(str, args)])
 
 
-def test_a_class_in_a_file_becomes_a_task_the_judge_takes_with_its_parameter_names(tmp_path, cache_dir):
+def test_a_class_in_a_file_becomes_a_task_with_its_parameter_names(tmp_path):
     (tmp_path / "mlp.py").write_text(MLP)
     task = tmp_path / "task.py"
     done = new(f"{tmp_path / 'mlp.py'}:GatedMLP", "--init", "[64, 128]", "--inputs", "[torch.randn(8, 64)]",
@@ -39,11 +37,7 @@ def test_a_class_in_a_file_becomes_a_task_the_judge_takes_with_its_parameter_nam
     assert "Model = GatedMLP(64, 128); forward on (8, 64) float32 gives (8, 64) float32" in done.output
     module = import_file(load_task(task).path, "made_task")
     assert sorted(module.Model(*module.get_init_inputs()).state_dict()) == ["down.weight", "gate.weight", "up.weight"]
-    solution = tmp_path / "solution.py"
-    solution.write_text(MLP.replace("GatedMLP", "ModelNew"))
-    with Judge("cpu", fast_config(cache_dir, policy="kernelbench")) as judge:
-        verdict = judge.evaluate(task, solution)
-    assert verdict.correct and not verdict.strict_findings, (verdict.error, verdict.strict_findings)
+    # (the judge and the agent take such a task as it is: test_agent's optimize --module)
     again = new(f"{tmp_path / 'mlp.py'}:GatedMLP", "--inputs", "[torch.randn(8, 64)]", "--out", task)
     assert again.exit_code == 2 and "exists (--overwrite replaces it)" in again.output
 
