@@ -99,14 +99,21 @@ def test_kernelbench_s_timing_loops_call_warm_up_discard_and_keep_as_each_revisi
 def test_kernelbench_timing_is_reported_beside_the_judge_s_and_a_candidate_that_fakes_it_gains_nothing(
         cache_dir, tmp_path):
     """KernelBench times ModelNew inside the candidate's process: a candidate can fake that number (here it
-    replaces the timing loop when imported), so it is reported as the candidate's and the verdict ignores it."""
+    replaces the timing loop when imported), so it is reported as the candidate's and the verdict ignores it; one
+    whose process ends there keeps its verdict, and the timing says what happened."""
     honest = candidate(tmp_path, "honest", "        self.linear = torch.nn.Linear(features, features)\n"
                        "        self.w, self.b = self.linear.weight, self.linear.bias\n")
     faker = tmp_path / "faker.py"
     faker.write_text(honest.read_text() + "\n\nfrom cuda_agent.judge import kernelbench as _kb\n"
                      "_kb.time_calls = lambda *args, **kwargs: [1e-9] * 100\n")
+    quitter = tmp_path / "quitter.py"  # its process ends when KernelBench's timing starts
+    quitter.write_text(honest.read_text() + "\n\nimport os\nfrom cuda_agent.judge import kernelbench as _kb\n"
+                       "_kb.time_calls = lambda *args, **kwargs: os._exit(3)\n")
     with Judge("cpu", fast_config(cache_dir, policy="kernelbench", timing="kernelbench")) as judge:
         v = judge.evaluate(LINEAR_GELU, faker)
+        ended = judge.evaluate(LINEAR_GELU, quitter)
+    assert ended.correct and ended.speedup_vs_eager is not None, ended.error  # the verdict stands
+    assert "candidate process" in ended.kernelbench_timing["error"], ended.kernelbench_timing
     assert v.correct and v.speedup_vs_eager is not None, v.error
     kb = v.kernelbench_timing
     assert kb["method"] == "kernelbench" and "candidate's own process" in kb["measured"], kb

@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import kernelbench
+from .references import ReferenceFailed
 from .wire.process import WorkerDied
 
 if TYPE_CHECKING:
@@ -33,19 +34,21 @@ def measure(ev: Evaluation) -> dict[str, Any]:
     record: dict[str, Any] = {"method": method.name, "revision": method.revision, "measured": WHERE,
                               "warmup": method.warmup, "trials": method.trials,
                               "discard_first": method.discard_first, "l2_flush": method.flush_l2}
-    try:
+    try:  # whatever fails here is reported here: the verdict is made already
         candidate = _candidate_ms(ev, method.name)
+        if "error" in candidate:
+            return {**record, "error": candidate["error"]}
+        with ev.judge.device_lock.exclusive():
+            ev.worker.send({"command": "kernelbench_time", "method": method.name})
+            timed = ev.worker.receive(time.monotonic() + ev.cfg.run_timeout_s)
+            if timed.get("event") != "kernelbench_timed" or "ms" not in timed:
+                return {**record, "error": f"the candidate failed KernelBench's timing: {timed.get('error', timed)}"}
+            ref = ev.ref.call({"command": "kernelbench_time", "method": method.name}, "kernelbench_timed",
+                              ev.cfg.reference_timeout_s)
     except WorkerDied as exc:
         return {**record, "error": f"candidate process {exc}"}
-    if "error" in candidate:
-        return {**record, "error": candidate["error"]}
-    with ev.judge.device_lock.exclusive():
-        ev.worker.send({"command": "kernelbench_time", "method": method.name})
-        timed = ev.worker.receive(time.monotonic() + ev.cfg.run_timeout_s)
-        if timed.get("event") != "kernelbench_timed" or "ms" not in timed:
-            return {**record, "error": f"the candidate failed KernelBench's timing: {timed.get('error', timed)}"}
-        ref = ev.ref.call({"command": "kernelbench_time", "method": method.name}, "kernelbench_timed",
-                          ev.cfg.reference_timeout_s)
+    except ReferenceFailed as exc:
+        return {**record, "error": f"the reference failed KernelBench's timing: {exc}"}
     stats = {"candidate": kernelbench.timing_stats(timed["ms"]), "eager": kernelbench.timing_stats(ref["eager"]),
              "compile": kernelbench.timing_stats(ref["compile"]) if ref.get("compile") else None}
     record.update({f"{name}_ms": s["mean"] if s else None for name, s in stats.items()})
