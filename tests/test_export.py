@@ -128,6 +128,9 @@ def test_a_solution_whose_parameters_are_named_otherwise_is_refused_and_names_mu
                   tmp_path / "out", "--backend", "cpu", "--cache-dir", cache_dir)
     assert refused.exit_code == 2 and "ModelNew's parameters (w.weight, w.bias) are not Model's" in refused.output
     assert not (tmp_path / "out" / "lin").exists()
+    no_model_new = run("export", tmp_path / "task.py", "--task", tmp_path / "task.py", "--name", "lin", "--out",
+                       tmp_path / "out", "--backend", "cpu")
+    assert no_model_new.exit_code == 2 and "ModelNew" in no_model_new.output, no_model_new.output
     bad = run("export", tmp_path / "new.py", "--task", tmp_path / "task.py", "--name", "My-Kernel", "--out",
               tmp_path / "out", "--backend", "cpu")
     assert bad.exit_code == 2 and "a Python package name" in bad.output

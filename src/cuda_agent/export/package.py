@@ -64,6 +64,9 @@ def export(solution: Path, task_path: Path, name: str, out: Path, backend: str, 
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
         raise ExportError(f"--name {name!r}: a Python package name (lower case letters, digits, _)")
     task, cand = load_task(task_path), load_candidate(solution)
+    missing = cand.missing_model_new()
+    if missing:
+        raise ExportError(missing)
     digest = hashlib.sha256((task.hash + cand.hash + backend).encode()).hexdigest()[:10]
     namespace = f"cuda_agent_{name}_{digest}"
     reference = import_file(task.path, f"cuda_agent_export_task_{digest}")
