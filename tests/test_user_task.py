@@ -2,7 +2,6 @@
 folder) that keeps its parameter names, checked before it is written and judged as it is (user_task.py)."""
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from cuda_agent.cli import app
@@ -65,30 +64,19 @@ def test_other_bad_inputs_are_one_clear_line(tmp_path):
                                    "--out", tmp_path / "t.py").output
 
 
-@pytest.fixture(scope="module")
-def llama_folder(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    return path
-
-
 @pytest.mark.parametrize("submodule,params", [("model.layers.0.mlp", 3), ("model.layers.1", 9)])
-def test_a_submodule_of_a_transformers_model_becomes_a_task_that_reproduces_it(llama_folder, tmp_path, submodule,
+def test_a_submodule_of_a_transformers_model_becomes_a_task_that_reproduces_it(tiny_llama, tmp_path, submodule,
                                                                                params):
     from transformers import AutoModelForCausalLM
 
     task = tmp_path / "task.py"
-    done = new("--hf-model", llama_folder, "--submodule", submodule, "--sample", "1,5,9,3,7", "--out", task)
+    done = new("--hf-model", tiny_llama, "--submodule", submodule, "--sample", "1,5,9,3,7", "--out", task)
     assert done.exit_code == 0, done.output
     assert f"Model takes {params} tensors of the submodule's state dict and gives its output on the sample" \
         in done.output
     module = import_file(load_task(task).path, "made_hf_task")
     model = module.Model(*module.get_init_inputs())
-    original = AutoModelForCausalLM.from_pretrained(llama_folder).get_submodule(submodule)
+    original = AutoModelForCausalLM.from_pretrained(tiny_llama).get_submodule(submodule)
     model.load_state_dict(original.state_dict(), strict=True)  # the user's weights load as they are
     assert [tuple(x.shape) for x in module.get_inputs()][0] == (1, 5, 32)
     if submodule == "model.layers.1":
@@ -96,10 +84,10 @@ def test_a_submodule_of_a_transformers_model_becomes_a_task_that_reproduces_it(l
         assert "super().__init__(_config(), 1)" in task.read_text()  # its layer index
 
 
-def test_a_submodule_that_is_not_there_or_a_sample_without_a_tokenizer_says_so(llama_folder, tmp_path):
-    missing = new("--hf-model", llama_folder, "--submodule", "model.layers.7", "--sample", "1,2", "--out",
+def test_a_submodule_that_is_not_there_or_a_sample_without_a_tokenizer_says_so(tiny_llama, tmp_path):
+    missing = new("--hf-model", tiny_llama, "--submodule", "model.layers.7", "--sample", "1,2", "--out",
                   tmp_path / "t.py")
     assert missing.exit_code == 2 and "has no submodule 'model.layers.7'" in missing.output
-    text = new("--hf-model", llama_folder, "--submodule", "model.layers.0.mlp", "--sample", "hello", "--out",
+    text = new("--hf-model", tiny_llama, "--submodule", "model.layers.0.mlp", "--sample", "hello", "--out",
                tmp_path / "t.py")
     assert text.exit_code == 2 and "give --sample as token ids" in text.output
