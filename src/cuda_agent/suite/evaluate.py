@@ -12,7 +12,6 @@ upgrade is judged again.
 from __future__ import annotations
 
 import fnmatch
-import math
 import re
 from concurrent.futures import Future, as_completed
 from dataclasses import dataclass
@@ -178,16 +177,13 @@ def summarize(verdicts: list[dict]) -> dict:
     def rate(count: int) -> float:
         return count / n if n else 0.0
 
-    def geomean(xs: list[float]) -> float | None:
-        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
     summary = {
         "n": n,
         "pass_rate": rate(len(correct)),
         "faster_than_eager": rate(sum(1 for x in eager if x > 1.0)),
         "faster_than_compile": rate(sum(1 for x in compiled if x > 1.0)),
-        "geomean_speedup_vs_eager": geomean(eager),
-        "geomean_speedup_vs_compile": geomean(compiled),
+        "geomean_speedup_vs_eager": kernelbench_runs.geomean(eager),
+        "geomean_speedup_vs_compile": kernelbench_runs.geomean(compiled),
         "mean_reward": sum(v["reward"] for v in verdicts) / n if n else None,
         "fast_p_vs_eager": kernelbench_runs.fast_p(verdicts, n, "speedup_vs_eager"),
         "fast_p_vs_compile": kernelbench_runs.fast_p(verdicts, n, "speedup_vs_compile"),

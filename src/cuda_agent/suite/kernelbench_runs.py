@@ -26,6 +26,11 @@ KINDS = (  # (kind, what a finding of it says) in the order they are looked for
 )
 
 
+def geomean(xs: list[float]) -> float | None:
+    """The geometric mean (None of nothing)."""
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
 def is_generation_folder(folder: Path) -> bool:
     """Whether `folder` is laid out as KernelBench's generations are (sample files at its top)."""
     return Path(folder).is_dir() and any(SAMPLE_FILE.fullmatch(p.name) for p in Path(folder).iterdir())
@@ -84,9 +89,6 @@ def timing_view(verdicts: list[dict]) -> dict | None:
         return None
     timed = [v for v in verdicts if v["correct"] and (v.get("kernelbench_timing") or {}).get("speedup_vs_eager")]
     n = len(verdicts)
-
-    def geomean(xs: list[float]) -> float | None:
-        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
     out: dict = {"method": measured[0]["method"], "timed": len(timed), "failed": sum(1 for k in measured
                                                                                      if k.get("error"))}
