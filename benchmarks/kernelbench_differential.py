@@ -14,7 +14,11 @@ Candidates: `--suite DIR --solutions DIR` (suite-relative paths, or KernelBench'
 Model's only in their names (agree: both pass) or in the order they are drawn (agree: both fail).
 
     python3 benchmarks/kernelbench_differential.py --kernelbench-src KB_CLONE --builtin [--suite S --solutions D]
-        [--out differential.jsonl]
+        [--ours REPORT.json] [--jobs N] [--out differential.jsonl]
+
+`--ours`: this judge's verdicts from `eval-suite --policy kernelbench --json` on the same suite and solutions
+(judged there in parallel, resumable, with both timings) instead of judging each candidate here; `--jobs`:
+KernelBench's evaluations run that many at once (correctness only, so they may share the GPU).
 
 One JSON line per candidate (both verdicts and reasons); the summary counts agreements and lists disagreements.
 """
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,12 +112,24 @@ def kernelbench_verdict(src: Path, ref: Path, cand: Path, timeout: float) -> dic
     return {**found, "reason": "; ".join(f"{k}: {v}" for k, v in found["metadata"].items())[:400]}
 
 
+def reported(report: Path) -> dict[str, dict]:
+    """This judge's verdicts from an `eval-suite --json` report, by candidate name as suite_pairs names them."""
+    records = json.loads(report.read_text())["tasks"]
+    policies = {r["verdict"].get("policy") for r in records}
+    if policies != {"kernelbench"}:
+        sys.exit(f"{report}: judged with --policy {', '.join(map(str, policies))}; the comparison needs kernelbench")
+    return {r["task"] + ("" if r.get("sample") is None else f" sample {r['sample']}"): r["verdict"] for r in records}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernelbench-src", type=Path, required=True, help="a KernelBench clone (its src/ is used)")
     ap.add_argument("--builtin", action="store_true", help="the tests' candidates and the constructed variants")
     ap.add_argument("--suite", type=Path)
     ap.add_argument("--solutions", type=Path)
+    ap.add_argument("--ours", type=Path, help="this judge's verdicts: an `eval-suite --policy kernelbench --json` "
+                                              "report of --suite and --solutions")
+    ap.add_argument("--jobs", type=int, default=1, help="KernelBench evaluations at once")
     ap.add_argument("--limit", type=int, default=None, help="at most this many candidates")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds for KernelBench's evaluation of one")
     ap.add_argument("--out", type=Path, default=Path("differential.jsonl"))
@@ -120,36 +137,46 @@ def main() -> None:
     src = args.kernelbench_src / "src"
     if not ((src / "eval.py").exists() or (src / "kernelbench" / "eval.py").exists()):
         sys.exit(f"{args.kernelbench_src}: no src/eval.py or src/kernelbench/eval.py (a KernelBench clone?)")
+    if args.ours and args.builtin:
+        sys.exit("--ours holds a suite's verdicts: give it with --suite and --solutions, without --builtin")
     work = Path(tempfile.mkdtemp(prefix="kb-differential-"))
     pairs = (builtin(work) if args.builtin else []) + \
         (suite_pairs(args.suite, args.solutions) if args.suite and args.solutions else [])
     pairs = pairs[: args.limit]
     if not pairs:
         sys.exit("nothing to compare: give --builtin and/or --suite with --solutions")
-    rows, began = [], time.time()
+    given = reported(args.ours) if args.ours else None
     # its tolerance for fp32: 1e-2 in the first release, 1e-4 from 2025-12 on (get_tolerance_for_precision)
     tolerance = 1e-4 if (src / "kernelbench").exists() else 1e-2
     print(f"KernelBench {'2025-12+' if tolerance == 1e-4 else 'first release'} layout: atol = rtol = {tolerance:g}")
+    rows, began = [], time.time()
     config = JudgeConfig(policy="kernelbench", atol=tolerance, rtol=tolerance, cache_dir=work / "cache")
-    with Judge("cuda", config) as judge, \
-            args.out.open("w") as out:
-        for k, (name, ref, cand) in enumerate(pairs):
-            ours = judge.evaluate(ref, cand)
-            theirs = kernelbench_verdict(src, ref, cand, args.timeout)
-            row = {"candidate": name, "agree": ours.correct == theirs["correct"],
-                   "ours": {"correct": ours.correct, "reason": ours.reason, "strict_findings": ours.strict_findings},
+    with ThreadPoolExecutor(args.jobs) as runner, args.out.open("w") as out:
+        theirs_of = [runner.submit(kernelbench_verdict, src, ref, cand, args.timeout) for _, ref, cand in pairs]
+        judge = Judge("cuda", config) if given is None else None
+        for k, ((name, ref, cand), theirs) in enumerate(zip(pairs, theirs_of)):
+            ours = judge.evaluate(ref, cand).to_dict() if judge else given.get(name)
+            if ours is None:
+                sys.exit(f"{args.ours}: no verdict for {name} (judged with other --suite/--solutions?)")
+            theirs = theirs.result()
+            row = {"candidate": name, "agree": ours["correct"] == theirs["correct"],
+                   "ours": {key: ours.get(key) for key in ("correct", "reward", "error", "strict_findings",
+                                                             "tolerance", "speedup_vs_eager", "speedup_vs_compile",
+                                                             "kernelbench_timing")},
                    "kernelbench": theirs}
             rows.append(row)
             out.write(json.dumps(row) + "\n")
             out.flush()
-            print(f"[{k + 1}/{len(pairs)}] {name}: ours {'pass' if ours.correct else 'fail'}, KernelBench "
+            print(f"[{k + 1}/{len(pairs)}] {name}: ours {'pass' if ours['correct'] else 'fail'}, KernelBench "
                   f"{'pass' if theirs['correct'] else 'fail'}{'' if row['agree'] else '  DISAGREE'}", flush=True)
+        if judge:
+            judge.close()
     agree = sum(r["agree"] for r in rows)
     print(f"\n{agree}/{len(rows)} agree on correctness ({time.time() - began:.0f} s)")
     for r in rows:
         if not r["agree"]:
-            print(f"  {r['candidate']}: ours {r['ours']['correct']} ({r['ours']['reason'][:160]}); KernelBench "
-                  f"{r['kernelbench']['correct']} ({r['kernelbench']['reason'][:160]})")
+            print(f"  {r['candidate']}: ours {r['ours']['correct']} ({(r['ours']['error'] or '')[:160]}); "
+                  f"KernelBench {r['kernelbench']['correct']} ({r['kernelbench']['reason'][:160]})")
 
 
 if __name__ == "__main__":

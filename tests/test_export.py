@@ -94,6 +94,11 @@ def test_a_transformers_mlp_becomes_a_kernel_that_kernelize_swaps_into_the_whole
     assert torch.allclose(got, want, atol=1e-5)
     with torch.no_grad():
         assert torch.allclose(torch.compile(model)(ids).logits, want, atol=1e-4)
+        # the kernel runs on each module's current weights: a weight replaced after the first call is the one used
+        mlp, x = model.model.layers[1].mlp, torch.randn(1, 3, 32)
+        mlp.up_proj.weight = torch.nn.Parameter(torch.randn(64, 32))
+        assert torch.allclose(mlp(x), mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x)),
+                              atol=1e-5)
 
 
 def test_the_package_s_drop_in_module_takes_the_user_s_state_dict_and_runs_a_prebuilt_cpp_kernel(tmp_path,

@@ -122,6 +122,23 @@ def test_a_kernel_launched_by_a_thread_after_forward_returns_is_not_free(gpu_jud
     assert verdict.reward == -1 or timed_fairly, (verdict.error, verdict.times_us, normal.times_us)
 
 
+def test_a_kernel_launched_without_a_stream_after_a_torch_fill_is_ordered_as_on_the_default_stream(gpu_judge,
+                                                                                                       tmp_path):
+    """KernelBench's solutions often fill the output with torch (`torch::zeros_like`, on the current stream) and
+    launch on the legacy default stream (`<<<grid, block>>>`): in KernelBench, and in a model run on the default
+    stream, the kernel runs after the fill. The judge's call stream is made blocking so it is so here too (with a
+    non-blocking call stream the fill raced the kernel: found as "got 0" on public solutions, issue 33)."""
+    single = tmp_path / "legacy_stream.py"
+    text = (CANDIDATES / "affine_relu_cuda_single.py").read_text()
+    for old, new in (("auto out = torch::empty_like(x);", "auto out = torch::zeros_like(x);"),
+                     (", 0, c10::cuda::getCurrentCUDAStream()>>>", ">>>")):
+        assert old in text
+        text = text.replace(old, new)
+    single.write_text(text)
+    verdict = gpu_judge.evaluate(AFFINE, single)
+    assert verdict.correct and verdict.reward >= 1, verdict.error
+
+
 NO_AUDIT_SWITCH = ("        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)",
                    "        from torch.utils._python_dispatch import _get_current_dispatch_mode\n"
                    "        if _get_current_dispatch_mode() is None:\n"
@@ -549,3 +566,20 @@ def test_the_static_decoder_s_cuda_graph_replays_the_model_s_steps(tiny_llama):
     finally:
         sampler.close()
     sampled_logprobs_are_the_trainer_s(actor, [5, 9, 11, 3], tokens, logprobs, 0.8, atol=1e-3)
+
+
+def test_a_cuda_kernel_exported_from_a_llama_mlp_runs_in_the_whole_model_by_check_model_and_kernelize(tmp_path):
+    """Issue 34 on the GPU: benchmarks/drop_in_model.py's whole path (task new -> eval -> export -> check-model ->
+    kernels' kernelize) on a small Llama with a cuBLAS + fused SiLU-and-multiply CUDA kernel."""
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "benchmarks/drop_in_model.py", "--layers", "2", "--hidden", "64",
+                          "--intermediate", "128", "--heads", "4", "--kv-heads", "2", "--vocab", "128", "--tokens",
+                          "16", "--work", tmp_path, "--out", tmp_path / "drop_in.json"],
+                         capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1])
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    result = json.loads((tmp_path / "drop_in.json").read_text())
+    assert result["verdict"]["correct"] and result["verdict"]["reward"] >= 1, result["verdict"]
+    assert result["kernelize"]["match"] and "outputs    match" in result["check_model"]
+    assert (tmp_path / "exported" / "build").is_dir() and "cu" in next((tmp_path / "exported" / "build").iterdir()).name

@@ -267,8 +267,9 @@ def test_load_inline_requests_are_validated(tmp_path):
     ok = normalise(request_from_call({"name": "ext", "cpp_sources": "int f();", "functions": "f",
                                       "extra_cflags": ["-O3", "-march=native", "-fopenmp", "-DN=4"],
                                       "extra_cuda_cflags": ["-O3", "--use_fast_math", "-Xcompiler", "-fPIC"],
-                                      "extra_ldflags": ["-lcublas"], "verbose": True}))
+                                      "extra_ldflags": ["-lcublas", ""], "verbose": True}))
     assert ok["cpp_sources"] == ["int f();"] and ok["functions"] == ["f"] and "verbose" not in ok
+    assert ok["extra_ldflags"] == ["-lcublas"]  # an empty flag (published solutions have them) is dropped
     for bad, why in [({"name": "../x"}, "C identifier"),
                      ({"extra_cflags": ["-fplugin=/tmp/evil.so"]}, "not allowed"),
                      ({"extra_cflags": ["-Wl,--wrap=malloc"]}, "not allowed"),

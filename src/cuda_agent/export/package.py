@@ -88,7 +88,7 @@ def export(solution: Path, task_path: Path, name: str, out: Path, backend: str, 
         (staged / "__init__.py").write_text(_init(name, task.name, namespace, names, _schema(inputs, expected),
                                                   extensions, class_name))
         exported = Exported(out / name, out / "build" / variant(backend), namespace, class_name)
-        _check(staged, name, init, inputs, expected, names, exported.notes)
+        _check(staged, name, init, inputs, names, get_backend(backend).device, exported.notes)
         out.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(exported.package, ignore_errors=True)
         shutil.copytree(staged, exported.package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -161,9 +161,10 @@ def _init(name: str, task: str, namespace: str, names: list[str], schema: str, e
         "forward = _export.op", f"{class_name} = _export.module", ""])
 
 
-def _check(staged: Path, name: str, init: list, inputs: list, expected, names: list[str], notes: list[str]) -> None:
+def _check(staged: Path, name: str, init: list, inputs: list, names: list[str], device: str, notes: list[str]
+           ) -> None:
     """The staged package imported: ModelNew holds the reference's parameter names, and the drop-in module with
-    the reference's weights gives the reference's outputs."""
+    the reference's weights gives the reference's outputs on the backend's device."""
     package = import_file(staged / "__init__.py", f"cuda_agent_export_check_{name}")
     export = package._export
     theirs = list(export.model_new(*init).state_dict())
@@ -178,6 +179,8 @@ def _check(staged: Path, name: str, init: list, inputs: list, expected, names: l
             if p.is_floating_point():
                 p.copy_(torch.randn_like(p) * 0.1)
     module.load_state_dict(reference.state_dict(), strict=True)
+    module, reference = module.to(device), reference.to(device)
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
     with torch.no_grad():
         got, want = module(*inputs), reference(*inputs)
     pairs = list(zip(got, want)) if isinstance(want, (tuple, list)) else [(got, want)]

@@ -122,7 +122,8 @@ def normalise(raw: Any) -> dict[str, Any]:
         value = [] if value is None else [value] if isinstance(value, str) else value
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise InlineError(f"load_inline: {key} must be a string or a list of strings")
-        req[key] = value
+        # an empty flag ("" in a list, as some published solutions have) is no flag: the compiler never sees it
+        req[key] = value if key.endswith("sources") else [v for v in value if v.strip()]
     functions = raw.get("functions")
     if functions is not None and not (isinstance(functions, list) and all(isinstance(f, str) for f in functions)
                                       or isinstance(functions, dict) and all(isinstance(k, str) and isinstance(v, str)

@@ -43,6 +43,7 @@ def _cu() -> ctypes.CDLL:
         _driver = ctypes.CDLL("libcuda.so.1")
         for name in ("cuStreamWaitValue32_v2", "cuStreamWriteValue32_v2"):
             getattr(_driver, name).argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+        _driver.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
     return _driver
 
 
@@ -59,6 +60,17 @@ def wait_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
 def write_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
     """`stream` writes `value` to the int32 at `address` once its earlier work is done."""
     _check(_cu().cuStreamWriteValue32_v2(stream.cuda_stream, address, value, 0), "cuStreamWriteValue32")
+
+
+def blocking_stream() -> torch.cuda.ExternalStream:
+    """A stream made without CU_STREAM_NON_BLOCKING (torch's own streams have it): work on it and on the legacy
+    default stream is ordered both ways, as it is for code run on the default stream, where KernelBench and most
+    users run a module. A kernel launched without a stream after a torch op (`torch::zeros_like(A)`, then
+    `kernel<<<grid, block>>>`) then runs after that op, not beside it."""
+    torch.cuda.current_stream().synchronize()  # the runtime's primary context is current in this thread
+    handle = ctypes.c_void_p()
+    _check(_cu().cuStreamCreate(ctypes.byref(handle), 0), "cuStreamCreate")
+    return torch.cuda.ExternalStream(handle.value)
 
 
 class Flags:
@@ -140,7 +152,7 @@ class CalleeOrder:
 
     def __init__(self, flags: Flags):
         self.flags = flags
-        self.stream = torch.cuda.Stream()  # the call's stream: made current for the call's work
+        self.stream = blocking_stream()  # the call's stream: made current for the call's work
 
     def arm(self, k: int, stream: torch.cuda.Stream | None = None) -> None:
         """The call's stream (and the legacy default stream, where kernels launched without a stream go) wait
