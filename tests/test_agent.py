@@ -401,6 +401,10 @@ def test_optimize_a_module_makes_its_task_runs_the_agent_and_exports_the_best_ke
     package = import_file(Path(record["export"]["package"]) / "__init__.py", "optimized_affine_relu")
     x = torch.randn(4096)
     assert torch.allclose(package.AffineReLU(2.0, 0.1)(x), torch.relu(x * 2.0 + 0.1) * 0.5)
+    page = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "run.html")])
+    assert page.exit_code == 0, page.output
+    html = (tmp_path / "run.html").read_text()  # one page: the episode, then the export
+    assert "Your module: the kernel, exported" in html and record["export"]["package"] in html
     both = CliRunner().invoke(app, ["optimize", str(AFFINE), "--module", "x.py:C", "--model", "m", "--backend", "cpu"])
     assert both.exit_code == 2 and "give one of REFERENCE, --module" in both.output
 

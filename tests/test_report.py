@@ -329,3 +329,24 @@ def test_a_recipe_page_shows_the_held_out_table_over_seeds_and_the_signals_with_
     assert tables(one.read_text())[0][3][6] == "1.000 [0.800, 1.200]"  # one seed: its bootstrap interval
     bad = runner.invoke(app, ["report", str(a), "--seed-run", str(a / "ppo"), "--out", str(tmp_path / "x.html")])
     assert bad.exit_code == 2 and "--seed-run takes recipe folders" in bad.output
+
+
+def test_the_module_section_shows_the_export_and_the_whole_model_check():
+    """`optimize --hf-model`'s module.json on the run's page: the export, then the whole model's outputs and time
+    (a failed check reads as such)."""
+    from cuda_agent.report.module_view import module_section
+
+    record = {"task": "run/task.py", "task_notes": ["past_key_values (DynamicCache) dropped"],
+              "export": {"package": "run/export/llamamlp_kernel", "kernels_build": "run/export/build/torch211-cu130",
+                         "namespace": "cuda_agent_llamamlp_kernel_0123", "class": "LlamaMLP", "notes": []},
+              "check": {"replaced": ["model.layers.0.mlp", "model.layers.1.mlp"], "max_abs_diff": 2.6e-6,
+                        "within_tolerance": True, "error_vs_fp64": {"original": 3.0e-6, "replaced": 3.4e-6},
+                        "time_us": {"original": 1000.0, "replaced": 800.0}, "speedup": 1.25}}
+    title, body = module_section(record)
+    assert "checked in the whole model" in title
+    assert "run/export/llamamlp_kernel" in body and "replaced 2 submodule(s)" in body and "1.250x" in body
+    assert "<span class='good'>match</span>" in body and "DynamicCache" in body
+    record["check"]["within_tolerance"] = False
+    assert "<span class='bad'>differ</span>" in module_section(record)[1]
+    record["export"] = None
+    assert "nothing exported" in module_section(record)[1]

@@ -2,7 +2,8 @@
 
     suite     eval-suite's database (SQLite; its latest run, or the one picked), a report JSON (`eval-suite --json`,
               optimize-suite's OUT/report.json) or an optimize-suite folder (OUT/report.json + OUT/runs)
-    agent     an agent run folder (trajectory.jsonl, summary.json) or its trajectory.jsonl
+    agent     an agent run folder (trajectory.jsonl, summary.json; module.json from optimize --module) or its
+              trajectory.jsonl
     training  a trainer's folder or its metrics.jsonl (one JSON object per step)
     recipe    a `train recipe` folder (recipe.json, ppo/metrics.jsonl); several of them (seeds) drawn together
 """
@@ -114,7 +115,9 @@ def _agent(path: Path) -> dict[str, Any]:
     summary_file = path.parent / "summary.json"
     summary = _json(summary_file) if summary_file.is_file() else next(
         (r["summary"] for r in records if r.get("type") == "result"), {})
-    return {"kind": "agent", "source": str(path.parent), "records": records, "summary": summary}
+    module = path.parent / "module.json"  # optimize --module / --hf-model: the export and whole-model check
+    return {"kind": "agent", "source": str(path.parent), "records": records, "summary": summary,
+            "module": _json(module) if module.is_file() else None}
 
 
 def _training(path: Path) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from ..agent.summary import EpisodeSummary
 from ..judge.verdict import Verdict
 from ..suite.kernelbench_runs import finding_kinds
 from ..suite.revisions import describe
+from .module_view import module_section
 from .page import Cell, esc, figure, number, pct, table, text
 
 View = tuple[str, str, list[tuple[str, str]], list[dict[str, Any]]]
@@ -278,6 +279,8 @@ def agent_view(run: dict) -> View:
     overview = table(["", ""], [[text(k), text(v)] for k, v in facts], text_columns=(0, 1))
     overview += f"<p>final verdict: {_verdict_line(final)}</p>" if final else "<p class='muted'>no verdict</p>"
     sections = [("Episode", overview)]
+    if run.get("module"):
+        sections.append(module_section(run["module"]))
     if points:
         sections.append(("Reward and speedup over turns", _progress_plot(points)))
     sections.append((f"Turn by turn ({len(rows)} messages; long ones clipped)", turns))
