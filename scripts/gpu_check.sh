@@ -4,7 +4,7 @@
 # Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements-log.md, the current numbers
 # in docs/measurements.md.
 # Usage: scripts/gpu_check.sh [tests] [build] [latency] [fresh] [suite] [throughput] [data] [agreement] [rollout]
-#        [expert] [differential]
+#        [expert] [differential] [public]
 #   (default: tests build latency fresh suite; THROUGHPUT_ARGS adds judge_throughput.py options, e.g. --modes pool,pool2)
 # `agreement`: the two GPU clocks on KernelBench tasks (KERNELBENCH, AGREEMENT_TASKS, default 24); `rollout`:
 # benchmarks/rollout_speed.py; `expert`: the expert's task set built on the GPU into EXPERT_DATA (default
@@ -14,6 +14,9 @@
 # `differential`: KernelBench's own eval_kernel_against_ref against --policy kernelbench on the same candidates
 # (benchmarks/kernelbench_differential.py; KB_SRC: a KernelBench clone or `git archive` of one revision, e.g.
 # .kbsrc/v0.1; the tests' candidates, plus SOLUTIONS judged against KERNELBENCH when both are set).
+# `public`: a public solution set (SOLUTIONS, KernelBench's generation layout) judged against KERNELBENCH with
+# --policy kernelbench and KB_TIMING (default kernelbench-v0.1) into $OUT/public.json (PUBLIC_DB: a database to
+# resume from, e.g. a copy under /tmp kept between calls), then, with KB_SRC, KernelBench's own verdicts beside it.
 # GPU_TESTS_K selects tests by pytest's -k expression (to split the run over calls of a limited length).
 # `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into DATA_DIR (default $OUT/data;
 # DATA_WORKERS, DATA_TIME_LIMIT seconds, DATA_MAX_ATTEMPTS; rerun with the same DATA_DIR to resume); KERNELBENCH
@@ -75,6 +78,22 @@ if [[ $stages == *" differential "* && -n "${KB_SRC:-}" ]]; then
     ${SOLUTIONS:+--suite "$KERNELBENCH" --solutions "$SOLUTIONS"} --out "$OUT/differential.jsonl" \
     > "$OUT/differential.log" 2>&1 || status=1
   grep -A 40 "agree on correctness" "$OUT/differential.log"
+fi
+if [[ $stages == *" public "* && -n "${KERNELBENCH:-}" && -n "${SOLUTIONS:-}" ]]; then
+  # a public solution set: this judge's kernelbench policy (what strict adds, both timings; resumable from
+  # PUBLIC_DB), then KernelBench's own evaluation (KB_SRC, KB_JOBS at once) of the same candidates beside it
+  db=${PUBLIC_DB:-$OUT/public.db}
+  python3 -m cuda_agent eval-suite "$KERNELBENCH" --solutions "$SOLUTIONS" --policy kernelbench \
+    --timing "${KB_TIMING:-kernelbench-v0.1}" --workers "${PUBLIC_WORKERS:-12}" --db "$db" --json \
+    > "$OUT/public.json" 2> "$OUT/public.log" || status=1
+  [[ $db == "$OUT/public.db" ]] || cp "$db" "$OUT/public.db"
+  tail -5 "$OUT/public.log"
+  if [[ -n "${KB_SRC:-}" ]]; then
+    python3 benchmarks/kernelbench_differential.py --kernelbench-src "$KB_SRC" --suite "$KERNELBENCH" \
+      --solutions "$SOLUTIONS" --ours "$OUT/public.json" --jobs "${KB_JOBS:-12}" \
+      --out "$OUT/public_differential.jsonl" > "$OUT/public_differential.log" 2>&1 || status=1
+    grep -A 60 "agree on correctness" "$OUT/public_differential.log"
+  fi
 fi
 if [[ $stages == *" rollout "* ]]; then
   python3 benchmarks/rollout_speed.py --out "$OUT/rollout_speed.json" 2>&1 | tee "$OUT/rollout_speed.log" || status=1

@@ -142,7 +142,7 @@ def test_the_critic_learns_which_prompt_pays_within_a_few_updates(tiny):
 def test_the_entropy_statistic_is_the_same_in_chunks_without_a_graph(tiny, monkeypatch):
     from cuda_agent.rl import rollout
 
-    monkeypatch.setattr(rollout, "ENTROPY_CHUNK", 2)
+    monkeypatch.setattr(rollout, "HEAD_CHUNK", 2)
     actor = Actor.load(tiny)
     ids = torch.tensor([[5, 9, 11, 3, 8, 2, 7], [0, 0, 4, 6, 8, 1, 2]])
     attention = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])
@@ -150,3 +150,11 @@ def test_the_entropy_statistic_is_the_same_in_chunks_without_a_graph(tiny, monke
     whole = rollout.response_logprob_fn(3, temperature=0.7, entropy_grad=True)(actor.model, ids, attention)
     assert torch.allclose(chunked[0], whole[0], atol=1e-5) and torch.allclose(chunked[1], whole[1], atol=1e-5)
     assert chunked[0].requires_grad and not chunked[1].requires_grad and whole[1].requires_grad
+    # the chunked head's gradient (recomputed in the backward pass) is the whole head's
+    grads = []
+    for whole_head in (False, True):
+        actor.model.zero_grad()
+        rollout.response_logprob_fn(3, temperature=0.7, entropy_grad=whole_head)(
+            actor.model, ids, attention)[0].sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in actor.model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)

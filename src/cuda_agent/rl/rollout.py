@@ -11,22 +11,23 @@ The ids stay exactly what was sampled.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..agent.environment import Environment
 from ..agent.loop import LoopConfig, run_episode
 from ..agent.summary import EpisodeSummary
 from ..llm import LLMError, Reply, reply_from
-from .algorithm import entropy
 from .models import positions
 from .tokens import TokenTrajectory, TurnTokenizer
 from .trainer import Batch
 
 
-ENTROPY_CHUNK = 512  # positions per chunk of the entropy statistic
+HEAD_CHUNK = 512  # response positions per chunk of the output head's log-probs (and the entropy statistic)
 
 Sampler = Callable[[list[int], int, set[int]], tuple[list[int], list[float]]]
 """(prompt ids, most new tokens, stop ids) -> (sampled ids, ending with a stop id unless cut; their log-probs)."""
@@ -117,23 +118,35 @@ def batch_of(episodes: list[Episode], pad_id: int | None) -> Batch:
 
 
 def response_logprob_fn(response_start: int, temperature: float = 1.0, entropy_grad: bool = False):
-    """Log-probs over the full vocabulary of a batch's response tokens (what the sampler drew) and their entropies:
-    without `entropy_grad` (no entropy bonus) the entropy is a statistic, computed without a graph in chunks (a
-    [batch, tokens, vocab] fp32 tensor is 8 GB for 8 x 5,000 tokens of a 49k vocabulary)."""
+    """Log-probs over the full vocabulary of a batch's response tokens (what the sampler drew) and their entropies.
+    Without `entropy_grad` (no entropy bonus) the output head runs in chunks of HEAD_CHUNK positions, each
+    recomputed in the backward pass (activation checkpointing), and the entropy is a statistic without a graph:
+    the [batch, tokens, vocab] logits are never held whole (in fp32 8 GB for 8 x 5,000 tokens of a 49k
+    vocabulary, and under bf16 autocast their fp32 copy is most of a step's memory traffic)."""
 
     def fn(model, ids, attention):
-        kept = ids.shape[1] - response_start + 1
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions(attention),
-                       logits_to_keep=kept, use_cache=False).logits[:, :-1]  # position t scores token t + 1
-        chosen = ids[:, response_start:].unsqueeze(-1)
+        chosen = ids[:, response_start:]
         if entropy_grad:
+            logits = model(input_ids=ids, attention_mask=attention, position_ids=positions(attention),
+                           logits_to_keep=chosen.shape[1] + 1, use_cache=False).logits[:, :-1]
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-            return logp.gather(-1, chosen).squeeze(-1), -(logp.exp() * logp).sum(-1)
-        scaled = logits.float() / temperature
-        token_logp = scaled.gather(-1, chosen).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-        with torch.no_grad():
-            token_entropy = torch.cat([entropy(part.float() / temperature)
-                                       for part in logits.detach().split(ENTROPY_CHUNK, dim=1)], dim=1)
-        return token_logp, token_entropy
+            return logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=attention, position_ids=positions(attention),
+                                     use_cache=False).last_hidden_state[:, response_start - 1:-1]
+        head = partial(_head_chunk, model.get_output_embeddings(), temperature)
+        parts = [checkpoint(head, h, c, use_reentrant=False) if torch.is_grad_enabled() else head(h, c)
+                 for h, c in zip(hidden.split(HEAD_CHUNK, dim=1), chosen.split(HEAD_CHUNK, dim=1))]
+        return torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1)
 
     return fn
+
+
+def _head_chunk(head: torch.nn.Module, temperature: float, hidden: torch.Tensor, chosen: torch.Tensor):
+    """One chunk's log-probs of the chosen tokens and (without a graph) the distribution's entropy."""
+    scaled = head(hidden).float() / temperature  # position t scores token t + 1
+    norm = torch.logsumexp(scaled, dim=-1)
+    logp = scaled.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - norm
+    with torch.no_grad():
+        probs = (scaled - norm.unsqueeze(-1)).exp_()
+        token_entropy = norm - (probs * scaled).sum(-1)
+    return logp, token_entropy
