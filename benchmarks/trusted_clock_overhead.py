@@ -12,13 +12,20 @@ On the GPU each trusted row also holds the clock's parts: the calibrated window 
 (from `call` to its answer, not charged), for candidate and eager (`--policy kernelbench` runs the candidate without
 the op audit, which shows what the audit costs a call).
 
+`--call-streams legacy,blocking,torch` (cuda) compares the streams a callee's calls can run on
+(`judge/wire/gpu_order.call_stream`) instead of the two clocks: one judge and cache per stream, the trusted clock
+only, in rotating order, and beside the timing rows whether a candidate that fills its output with torch and launches
+its kernel without a stream (`legacy_fill`) is judged correct on each.
+
     python3 benchmarks/trusted_clock_overhead.py [--backend cuda] [--policy strict] --rounds 3 --out overhead.json
+    python3 benchmarks/trusted_clock_overhead.py --backend cuda --call-streams legacy,blocking,torch --out streams.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from cuda_agent.judge import Judge, JudgeConfig  # noqa: E402
+from cuda_agent.judge.wire.gpu_order import CALL_STREAM_ENV, CALL_STREAMS  # noqa: E402
 
 TASK = ROOT / "tests/data/tasks/affine_relu.py"
 CANDIDATES = {"cpu": ROOT / "tests/data/candidates/affine_relu_ok",
@@ -42,15 +50,30 @@ def sized_task(folder: Path, log2: int) -> Path:
     return path
 
 
+def legacy_fill(folder: Path) -> Path:
+    """affine_relu's load_inline candidate with its output filled by torch and its kernel launched without a
+    stream (the pattern of many public KernelBench solutions)."""
+    text = (ROOT / "tests/data/candidates/affine_relu_cuda_single.py").read_text()
+    for old, new in (("auto out = torch::empty_like(x);", "auto out = torch::zeros_like(x);"),
+                     (", 0, c10::cuda::getCurrentCUDAStream()>>>", ">>>")):
+        text = text.replace(old, new)
+    path = folder / "legacy_fill.py"
+    path.write_text(text)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", default="14,18,21", help="log2 of the task's element counts")
     parser.add_argument("--backend", choices=sorted(CANDIDATES), default="cpu")
     parser.add_argument("--policy", default="strict")
+    parser.add_argument("--call-streams", help=f"comma-separated, of {', '.join(CALL_STREAMS)} (cuda)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="clock-overhead-"))
+    if args.call_streams:
+        return compare_streams(args, folder)
     judge = Judge(args.backend, JudgeConfig(cache_dir=folder / "cache", policy=args.policy))
     rows: dict[str, dict[str, list]] = {}
     try:
@@ -63,27 +86,63 @@ def main() -> None:
                     else:
                         judge.backend.trusted_clock = trusted
                     began = time.perf_counter()
-                    v = judge.evaluate(task, CANDIDATES[args.backend])
                     key = f"2^{log2} {'trusted' if trusted else 'in-process'}"
-                    row = rows.setdefault(key, {k: [] for k in ("candidate_us", "eager_us", "compile_us",
-                                                                 "vs_eager", "vs_compile", "reward", "seconds")})
-                    if not v.correct:
-                        print(key, "failed:", v.error, flush=True)
-                        continue
-                    for name, value in (("candidate_us", v.times_us["candidate"]), ("eager_us", v.times_us["eager"]),
-                                        ("compile_us", v.times_us["compile"]), ("vs_eager", v.speedup_vs_eager),
-                                        ("vs_compile", v.speedup_vs_compile), ("reward", v.reward),
-                                        ("seconds", time.perf_counter() - began), *parts(v.timing)):
-                        row.setdefault(name, []).append(value)
-                    print(key, {k: round(vals[-1], 3) for k, vals in row.items()}, flush=True)
+                    record(rows, key, judge.evaluate(task, CANDIDATES[args.backend]), began)
     finally:
         judge.close()
+    report(args, rows)
+
+
+def record(rows: dict, key: str, v, began: float) -> None:
+    """One verdict's times, speedups, reward and clock parts into `rows[key]`, printed."""
+    row = rows.setdefault(key, {k: [] for k in ("candidate_us", "eager_us", "compile_us", "vs_eager", "vs_compile",
+                                                 "reward", "seconds")})
+    if not v.correct:
+        print(key, "failed:", v.error, flush=True)
+        return
+    for name, value in (("candidate_us", v.times_us["candidate"]), ("eager_us", v.times_us["eager"]),
+                        ("compile_us", v.times_us["compile"]), ("vs_eager", v.speedup_vs_eager),
+                        ("vs_compile", v.speedup_vs_compile), ("reward", v.reward),
+                        ("seconds", time.perf_counter() - began), *parts(v.timing)):
+        row.setdefault(name, []).append(value)
+    print(key, {k: round(vals[-1], 3) for k, vals in row.items()}, flush=True)
+
+
+def report(args, rows: dict, extra: dict | None = None) -> None:
     summary = {key: {name: round(statistics.median(vals), 3) if vals else None for name, vals in row.items()}
                for key, row in rows.items()}
     for key, row in summary.items():
         print(f"{key:24s} " + "  ".join(f"{k} {v}" for k, v in row.items()))
     if args.out:
-        args.out.write_text(json.dumps({"rounds": args.rounds, "median": summary, "all": rows}, indent=2))
+        args.out.write_text(json.dumps({"rounds": args.rounds, "median": summary, "all": rows, **(extra or {})},
+                                       indent=2))
+
+
+def compare_streams(args, folder: Path) -> None:
+    """The trusted clock with each call stream: a judge (and baseline cache) per stream; workers read the stream
+    from the environment when they start, so it is set before every evaluation."""
+    streams = args.call_streams.split(",")
+    judges = {s: Judge(args.backend, JudgeConfig(cache_dir=folder / f"cache-{s}", policy=args.policy))
+              for s in streams}
+    rows: dict[str, dict[str, list]] = {}
+    fill: dict[str, dict] = {}
+    try:
+        for log2 in map(int, args.sizes.split(",")):
+            task = sized_task(folder, log2)
+            for r in range(args.rounds):
+                for stream in streams[r % len(streams):] + streams[:r % len(streams)]:
+                    os.environ[CALL_STREAM_ENV] = stream
+                    began = time.perf_counter()
+                    record(rows, f"2^{log2} {stream}", judges[stream].evaluate(task, CANDIDATES[args.backend]), began)
+        for stream in streams:
+            os.environ[CALL_STREAM_ENV] = stream
+            v = judges[stream].evaluate(TASK, legacy_fill(folder))
+            fill[stream] = {"correct": v.correct, "reward": v.reward, "error": v.error}
+            print("legacy_fill", stream, fill[stream], flush=True)
+    finally:
+        for judge in judges.values():
+            judge.close()
+    report(args, rows, {"call_streams": streams, "legacy_fill": fill})
 
 
 def parts(timing: dict) -> list[tuple[str, float]]:

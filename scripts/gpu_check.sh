@@ -4,7 +4,7 @@
 # Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements-log.md, the current numbers
 # in docs/measurements.md.
 # Usage: scripts/gpu_check.sh [tests] [build] [latency] [fresh] [suite] [throughput] [data] [agreement] [rollout]
-#        [expert] [differential] [public]
+#        [expert] [differential] [public] [streams]
 #   (default: tests build latency fresh suite; THROUGHPUT_ARGS adds judge_throughput.py options, e.g. --modes pool,pool2)
 # `agreement`: the two GPU clocks on KernelBench tasks (KERNELBENCH, AGREEMENT_TASKS, default 24); `rollout`:
 # benchmarks/rollout_speed.py; `expert`: the expert's task set built on the GPU into EXPERT_DATA (default
@@ -17,6 +17,8 @@
 # `public`: a public solution set (SOLUTIONS, KernelBench's generation layout) judged against KERNELBENCH with
 # --policy kernelbench and KB_TIMING (default kernelbench-v0.1) into $OUT/public.json (PUBLIC_DB: a database to
 # resume from, e.g. a copy under /tmp kept between calls), then, with KB_SRC, KernelBench's own verdicts beside it.
+# `streams`: the trusted clock on each call stream the callee can use (benchmarks/trusted_clock_overhead.py
+# --call-streams legacy,blocking,torch), and whether a kernel launched without a stream after a torch fill is correct.
 # GPU_TESTS_K selects tests by pytest's -k expression (to split the run over calls of a limited length).
 # `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into DATA_DIR (default $OUT/data;
 # DATA_WORKERS, DATA_TIME_LIMIT seconds, DATA_MAX_ATTEMPTS; rerun with the same DATA_DIR to resume); KERNELBENCH
@@ -94,6 +96,11 @@ if [[ $stages == *" public "* && -n "${KERNELBENCH:-}" && -n "${SOLUTIONS:-}" ]]
       --out "$OUT/public_differential.jsonl" > "$OUT/public_differential.log" 2>&1 || status=1
     grep -A 60 "agree on correctness" "$OUT/public_differential.log"
   fi
+fi
+if [[ $stages == *" streams "* ]]; then
+  python3 benchmarks/trusted_clock_overhead.py --backend cuda --call-streams "${CALL_STREAMS:-legacy,blocking,torch}" \
+    --rounds "${STREAM_ROUNDS:-3}" --sizes "${STREAM_SIZES:-18,21,24}" --out "$OUT/call_streams.json" 2>&1 \
+    | tee "$OUT/call_streams.log" || status=1
 fi
 if [[ $stages == *" rollout "* ]]; then
   python3 benchmarks/rollout_speed.py --out "$OUT/rollout_speed.json" 2>&1 | tee "$OUT/rollout_speed.log" || status=1

@@ -162,3 +162,50 @@ def test_the_packaged_revision_table_covers_kernelbench_s_levels():
     shared = Path(__file__).resolve().parents[2] / "shared" / "kernelbench"
     for task in sorted(shared.glob("level*/*.py")):
         assert revisions.lookup(task) is not None, task
+
+
+def test_kernelbench_s_published_results_of_the_run_are_set_beside_the_verdicts_here(tmp_path, capsys):
+    """A generation folder with KernelBench's own `eval_results.json`: each sample's published verdict goes into its
+    record, and per level the report counts where the judge agrees (and names where it does not)."""
+    import json
+
+    suite = tmp_path / "suite" / "level1"
+    suite.mkdir(parents=True)
+    for name in ("1_Copy.py", "2_Copy.py", "3_Copy.py"):
+        (suite / name).write_text(TASK)
+    runs = tmp_path / "generations"
+    runs.mkdir()
+    for problem, comment in ((1, "3 speedup 2.0"), (2, "-1 speedup 0"), (3, "2 speedup 1.2")):
+        (runs / f"level_1_problem_{problem}_sample_0_kernel.py").write_text(f"# reward {comment}\n")
+    a100 = {"hardware": "NVIDIA A100-SXM4-40GB"}
+    (runs / "eval_results.json").write_text(json.dumps({  # the first release's form (one entry), then the newer list
+        "1": {"sample_id": 0, "compiled": True, "correctness": True, "metadata": a100, "runtime": 0.5},
+        "2": [{"sample_id": 0, "compiled": True, "correctness": True, "metadata": a100, "runtime": 1.0}],
+        "3": [{"sample_id": 0, "compiled": False, "correctness": False, "metadata": a100, "runtime": -1.0}]}))
+    records = evaluate_suite(VerdictsByComment(), discover(tmp_path / "suite"), runs, Store(tmp_path / "s.sqlite"))
+    for r in records:  # the stand-in pool gives no times; the judge's candidate time, 250 us for problem 1
+        r["verdict"]["times_us"] = {"candidate": 250.0} if r["verdict"]["correct"] else None
+    assert [r["published"]["correct"] for r in records] == [True, True, False]
+    assert records[0]["published"]["runtime_ms"] == 0.5 and records[2]["published"]["runtime_ms"] is None
+    rep = report(records)
+    pub = rep["published"]["level1"]
+    assert pub["n"] == 3 and pub["agree"] == 1 and pub["pass_rate_published"] == 2 / 3
+    assert [(d["task"], d["published"], d["here"]) for d in pub["disagree"]] == [
+        ("level1/2_Copy.py", True, False), ("level1/3_Copy.py", False, True)]
+    assert pub["hardware"] == ["NVIDIA A100-SXM4-40GB"] and pub["median_runtime_ratio"] == 2.0  # 500 us / 250
+    from cuda_agent.report import write_report
+
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    page = write_report(tmp_path / "report.json", tmp_path / "page.html")[0].read_text()
+    assert "published results and the verdicts here" in page and "2_Copy.py (published correct)" in page
+    assert "correct, 0.5 ms" in page
+    from cuda_agent.cli.common import print_report
+
+    print_report(rep, "suite", as_json=False)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "level1: KernelBench's published results (NVIDIA A100-SXM4-40GB) agree on 1 of 3" in said
+    assert "differ: 2_Copy.py, 3_Copy.py" in said
+    # samples of two levels in one folder: the file's problem ids say no level, so nothing is read from it
+    (runs / "level_2_problem_1_sample_0_kernel.py").write_text("# reward 3 speedup 2.0\n")
+    kernelbench_runs.published_results.cache_clear()
+    assert kernelbench_runs.published_results(str(runs)) == {}

@@ -227,6 +227,14 @@ def test_the_gpu_calls_order_message_is_part_of_the_protocol():
     assert [flag_value(k) for k in range(3)] == [1, 2, 3]  # flags start at 0: call 0 must not pass at once
 
 
+def test_an_unknown_call_stream_is_refused_with_the_choices(monkeypatch):
+    from cuda_agent.judge.wire.gpu_order import CALL_STREAM_ENV, call_stream
+
+    monkeypatch.setenv(CALL_STREAM_ENV, "per-thread")
+    with pytest.raises(ValueError, match="CUDA_AGENT_CALL_STREAM='per-thread': expected one of legacy, blocking"):
+        call_stream()
+
+
 def test_a_poll_is_answered_running_by_a_callee_whose_stream_has_not_failed():
     # (On the GPU, `GpuCalls` polls while a window stays open: a context that died answers `Failed` instead.)
     from cuda_agent.judge.candidate.callee import Callee

@@ -189,6 +189,13 @@ def print_report(rep: dict, title: str, as_json: bool) -> None:
                   f"geomean vs eager {pair('geomean_speedup_vs_eager')}, vs compile "
                   f"{pair('geomean_speedup_vs_compile')}, fast_1.5 {kb['fast_p_vs_eager']['fast_1.5']:.1%}",
                   highlight=False, soft_wrap=True)
+    for level, pub in (rep.get("published") or {}).items():
+        if pub:
+            differ = ", ".join(d["task"].split("/")[-1] for d in pub["disagree"][:8])
+            out.print(f"{level}: KernelBench's published results ({', '.join(pub['hardware']) or 'hardware unknown'}) "
+                      f"agree on {pub['agree']} of {pub['n']} (published pass {pub['pass_rate_published']:.1%}, here "
+                      f"{pub['pass_rate_here']:.1%})" + (f"; differ: {differ}" if differ else ""),
+                      highlight=False, soft_wrap=True)
     if lenient and rep["overall"]["strict"]["findings_by_kind"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in rep["overall"]["strict"]["findings_by_kind"].items())
         out.print(f"passing KernelBench's rules but not the strict judge's checks: {kinds}", highlight=False,

@@ -56,7 +56,8 @@ def _task_row(record: dict) -> dict[str, Any]:
             "strict_findings": "; ".join(finding_kinds(v.get("strict_findings") or [])) or None,
             "task_hash": record.get("task_hash"),
             "kb_vs_eager": (v.get("kernelbench_timing") or {}).get("speedup_vs_eager"),
-            "kb_vs_compile": (v.get("kernelbench_timing") or {}).get("speedup_vs_compile")}
+            "kb_vs_compile": (v.get("kernelbench_timing") or {}).get("speedup_vs_compile"),
+            "published": record.get("published")}
 
 
 def _speedup_plot(suites: list[tuple[str, dict]]) -> str:
@@ -120,6 +121,29 @@ def _two_clocks(suite: dict) -> str:
         "median ratio is KernelBench's speedup over ours, task by task.</p>"
 
 
+def _published_cell(found: dict | None) -> str | None:
+    if not found:
+        return None
+    runtime = f", {found['runtime_ms']:g} ms" if found["runtime_ms"] else ""
+    return ("correct" if found["correct"] else "not correct") + runtime
+
+
+def _published(suite: dict) -> str:
+    """Where the generation folder held KernelBench's own results of the run: per level, its pass rate and the
+    judge's on the same samples, how many agree, and which do not."""
+    rows = [[text(name), number(k["n"], "d"), _summary_cell(k["pass_rate_published"], "rate"),
+             _summary_cell(k["pass_rate_here"], "rate"), number(k["agree"], "d"),
+             text("; ".join(f"{d['task'].split('/')[-1]} ({'published' if d['published'] else 'here'} correct)"
+                            for d in k["disagree"]) or "none"),
+             text(", ".join(k["hardware"]) or None), number(k["median_runtime_ratio"], ".2f")]
+            for name, k in suite["published"].items() if k]
+    return table(["level", "n", "pass (published)", "pass (here)", "agree", "disagree", "published on",
+                  "median runtime ratio"], rows, text_columns=(0, 5, 6)) + \
+        '<p class="muted">Published: <code>eval_results.json</code> beside the samples (KernelBench\'s own ' \
+        "evaluation of this run, on its hardware). Runtime ratio: its runtime over the judge's candidate time, " \
+        "task by task, over samples correct in both.</p>"
+
+
 def suite_view(suite: dict) -> View:
     levels = table(["level"] + [label for _, label, _ in SUMMARY_KEYS],
                    [[text(name)] + [_summary_cell(s.get(k), kind) for k, _, kind in SUMMARY_KEYS]
@@ -128,10 +152,12 @@ def suite_view(suite: dict) -> View:
     episodes = any(r["turns"] is not None for r in rows)
     lenient = any(r["verdict"].get("policy") == "kernelbench" for r in suite["tasks"])
     clocks = any(r["kb_vs_eager"] for r in rows)
+    public = any(r["published"] for r in rows)
     headers = ["level", "task", "reward", "correct", "eager (us)", "compile (us)", "candidate (us)", "x eager",
                "x compile", "max abs error", *(["turns", "stop"] if episodes else []),
                *(["strict findings"] if lenient else []), *(["x eager (KB timing)", "x compile (KB timing)"]
-                                                             if clocks else []), "task hash", "reason"]
+                                                             if clocks else []),
+               *(["published"] if public else []), "task hash", "reason"]
     cells = [[text(r["level"]), text(r["task"].split("/")[-1]), number(r["reward"], "d"),
               Cell("yes" if r["correct"] else "no", int(r["correct"]), "good" if r["correct"] else "bad"),
               number(r["eager_us"], ".1f"), number(r["compile_us"], ".1f"), number(r["candidate_us"], ".1f"),
@@ -140,6 +166,7 @@ def suite_view(suite: dict) -> View:
               *([number(r["turns"], "d"), text(r["stop"])] if episodes else []),
               *([text(r["strict_findings"] or "none")] if lenient else []),
               *([number(r["kb_vs_eager"], ".2f", "x"), number(r["kb_vs_compile"], ".2f", "x")] if clocks else []),
+              *([text(_published_cell(r["published"]))] if public else []),
               text((r["task_hash"] or "")[:12] or None), text(r["reason"], "text reason")]
              for r in rows]
     failing = sum(1 for r in rows if not r["correct"])
@@ -147,6 +174,8 @@ def suite_view(suite: dict) -> View:
                  + _revision_line(suite.get("suite_revision")))]
     if any(s.get("strict") for _, s in _levels(suite)):
         sections.append(("KernelBench's rules and the strict judge's", _two_rules(suite)))
+    if suite.get("published"):
+        sections.append(("KernelBench's published results and the verdicts here", _published(suite)))
     if suite["overall"].get("kernelbench_timing"):
         sections.append(("KernelBench's timing and the judge's", _two_clocks(suite)))
     if suite["overall"].get("fast_p_vs_eager"):
@@ -154,8 +183,8 @@ def suite_view(suite: dict) -> View:
     sections += [("Speedup distribution per level (correct tasks)", _speedup_plot([("run", suite)])),
                 (f"Tasks ({len(rows)}, {failing} not correct; click a header to sort)",
                  table(headers, cells, sortable=True, text_columns=tuple(
-                     i for i, h in enumerate(headers) if h in ("level", "task", "strict findings", "task hash",
-                                                               "reason"))))]
+                     i for i, h in enumerate(headers) if h in ("level", "task", "strict findings", "published",
+                                                               "task hash", "reason"))))]
     return "Suite report", f"from <code>{esc(suite['source'])}</code>{_run_line(suite)}", sections, rows
 
 

@@ -161,7 +161,9 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
         raise
     return [{"level": task.level, "task": task.name, "task_hash": hashes.get(i),
              "kernelbench_file": revisions.lookup(task.path), "sample": sample,
-             "solution": str(solution) if solution else None, "verdict": verdicts[i].to_dict()}
+             "solution": str(solution) if solution else None, "verdict": verdicts[i].to_dict(),
+             **({"published": found} if (found := kernelbench_runs.published(solutions_dir, task.level, task.path,
+                                                                            sample)) else {})}
             for i, (task, sample, solution) in enumerate(jobs)]
 
 
@@ -223,6 +225,9 @@ def report(records: list[dict]) -> dict:
         "suite_revision": revisions.summarise([r.get("kernelbench_file") for r in first_records]),
         "tasks": records,
     }
+    if any(r.get("published") for r in records):  # KernelBench's own results of the run, beside the verdicts here
+        out["published"] = {lvl: kernelbench_runs.published_view([r for r in records if r["level"] == lvl])
+                            for lvl in levels}
     if len(first_records) < len(records):  # several samples per problem
         best = best_per_problem(records)
         out["best_of_samples"] = {lvl: summarize([r["verdict"] for r in best.values() if r["level"] == lvl])

@@ -6,17 +6,22 @@ all problems whose sample 0 is correct and faster than the baseline by more than
 `benchmark_eval_analysis.py`'s thresholds). Under `--policy kernelbench` a verdict's `strict_findings` say what
 the strict judge would have failed it on; `finding_kinds` names them for the report. Under `--timing kernelbench`
 each correct verdict also holds KernelBench's own timing (made in the candidate's process): `timing_view` sets its
-speedups beside the judge's.
+speedups beside the judge's. Where the folder holds KernelBench's own results of the run (`eval_results.json`, as
+its `eval_from_generations.py` writes it), `published` reads each sample's and `published_view` counts where the
+verdicts here agree with them.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 import statistics
 from collections import Counter
 from pathlib import Path
 
+RESULTS_FILE = "eval_results.json"
 SAMPLE_FILE = re.compile(r"level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py")
 FAST_P = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 KINDS = (  # (kind, what a finding of it says) in the order they are looked for
@@ -101,3 +106,59 @@ def timing_view(verdicts: list[dict]) -> dict | None:
         out[f"median_ratio_{base}"] = statistics.median(t / o for t, o in pairs) if pairs else None
         out[f"fast_p_vs_{base}"] = fast_p([{"correct": True, key: t} for t in theirs], n, key)
     return out
+
+
+@functools.lru_cache(maxsize=16)
+def published_results(folder: str) -> dict[tuple[int, int, int], dict]:
+    """KernelBench's own results of a generation folder (its `eval_results.json`: per problem id one entry, or a
+    list of them by sample) by (level, problem, sample): correct, compiled, runtime in ms (None where not timed) and
+    hardware. Empty without the file, or when the folder holds samples of several levels (the file's keys are
+    problem ids only)."""
+    path = Path(folder) / RESULTS_FILE
+    levels = {int(m.group(1)) for p in Path(folder).iterdir() if (m := SAMPLE_FILE.fullmatch(p.name))}
+    if not path.is_file() or len(levels) != 1:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    level, found = levels.pop(), {}
+    for problem, entries in (data.items() if isinstance(data, dict) else ()):
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if not (isinstance(entry, dict) and str(problem).isdigit() and "correctness" in entry):
+                continue
+            runtime = entry.get("runtime")
+            found[(level, int(problem), int(entry.get("sample_id", 0)))] = {
+                "correct": bool(entry["correctness"]), "compiled": bool(entry.get("compiled")),
+                "runtime_ms": runtime if isinstance(runtime, (int, float)) and runtime > 0 else None,
+                "hardware": (entry.get("metadata") or {}).get("hardware") or (entry.get("runtime_stats") or {}).get(
+                    "hardware")}
+    return found
+
+
+def published(folder: Path, level: str, task_file: Path, sample: int | None) -> dict | None:
+    """KernelBench's own result for this sample of the task, where the generation folder holds one."""
+    if sample is None:
+        return None
+    return published_results(str(folder)).get((int(level.removeprefix("level")), problem_id(task_file), sample))
+
+
+def published_view(records: list[dict]) -> dict | None:
+    """Over records that have KernelBench's own result: its pass rate and the judge's on the same samples, how many
+    agree on correctness, each disagreement (task, sample, both verdicts, the judge's error), the hardware it ran
+    on, and the median of its runtime over the judge's candidate time (None when no record has one)."""
+    held = [r for r in records if r.get("published")]
+    if not held:
+        return None
+    n = len(held)
+    ratios = [r["published"]["runtime_ms"] * 1e3 / r["verdict"]["times_us"]["candidate"] for r in held
+              if r["published"]["runtime_ms"] and r["verdict"]["correct"]
+              and (r["verdict"].get("times_us") or {}).get("candidate")]
+    return {"n": n, "pass_rate_published": sum(r["published"]["correct"] for r in held) / n,
+            "pass_rate_here": sum(r["verdict"]["correct"] for r in held) / n,
+            "agree": sum(r["published"]["correct"] == r["verdict"]["correct"] for r in held),
+            "disagree": [{"task": r["task"], "sample": r["sample"], "published": r["published"]["correct"],
+                          "here": r["verdict"]["correct"], "error": r["verdict"].get("error")}
+                         for r in held if r["published"]["correct"] != r["verdict"]["correct"]],
+            "hardware": sorted({r["published"]["hardware"] for r in held if r["published"]["hardware"]}),
+            "median_runtime_ratio": statistics.median(ratios) if ratios else None}

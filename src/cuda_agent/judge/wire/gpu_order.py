@@ -15,6 +15,7 @@ the H200). Waits are never left to the driver: a `done` that never comes would h
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 
 import torch
@@ -62,11 +63,27 @@ def write_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
     _check(_cu().cuStreamWriteValue32_v2(stream.cuda_stream, address, value, 0), "cuStreamWriteValue32")
 
 
-def blocking_stream() -> torch.cuda.ExternalStream:
-    """A stream made without CU_STREAM_NON_BLOCKING (torch's own streams have it): work on it and on the legacy
-    default stream is ordered both ways, as it is for code run on the default stream, where KernelBench and most
-    users run a module. A kernel launched without a stream after a torch op (`torch::zeros_like(A)`, then
-    `kernel<<<grid, block>>>`) then runs after that op, not beside it."""
+CALL_STREAMS = ("legacy", "blocking", "torch")
+CALL_STREAM_ENV = "CUDA_AGENT_CALL_STREAM"  # which of CALL_STREAMS a callee's calls run on (default: the first)
+
+
+def call_stream(kind: str | None = None) -> torch.cuda.Stream:
+    """The stream a callee's calls run on (made current for the call's work).
+
+    legacy (the default): the legacy default stream itself, where KernelBench and most users run a module: torch's
+    ops and kernels launched without a stream (`torch::zeros_like(A)`, then `kernel<<<grid, block>>>`) are one
+    stream, in order. blocking: a stream made without CU_STREAM_NON_BLOCKING, ordered with the legacy stream both
+    ways (the judge's call stream for one session: the H200's GPU tests then read every small kernel ~25 us
+    longer, eager and compile baselines too; not yet isolated). torch: one of torch's streams (non-blocking: a
+    kernel launched without a stream races torch's ops of the call, which made honest KernelBench solutions fail).
+    `CUDA_AGENT_CALL_STREAM` picks one, for benchmarks/trusted_clock_overhead.py's side-by-side measurement."""
+    kind = kind or os.environ.get(CALL_STREAM_ENV) or CALL_STREAMS[0]
+    if kind not in CALL_STREAMS:
+        raise ValueError(f"{CALL_STREAM_ENV}={kind!r}: expected one of {', '.join(CALL_STREAMS)}")
+    if kind == "legacy":
+        return torch.cuda.default_stream()
+    if kind == "torch":
+        return torch.cuda.Stream()
     torch.cuda.current_stream().synchronize()  # the runtime's primary context is current in this thread
     handle = ctypes.c_void_p()
     _check(_cu().cuStreamCreate(ctypes.byref(handle), 0), "cuStreamCreate")
@@ -152,17 +169,20 @@ class CalleeOrder:
 
     def __init__(self, flags: Flags):
         self.flags = flags
-        self.stream = blocking_stream()  # the call's stream: made current for the call's work
+        self.stream = call_stream()
+        legacy = torch.cuda.default_stream()
+        self.legacy = None if self.stream == legacy else legacy  # where kernels launched without a stream go
 
     def arm(self, k: int, stream: torch.cuda.Stream | None = None) -> None:
-        """The call's stream (and the legacy default stream, where kernels launched without a stream go) wait
-        for `go`."""
-        for s in ((stream,) if stream is not None else (self.stream, torch.cuda.default_stream())):
-            wait_value(s, self.flags.address(GO), k)
+        """The call's stream (and the legacy default stream, when that is another) wait for `go`."""
+        for s in ((stream,) if stream is not None else (self.stream, self.legacy)):
+            if s is not None:
+                wait_value(s, self.flags.address(GO), k)
 
     def release(self, k: int, stream: torch.cuda.Stream | None = None) -> None:
         """`done`, once the call's stream (and the legacy default stream's work) is done."""
         if stream is None:
             stream = self.stream
-            stream.wait_stream(torch.cuda.default_stream())
+            if self.legacy is not None:
+                stream.wait_stream(self.legacy)
         write_value(stream, self.flags.address(DONE), k)
