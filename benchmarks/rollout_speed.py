@@ -3,9 +3,11 @@ several batch sizes, stepping the model and with the static decoder, against one
 before it), and of a PPO forward+backward in fp32
 and under bf16 autocast; and the gap between the sampler's log-probs and the trainer's recompute of them. A model
 of SmolLM2-135M's config with fresh weights (speed does not depend on the weights), or `--model` an HF folder.
-Prints one JSON line per measurement; `--out` keeps them all.
+Prints one JSON line per measurement; `--out` keeps them all. `--profile` adds, per trainer row, the GPU kernels
+that took most of one more (untimed) step, to say where the time goes (attention's kernel, the head, elementwise).
 
-    python3 benchmarks/rollout_speed.py [--device cuda] [--batches 1,32,64,128] [--tokens 256] [--out FILE]
+    python3 benchmarks/rollout_speed.py [--device cuda] [--batches 1,32,64,128] [--tokens 256] [--profile]
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -92,25 +94,47 @@ def logprob_gap(model, rows: list, device: str, bf16: bool) -> dict:
     return {"rows": len(gaps), "tokens": gap.numel(), "max_abs": gap.max().item(), "mean_abs": gap.mean().item()}
 
 
-def trainer_step(model, rows: int, length: int, device: str, bf16: bool) -> float:
+def trainer_step(model, rows: int, length: int, device: str, bf16: bool, profile: bool = False) -> dict:
     """A PPO-style forward (log-probs of a response) and backward over `rows` x `length` tokens, prompts left-padded
-    to one length as the trainer's batches are (row i has 16 i padding tokens). Tokens per second, or the error.
-    (Unpadded fp32 rows would take SDPA's math path under GQA, whose memory grows with length squared.)"""
+    to one length as the trainer's batches are (row i has 16 i padding tokens): tokens per second, and with
+    `profile` the kernels of one more step. (Unpadded fp32 rows would take SDPA's math path under GQA, whose memory
+    grows with length squared.)"""
     ids = torch.randint(0, 49152, (rows, length), device=device)
     attention = torch.ones_like(ids)
     for row in range(rows):
         attention[row, :16 * row] = 0
     fn = response_logprob_fn(PROMPT)
     model.train()
-    for timed in (False, True):  # the first is a warm-up
-        began = time.perf_counter()
+
+    def step() -> None:
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
             logp, _ = fn(model, ids, attention)
         (-logp.mean()).backward()
         model.zero_grad(set_to_none=True)
         sync(device)
+
+    step()  # a warm-up
+    began = time.perf_counter()
+    step()
+    out = {"tokens_per_s": rows * (length - PROMPT) / (time.perf_counter() - began)}
+    if profile:
+        out["kernels"] = kernels_of(step)
     model.eval()
-    return rows * (length - PROMPT) / (time.perf_counter() - began)
+    return out
+
+
+def kernels_of(step, top: int = 12) -> list[dict]:
+    """The GPU kernels (on a machine without one, the ops) that took most of one `step`, by their own time: name,
+    ms, share of the step's total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU]) as prof:
+        step()
+    own = [(e.key, getattr(e, "self_device_time_total", 0) or getattr(e, "self_cpu_time_total", 0))
+           for e in prof.key_averages()]
+    own = sorted(((k, t) for k, t in own if t > 0), key=lambda kt: -kt[1])
+    total = sum(t for _, t in own) or 1
+    return [{"kernel": k[:100], "ms": round(t / 1e3, 2), "share": round(t / total, 3)} for k, t in own[:top]]
 
 
 def main() -> None:
@@ -121,6 +145,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="tokens sampled per row")
     parser.add_argument("--train-rows", type=int, default=8)
     parser.add_argument("--train-length", type=int, default=5000)
+    parser.add_argument("--profile", action="store_true", help="the trainer step's top GPU kernels")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     model = model_of(args)
@@ -144,7 +169,7 @@ def main() -> None:
                         f"{'bf16 autocast' if bf16 else 'fp32'}", **logprob_gap(model, sampled, args.device, bf16))
     for bf16 in (False, True):
         try:
-            speed = {"tokens_per_s": trainer_step(model, args.train_rows, args.train_length, args.device, bf16)}
+            speed = trainer_step(model, args.train_rows, args.train_length, args.device, bf16, args.profile)
         except torch.OutOfMemoryError as exc:
             model.zero_grad(set_to_none=True)
             speed = {"error": str(exc).splitlines()[0]}
