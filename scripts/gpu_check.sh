@@ -103,7 +103,7 @@ if [[ $stages == *" streams "* ]]; then
     | tee "$OUT/call_streams.log" || status=1
 fi
 if [[ $stages == *" rollout "* ]]; then
-  python3 benchmarks/rollout_speed.py --profile --out "$OUT/rollout_speed.json" 2>  python3 benchmarks/rollout_speed.py --out "$OUT/rollout_speed.json" 2>&11 | tee "$OUT/rollout_speed.log" || status=1
+  python3 benchmarks/rollout_speed.py --profile --out "$OUT/rollout_speed.json" 2>&1 | tee "$OUT/rollout_speed.log" || status=1
 fi
 if [[ $stages == *" expert "* ]]; then
   expert=${EXPERT_DATA:-$OUT/expert-data}
