@@ -97,8 +97,8 @@ def logprob_gap(model, rows: list, device: str, bf16: bool) -> dict:
 def trainer_step(model, rows: int, length: int, device: str, bf16: bool, profile: bool = False) -> dict:
     """A PPO-style forward (log-probs of a response) and backward over `rows` x `length` tokens, prompts left-padded
     to one length as the trainer's batches are (row i has 16 i padding tokens): tokens per second, and with
-    `profile` the kernels of one more step. (Unpadded fp32 rows would take SDPA's math path under GQA, whose memory
-    grows with length squared.)"""
+    `profile` the kernels of one more step. (Under bf16 the trainer rolls each row's tokens to column 0 and runs
+    without a mask: `models.last_hidden`; fp32 on CUDA keeps the mask.)"""
     ids = torch.randint(0, 49152, (rows, length), device=device)
     attention = torch.ones_like(ids)
     for row in range(rows):

@@ -158,3 +158,29 @@ def test_the_entropy_statistic_is_the_same_in_chunks_without_a_graph(tiny, monke
             actor.model, ids, attention)[0].sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in actor.model.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
+def test_rows_rolled_to_run_without_a_mask_have_the_masked_models_hidden_states(tiny):
+    """`last_hidden` runs rows whose tokens are one block with no mask (rolled to start at column 0: SDPA's fast
+    kernel under bf16); a row with a hole in its mask keeps the mask. Either way the real tokens' states are the
+    masked model's."""
+    from cuda_agent.rl.models import last_hidden, positions
+
+    decoder = Actor.load(tiny).model.get_decoder()
+    masks = []
+
+    def recorded(**kwargs):
+        masks.append(kwargs.get("attention_mask"))
+        return decoder(**kwargs)
+
+    ids = torch.tensor([[5, 9, 11, 3, 8, 2, 7, 4], [0, 0, 4, 6, 8, 1, 2, 0], [0, 3, 4, 6, 8, 1, 0, 0]])
+    for attention, unmasked in (
+            (torch.tensor([[1] * 8, [0, 0, 1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1, 0, 0]]), True),
+            (torch.tensor([[1] * 8, [0, 0, 1, 1, 0, 1, 1, 0], [0, 1, 1, 1, 1, 1, 0, 0]]), False)):  # a hole
+        masks.clear()
+        got = last_hidden(recorded, ids, attention)
+        assert (masks == [None]) == unmasked
+        masked = decoder(input_ids=ids, attention_mask=attention, position_ids=positions(attention),
+                         use_cache=False).last_hidden_state
+        real = attention.bool()
+        assert torch.allclose(got[real], masked[real], atol=1e-5), (got[real] - masked[real]).abs().max()

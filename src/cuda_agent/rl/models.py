@@ -22,6 +22,27 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def last_hidden(decoder: torch.nn.Module, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states of a batch whose rows hold their tokens in one block (left- and right-padded,
+    as `rollout.batch_of` pads them). Where it is fast, without a mask: each row is rolled so its tokens start at
+    column 0 (its padding then follows them, and a causal model never looks ahead), run with no mask (SDPA's flash
+    kernel under bf16, with GQA native; with a mask SDPA takes a slower kernel and transformers repeats the keys),
+    and rolled back; the states at padding positions are then meaningless, as they are with a mask. With a mask:
+    rows whose tokens are not one block, and fp32 on CUDA (there SDPA's only GQA kernel without a mask is the math
+    one, whose memory grows with the length squared)."""
+    left = (attention_mask.long().cumsum(-1) == 0).sum(-1)  # each row's padding before its first token
+    columns = torch.arange(ids.shape[1], device=ids.device)
+    shift = (columns + left[:, None]) % ids.shape[1]
+    rolled = attention_mask.gather(1, shift)
+    one_block = bool((rolled[:, :-1] >= rolled[:, 1:]).all())
+    if not one_block or (ids.device.type == "cuda" and not torch.is_autocast_enabled("cuda")):
+        return decoder(input_ids=ids, attention_mask=attention_mask, position_ids=positions(attention_mask),
+                       use_cache=False).last_hidden_state
+    hidden = decoder(input_ids=ids.gather(1, shift), use_cache=False).last_hidden_state
+    back = (columns - left[:, None]) % ids.shape[1]
+    return hidden.gather(1, back[..., None].expand(-1, -1, hidden.shape[-1]))
+
+
 class Actor(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
@@ -108,6 +129,5 @@ class Critic(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """V(ids[:, :t+1]) for t < len - 1: the value before each next token (aligned with Actor.logprobs)."""
-        hidden = self.backbone(input_ids=ids, attention_mask=attention_mask, position_ids=positions(attention_mask),
-                               use_cache=False).last_hidden_state[:, :-1]
+        hidden = last_hidden(self.backbone, ids, attention_mask)[:, :-1]
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)

@@ -22,7 +22,7 @@ from ..agent.environment import Environment
 from ..agent.loop import LoopConfig, run_episode
 from ..agent.summary import EpisodeSummary
 from ..llm import LLMError, Reply, reply_from
-from .models import positions
+from .models import last_hidden
 from .tokens import TokenTrajectory, TurnTokenizer
 from .trainer import Batch
 
@@ -126,13 +126,10 @@ def response_logprob_fn(response_start: int, temperature: float = 1.0, entropy_g
 
     def fn(model, ids, attention):
         chosen = ids[:, response_start:]
+        hidden = last_hidden(model.get_decoder(), ids, attention)[:, response_start - 1:-1]
         if entropy_grad:
-            logits = model(input_ids=ids, attention_mask=attention, position_ids=positions(attention),
-                           logits_to_keep=chosen.shape[1] + 1, use_cache=False).logits[:, :-1]
-            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+            logp = torch.log_softmax(model.get_output_embeddings()(hidden).float() / temperature, dim=-1)
             return logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=attention, position_ids=positions(attention),
-                                     use_cache=False).last_hidden_state[:, response_start - 1:-1]
         head = partial(_head_chunk, model.get_output_embeddings(), temperature)
         parts = [checkpoint(head, h, c, use_reentrant=False) if torch.is_grad_enabled() else head(h, c)
                  for h, c in zip(hidden.split(HEAD_CHUNK, dim=1), chosen.split(HEAD_CHUNK, dim=1))]
