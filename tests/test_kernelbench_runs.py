@@ -37,13 +37,19 @@ class VerdictsByComment:
         return future
 
 
-def test_a_generation_folder_is_judged_sample_by_sample_with_fast_p_and_strict_findings(tmp_path):
+def three_tasks_and_a_generation_folder(tmp_path):
+    """A suite of three level-1 tasks, and an empty generation folder beside it."""
     suite = tmp_path / "suite" / "level1"
     suite.mkdir(parents=True)
     for name in ("1_Copy.py", "2_Copy.py", "3_Copy.py"):
         (suite / name).write_text(TASK)
     runs = tmp_path / "generations"
     runs.mkdir()
+    return suite, runs
+
+
+def test_a_generation_folder_is_judged_sample_by_sample_with_fast_p_and_strict_findings(tmp_path):
+    suite, runs = three_tasks_and_a_generation_folder(tmp_path)
     samples = {(1, 0): "1 speedup 1.6 findings extra_shape_(x)|modified_in_place", (1, 1): "3 speedup 2.5",
                (2, 0): "-1 speedup 0", (2, 3): "2 speedup 1.2", (7, 0): "3 speedup 9"}  # problem 7: not in the suite
     for (problem, sample), comment in samples.items():
@@ -169,12 +175,7 @@ def test_kernelbench_s_published_results_of_the_run_are_set_beside_the_verdicts_
     record, and per level the report counts where the judge agrees (and names where it does not)."""
     import json
 
-    suite = tmp_path / "suite" / "level1"
-    suite.mkdir(parents=True)
-    for name in ("1_Copy.py", "2_Copy.py", "3_Copy.py"):
-        (suite / name).write_text(TASK)
-    runs = tmp_path / "generations"
-    runs.mkdir()
+    suite, runs = three_tasks_and_a_generation_folder(tmp_path)
     for problem, comment in ((1, "3 speedup 2.0"), (2, "-1 speedup 0"), (3, "2 speedup 1.2")):
         (runs / f"level_1_problem_{problem}_sample_0_kernel.py").write_text(f"# reward {comment}\n")
     a100 = {"hardware": "NVIDIA A100-SXM4-40GB"}
