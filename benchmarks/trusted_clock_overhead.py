@@ -120,10 +120,11 @@ def report(args, rows: dict, extra: dict | None = None) -> None:
 
 def compare_streams(args, folder: Path) -> None:
     """The trusted clock with each call stream: a judge (and baseline cache) per stream; workers read the stream
-    from the environment when they start, so it is set before every evaluation."""
+    from the environment when they start, so it is set before every evaluation, and no worker starts ahead of its
+    evaluation (no spare candidates: one started for the next evaluation could start under another stream)."""
     streams = args.call_streams.split(",")
-    judges = {s: Judge(args.backend, JudgeConfig(cache_dir=folder / f"cache-{s}", policy=args.policy))
-              for s in streams}
+    judges = {s: Judge(args.backend, JudgeConfig(cache_dir=folder / f"cache-{s}", policy=args.policy,
+                                                 spare_candidates=0)) for s in streams}
     rows: dict[str, dict[str, list]] = {}
     fill: dict[str, dict] = {}
     try:
