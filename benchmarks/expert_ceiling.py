@@ -6,7 +6,7 @@ setting of those tried. One JSON line per verdict in `--out`.jsonl (a rerun with
 judges only what it lacks, so a long run can be done a slice at a time); the table in `--out`.md, over them all.
 
     python3 benchmarks/expert_ceiling.py --data splits/train.jsonl --data splits/held_out.jsonl \\
-        [--backend cuda] [--repeats 3] [--random 1] [--limit N] [--time-limit S] [--out FILE]
+        [--backend cuda] [--repeats 3] [--random 1] [--limit N] [--time-limit S] [--out FILE] [--report-only]
 
 The sets' tasks are judged in turn (one of each set, then the next), so `--time-limit` (then the evaluations not
 started are dropped, those finished reported) leaves every set sampled alike.
@@ -54,6 +54,31 @@ def summarise(label: str, family: str, knobs: str, verdicts: dict[str, list[dict
             "stable": sum(len({x["reward"] for x in v}) == 1 for v in verdicts.values()) / len(verdicts)}
 
 
+def judge(todo: list[tuple], args, lines: list[dict], total: int, deadline: float) -> None:
+    """Judge `todo` (set, family, task, knobs name, knobs, folder) in a pool, each verdict appended to `lines` and
+    to --out's .jsonl as it comes, until `deadline` (time.monotonic)."""
+    log = args.out.with_suffix(".jsonl").open("a") if args.out else None
+    pool = JudgePool(args.backend, workers=args.workers)
+    try:
+        futures = [pool.submit(task, folder) for _, _, task, _, _, folder in todo]
+        for (label, family, task, name, knobs, _), future in zip(todo, futures):
+            try:
+                verdict = future.result(timeout=max(0.0, min(deadline - time.monotonic(), 1e6))).to_dict()
+            except TimeoutError:
+                print(f"time limit: {total - len(lines)} of {total} evaluations not judged (rerun with the "
+                      "same --out to go on)", flush=True)
+                break
+            lines.append({"set": label, "family": family, "task": task.stem, "knobs": name, "knob_values": asdict(
+                knobs), **{k: verdict.get(k) for k in ("reward", "speedup_vs_eager", "speedup_vs_compile",
+                                                       "times_us", "error")}})
+            print(json.dumps(lines[-1]), flush=True)
+            if log:
+                log.write(json.dumps(lines[-1]) + "\n")
+                log.flush()
+    finally:
+        pool.close(abandon=len(lines) < total)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, action="append", required=True, help="task set (repeatable)")
@@ -65,7 +90,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="judge workers (default: the pool's)")
     parser.add_argument("--time-limit", type=float, default=None, help="seconds; then report what is judged")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--report-only", action="store_true", help="judge nothing: the table of --out's verdicts")
     args = parser.parse_args()
+    if args.report_only and not (args.out and args.out.with_suffix(".jsonl").is_file()):
+        parser.error("--report-only needs --out with verdicts (its .jsonl)")
     scratch = Path(tempfile.mkdtemp(prefix="expert-ceiling-"))
     rng = random.Random(args.seed)
     jobs, skipped = [], defaultdict(int)
@@ -98,27 +126,9 @@ def main() -> None:
             done[key] -= 1
         else:
             todo.append(job)
-    log = args.out.with_suffix(".jsonl").open("a") if args.out else None
-    pool = JudgePool(args.backend, workers=args.workers)
-    try:
-        futures = [pool.submit(task, folder) for _, _, task, _, _, folder in todo]
-        for (label, family, task, name, knobs, _), future in zip(todo, futures):
-            try:
-                verdict = future.result(timeout=max(0.0, min(deadline - time.monotonic(), 1e6))).to_dict()
-            except TimeoutError:
-                print(f"time limit: {len(jobs) - len(lines)} of {len(jobs)} evaluations not judged (rerun with the "
-                      "same --out to go on)", flush=True)
-                break
-            lines.append({"set": label, "family": family, "task": task.stem, "knobs": name, "knob_values": asdict(
-                knobs), **{k: verdict.get(k) for k in ("reward", "speedup_vs_eager", "speedup_vs_compile",
-                                                       "times_us", "error")}})
-            print(json.dumps(lines[-1]), flush=True)
-            if log:
-                log.write(json.dumps(lines[-1]) + "\n")
-                log.flush()
-    finally:
-        pool.close(abandon=len(lines) < len(jobs))
-        shutil.rmtree(scratch, ignore_errors=True)
+    if not args.report_only:
+        judge(todo, args, lines, len(jobs), deadline)
+    shutil.rmtree(scratch, ignore_errors=True)
     runs: dict[tuple, list[dict]] = defaultdict(list)  # (set, family, task, knobs) -> its verdicts
     for line in lines:
         runs[line["set"], line["family"], line["task"], line["knobs"]].append(line)

@@ -12,13 +12,13 @@ On the GPU each trusted row also holds the clock's parts: the calibrated window 
 (from `call` to its answer, not charged), for candidate and eager (`--policy kernelbench` runs the candidate without
 the op audit, which shows what the audit costs a call).
 
-`--call-streams legacy,blocking,torch` (cuda) compares the streams a callee's calls can run on
+`--call-streams legacy,torch` (cuda) compares the streams a callee's calls can run on
 (`judge/wire/gpu_order.call_stream`) instead of the two clocks: one judge and cache per stream, the trusted clock
 only, in rotating order, and beside the timing rows whether a candidate that fills its output with torch and launches
 its kernel without a stream (`legacy_fill`) is judged correct on each.
 
     python3 benchmarks/trusted_clock_overhead.py [--backend cuda] [--policy strict] --rounds 3 --out overhead.json
-    python3 benchmarks/trusted_clock_overhead.py --backend cuda --call-streams legacy,blocking,torch --out streams.json
+    python3 benchmarks/trusted_clock_overhead.py --backend cuda --call-streams legacy,torch --out streams.json
 """
 
 from __future__ import annotations

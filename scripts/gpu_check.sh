@@ -18,7 +18,7 @@
 # --policy kernelbench and KB_TIMING (default kernelbench-v0.1) into $OUT/public.json (PUBLIC_DB: a database to
 # resume from, e.g. a copy under /tmp kept between calls), then, with KB_SRC, KernelBench's own verdicts beside it.
 # `streams`: the trusted clock on each call stream the callee can use (benchmarks/trusted_clock_overhead.py
-# --call-streams legacy,blocking,torch), and whether a kernel launched without a stream after a torch fill is correct.
+# --call-streams legacy,torch), and whether a kernel launched without a stream after a torch fill is correct.
 # GPU_TESTS_K selects tests by pytest's -k expression (to split the run over calls of a limited length).
 # `data` builds DATA_TARGET (default 500) tasks with the default 1-100 ms window into DATA_DIR (default $OUT/data;
 # DATA_WORKERS, DATA_TIME_LIMIT seconds, DATA_MAX_ATTEMPTS; rerun with the same DATA_DIR to resume); KERNELBENCH
@@ -98,7 +98,7 @@ if [[ $stages == *" public "* && -n "${KERNELBENCH:-}" && -n "${SOLUTIONS:-}" ]]
   fi
 fi
 if [[ $stages == *" streams "* ]]; then
-  python3 benchmarks/trusted_clock_overhead.py --backend cuda --call-streams "${CALL_STREAMS:-legacy,blocking,torch}" \
+  python3 benchmarks/trusted_clock_overhead.py --backend cuda --call-streams "${CALL_STREAMS:-legacy,torch}" \
     --rounds "${STREAM_ROUNDS:-3}" --sizes "${STREAM_SIZES:-18,21,24}" --out "$OUT/call_streams.json" 2>&1 \
     | tee "$OUT/call_streams.log" || status=1
 fi

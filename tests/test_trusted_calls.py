@@ -231,7 +231,7 @@ def test_an_unknown_call_stream_is_refused_with_the_choices(monkeypatch):
     from cuda_agent.judge.wire.gpu_order import CALL_STREAM_ENV, call_stream
 
     monkeypatch.setenv(CALL_STREAM_ENV, "per-thread")
-    with pytest.raises(ValueError, match="CUDA_AGENT_CALL_STREAM='per-thread': expected one of legacy, blocking"):
+    with pytest.raises(ValueError, match="CUDA_AGENT_CALL_STREAM='per-thread': expected one of legacy, torch"):
         call_stream()
 
 

@@ -44,7 +44,6 @@ def _cu() -> ctypes.CDLL:
         _driver = ctypes.CDLL("libcuda.so.1")
         for name in ("cuStreamWaitValue32_v2", "cuStreamWriteValue32_v2"):
             getattr(_driver, name).argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
-        _driver.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
     return _driver
 
 
@@ -63,7 +62,7 @@ def write_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
     _check(_cu().cuStreamWriteValue32_v2(stream.cuda_stream, address, value, 0), "cuStreamWriteValue32")
 
 
-CALL_STREAMS = ("legacy", "blocking", "torch")
+CALL_STREAMS = ("legacy", "torch")
 CALL_STREAM_ENV = "CUDA_AGENT_CALL_STREAM"  # which of CALL_STREAMS a callee's calls run on (default: the first)
 
 
@@ -72,22 +71,14 @@ def call_stream(kind: str | None = None) -> torch.cuda.Stream:
 
     legacy (the default): the legacy default stream itself, where KernelBench and most users run a module: torch's
     ops and kernels launched without a stream (`torch::zeros_like(A)`, then `kernel<<<grid, block>>>`) are one
-    stream, in order. blocking: a stream made without CU_STREAM_NON_BLOCKING, ordered with the legacy stream both
-    ways (the judge's call stream for one session: the H200's GPU tests then read every small kernel ~25 us
-    longer, eager and compile baselines too; not yet isolated). torch: one of torch's streams (non-blocking: a
-    kernel launched without a stream races torch's ops of the call, which made honest KernelBench solutions fail).
-    `CUDA_AGENT_CALL_STREAM` picks one, for benchmarks/trusted_clock_overhead.py's side-by-side measurement."""
+    stream, in order. torch: one of torch's streams (non-blocking: a kernel launched without a stream races torch's
+    ops of the call, which made honest KernelBench solutions fail), kept for benchmarks/trusted_clock_overhead.py's
+    side-by-side measurement (`CUDA_AGENT_CALL_STREAM` picks one). A third choice, a blocking stream ordered with the
+    legacy one, read small kernels ~15-20 us longer on the H200 and was removed (docs/judge.md)."""
     kind = kind or os.environ.get(CALL_STREAM_ENV) or CALL_STREAMS[0]
     if kind not in CALL_STREAMS:
         raise ValueError(f"{CALL_STREAM_ENV}={kind!r}: expected one of {', '.join(CALL_STREAMS)}")
-    if kind == "legacy":
-        return torch.cuda.default_stream()
-    if kind == "torch":
-        return torch.cuda.Stream()
-    torch.cuda.current_stream().synchronize()  # the runtime's primary context is current in this thread
-    handle = ctypes.c_void_p()
-    _check(_cu().cuStreamCreate(ctypes.byref(handle), 0), "cuStreamCreate")
-    return torch.cuda.ExternalStream(handle.value)
+    return torch.cuda.default_stream() if kind == "legacy" else torch.cuda.Stream()
 
 
 class Flags:
