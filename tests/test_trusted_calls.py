@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import re
 import time
 
 import pytest
@@ -124,8 +125,10 @@ def test_a_callee_that_runs_between_calls_fails_the_next_call(callee):
     calls.freezer.resume()
     time.sleep(0.05)
     calls.freezer.stop()
-    with pytest.raises(CallFailed, match="ran while stopped"):
+    with pytest.raises(CallFailed, match="ran while stopped") as failed:
         calls.call(time.monotonic() + 30)
+    # where it went: in which gaps, which process, its threads' states (all stopped again: T)
+    assert re.search(r"in 1 of 1 gaps; its worker \d+ us, thread states T+\b", str(failed.value)), failed.value
 
 
 def test_the_window_holds_the_callees_work_whatever_clock_it_fakes(callee):

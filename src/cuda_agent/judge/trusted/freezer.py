@@ -147,4 +147,8 @@ class Freezer:
 
     def cpu_ns(self) -> int:
         """The CPU time of all the candidate's processes so far (exact while they are stopped)."""
-        return sum(process_cpu_ns(pid) for pid in self.pids)
+        return sum(self.cpu_by_pid().values())
+
+    def cpu_by_pid(self) -> dict[int, int]:
+        """The CPU time of each of the candidate's processes so far."""
+        return {pid: process_cpu_ns(pid) for pid in self.pids}

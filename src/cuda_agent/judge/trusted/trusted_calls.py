@@ -22,7 +22,7 @@ from typing import Any
 from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, ProtocolError, receive, send
 from ..wire.input_buffers import NAME, InputBuffer, layout_of
 from .compare import Leaf
-from .freezer import CandidateGone, Freezer
+from .freezer import CandidateGone, Freezer, thread_states
 from .readback import mapped_files, process_reader, read_outputs
 
 OUTSIDE_LIMIT_NS = 1_000_000  # CPU time a stopped callee may show between calls, all calls together (it shows 0)
@@ -63,8 +63,9 @@ class Calls:
         self.buffers: dict[str, tuple[int, InputBuffer]] = {}
         self.calls = 0
         self.current: InputBuffer | None = None
-        self.stopped_cpu: int | None = None  # its CPU clock when it was last stopped (None: it ran since)
-        self.outside_ns = 0  # CPU time it took while stopped, summed: zero unless something resumed it
+        self.stopped_cpu: dict[int, int] | None = None  # each process's CPU clock when last stopped (None: it ran since)
+        self.outside: dict[int, int] = {}  # CPU time each process took while stopped, summed: zero unless resumed
+        self.outside_gaps = 0  # the gaps between calls in which any of it was taken
 
     def load(self, inputs: list) -> InputBuffer:
         """Write a call's inputs into the buffer of their layout (new layouts are sent to the candidate first)."""
@@ -103,7 +104,8 @@ class Calls:
         t1 = time.perf_counter_ns()
         try:
             self.freezer.settle()
-            cpu1 = self.stopped_cpu = self.freezer.cpu_ns()
+            self.stopped_cpu = self.freezer.cpu_by_pid()
+            cpu1 = sum(self.stopped_cpu.values())
         except CandidateGone as exc:
             raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
         reply = self._checked_reply(k, reply)
@@ -133,21 +135,38 @@ class Calls:
         except CandidateGone as exc:
             raise CallFailed(f"the process ended before {what} ({exc})", "ended") from None
 
+    @property
+    def outside_ns(self) -> int:
+        return sum(self.outside.values())
+
     def _cpu_before(self, k: int) -> int:
         """Its processes' CPU clock as call `k` starts, having checked they took none while stopped (CallFailed
         where they have ended meanwhile: killed at the judge's deadline, say; a verdict, never the reference
         worker's crash)."""
         try:
-            cpu0 = self.freezer.cpu_ns()
+            now = self.freezer.cpu_by_pid()
         except CandidateGone as exc:
             raise CallFailed(f"the process ended before call {k} ({exc})", "ended") from None
         if self.stopped_cpu is not None:
-            self.outside_ns += cpu0 - self.stopped_cpu
+            moved = {pid: ns - self.stopped_cpu.get(pid, ns) for pid, ns in now.items()}
+            self.outside_gaps += any(moved.values())
+            for pid, ns in moved.items():
+                if ns:
+                    self.outside[pid] = self.outside.get(pid, 0) + ns
         if self.outside_ns > OUTSIDE_LIMIT_NS:
             raise CallFailed(f"call {k}: the candidate's processes ran while stopped "
-                             f"({self.outside_ns / 1e3:.0f} us of CPU between calls): all work must happen inside the "
-                             "calls")
-        return cpu0
+                             f"({self.outside_ns / 1e3:.0f} us of CPU between calls, {self._outside_detail(k)}): all "
+                             "work must happen inside the calls")
+        return sum(now.values())
+
+    def _outside_detail(self, k: int) -> str:
+        """Where the CPU time between calls went: in how many gaps, which process (and its threads' states now)."""
+        parts = [f"in {self.outside_gaps} of {k} gaps"]
+        for pid, ns in sorted(self.outside.items(), key=lambda item: -item[1]):
+            role = "its worker" if pid == self.worker_pid else f"process {pid}"
+            states = "".join(sorted(thread_states(pid) or "?"))
+            parts.append(f"{role} {ns / 1e3:.0f} us, thread states {states[:40]}")
+        return "; ".join(parts)
 
     def _checked_reply(self, k: int, reply) -> Done:
         """Call `k`'s answer, once it is stopped: `done` for this call, and no process of its own started."""
@@ -176,7 +195,7 @@ class Calls:
         finally:
             try:
                 self.freezer.stop()
-                self.stopped_cpu = self.freezer.cpu_ns()
+                self.stopped_cpu = self.freezer.cpu_by_pid()
             except CandidateGone as exc:
                 raise CallFailed(f"preparing {fn}: the callee's process ended ({exc})", "ended") from None
         return reply.error if isinstance(reply, Prepared) else f"answered {str(reply)[:200]}"
