@@ -63,7 +63,7 @@ class Calls:
         self.buffers: dict[str, tuple[int, InputBuffer]] = {}
         self.calls = 0
         self.current: InputBuffer | None = None
-        self.stopped_cpu: dict[int, int] | None = None  # each process's CPU clock when last stopped (None: it ran since)
+        self.stopped_cpu: dict[int, int] | None = None  # each process's CPU clock at its last stop (None: ran since)
         self.outside: dict[int, int] = {}  # CPU time each process took while stopped, summed: zero unless resumed
         self.outside_gaps = 0  # the gaps between calls in which any of it was taken
 
