@@ -54,9 +54,9 @@ def summarise(label: str, family: str, knobs: str, verdicts: dict[str, list[dict
             "stable": sum(len({x["reward"] for x in v}) == 1 for v in verdicts.values()) / len(verdicts)}
 
 
-def judge(todo: list[tuple], args, lines: list[dict], total: int, deadline: float) -> None:
+def judge(todo: list[tuple], args, lines: list[dict], total: int, deadline: float, shapes: dict) -> None:
     """Judge `todo` (set, family, task, knobs name, knobs, folder) in a pool, each verdict appended to `lines` and
-    to --out's .jsonl as it comes, until `deadline` (time.monotonic)."""
+    to --out's .jsonl as it comes, until `deadline` (time.monotonic). `shapes`: each task's ops and row length."""
     log = args.out.with_suffix(".jsonl").open("a") if args.out else None
     pool = JudgePool(args.backend, workers=args.workers)
     try:
@@ -68,9 +68,9 @@ def judge(todo: list[tuple], args, lines: list[dict], total: int, deadline: floa
                 print(f"time limit: {total - len(lines)} of {total} evaluations not judged (rerun with the "
                       "same --out to go on)", flush=True)
                 break
-            lines.append({"set": label, "family": family, "task": task.stem, "knobs": name, "knob_values": asdict(
-                knobs), **{k: verdict.get(k) for k in ("reward", "speedup_vs_eager", "speedup_vs_compile",
-                                                       "times_us", "error")}})
+            kept = ("reward", "speedup_vs_eager", "speedup_vs_compile", "times_us", "error", "warnings")
+            lines.append({"set": label, "family": family, "task": task.stem, **shapes[task], "knobs": name,
+                          "knob_values": asdict(knobs), **{k: verdict.get(k) for k in kept}})
             print(json.dumps(lines[-1]), flush=True)
             if log:
                 log.write(json.dumps(lines[-1]) + "\n")
@@ -96,7 +96,7 @@ def main() -> None:
         parser.error("--report-only needs --out with verdicts (its .jsonl)")
     scratch = Path(tempfile.mkdtemp(prefix="expert-ceiling-"))
     rng = random.Random(args.seed)
-    jobs, skipped = [], defaultdict(int)
+    jobs, skipped, shapes = [], defaultdict(int), {}
     sets = [[(data, task) for task in task_files(data, scratch / data.stem)[:args.limit]] for data in args.data]
     for data, task in [pair for turn in itertools.zip_longest(*sets) for pair in turn if pair]:
         try:
@@ -104,7 +104,9 @@ def main() -> None:
         except Unsupported as exc:
             skipped[str(exc)] += 1
             continue
-        family = "gemm" if program.gemm else "pointwise" if program.pointwise else "rows"
+        family = "gemm" if program.gemm else "pointwise" if program.pointwise else \
+            "long rows" if program.cols >= 1024 else "rows"
+        shapes[task] = {"ops": program.ops, "cols": program.cols}
         settings = {"fast": FAST, **{f"random{j}": random_knobs(rng) for j in range(args.random)}}
         for name, knobs in settings.items():
             folder = scratch / "candidates" / data.stem / task.stem / name
@@ -127,7 +129,7 @@ def main() -> None:
         else:
             todo.append(job)
     if not args.report_only:
-        judge(todo, args, lines, len(jobs), deadline)
+        judge(todo, args, lines, len(jobs), deadline, shapes)
     shutil.rmtree(scratch, ignore_errors=True)
     runs: dict[tuple, list[dict]] = defaultdict(list)  # (set, family, task, knobs) -> its verdicts
     for line in lines:

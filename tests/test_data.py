@@ -271,12 +271,13 @@ def test_the_expert_family_builds_only_tasks_the_expert_fuses_split_by_operator_
     from cuda_agent.rl.expert.trace import trace
 
     cfg = BuildConfig(8, tmp_path / "ds", CPU, workers=2, family="expert", held_out=0.4, unseen_ops=("nn.Mish",),
-                      unseen_shapes=2, seed=20)
+                      unseen_shapes=2, seed=24)
     stats = Builder(cfg).run()
     assert stats["kept"] == 8 and stats["family"] == "expert"
     rows = [json.loads(line) for line in (tmp_path / "ds" / "dataset.jsonl").read_text().splitlines()]
+    lengths = [trace(row["code"]).cols for row in rows]  # every kept task is one the expert fuses
+    assert any(n >= 1024 for n in lengths) and any(n <= 256 for n in lengths), lengths  # long rows and short
     for row in rows:
-        trace(row["code"])  # every kept task is one the expert fuses
         assert row["split"] == split_of(json.loads(row["ops"]), 0.4, ("nn.Mish",))
     combos = {}
     for row in rows:

@@ -134,13 +134,31 @@ def test_the_cuda_kernels_compile(family, tmp_path):
     for i, knobs in enumerate((FAST, SLOW)):
         src = tmp_path / f"k{i}.cu"
         src.write_text(kernel_source(trace(task(*FAMILIES[family])), "cuda", knobs))
-        # short rows one warp each under the fast knobs (both kernels, chosen at launch by the row's length)
+        # rows in registers and short rows within a warp under the fast knobs (chosen at launch by the row's length)
         assert ("_warp_kernel<<<" in src.read_text()) == (family != "pointwise" and knobs.warp_rows)
+        assert ("_registers_kernel<<<" in src.read_text()) == (family != "pointwise" and knobs.registers)
         done = subprocess.run(["nvcc", "-c", "-O2", "-arch=sm_90", str(src), "-o", str(tmp_path / f"k{i}.o")],
                               capture_output=True, text=True)
         if "cublas_v2.h: No such file" in done.stderr:
             pytest.skip("this nvcc has no cuBLAS headers")
         assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cols, knobs, layout", [
+    (16, FAST, (2, 2, 4, False, 256)),  # 8 elements a thread, 16 rows a warp, float4
+    (37, FAST, (8, 5, 1, False, 256)),  # an odd row: one float at a time
+    (256, FAST, (32, 2, 4, False, 256)),
+    (1024, FAST, (32, 8, 4, False, 256)),  # the longest row a warp holds: 32 elements a thread
+    (2048, FAST, (256, 2, 4, True, 256)),  # a block a row
+    (16384, FAST, (512, 8, 4, True, 512)),  # more threads than the knob's when a row needs them
+    (32, Knobs(warp_rows=False, vector=1), (256, 1, 1, True, 256)),
+])
+def test_the_register_layout_holds_each_row_in_at_most_32_elements_a_thread(cols, knobs, layout):
+    from cuda_agent.rl.expert.rows_registers import PER_THREAD, Plan, plan
+
+    got = plan(cols, knobs)
+    assert got == Plan(*layout) and got.capacity >= cols and got.chunks * got.vector <= PER_THREAD
+    assert plan(1024 * PER_THREAD + 4, FAST) is None  # longer than a block's registers: the streaming kernel
 
 
 def test_model_new_owns_the_tasks_parameters_under_their_names():

@@ -522,14 +522,19 @@ def test_the_trusted_gpu_clock_judges_and_times_a_real_kernel(cache_dir, make_wo
         judge.close()
 
 
-@pytest.mark.parametrize("family,shape", [("pointwise", "BATCH * 64, 32, 512"), ("softmax", "BATCH * 64, 16, 1024"),
-                                          ("softmax", "BATCH * 64, 512, 32"), ("layer_norm", "BATCH * 64, 16, 1024"),
-                                          ("linear_softmax", "BATCH * 64, 16, 1024")],
-                         ids=["pointwise", "softmax", "softmax_short_rows", "layer_norm", "linear_softmax"])
+@pytest.mark.parametrize("family,shape", [
+    ("pointwise", "BATCH * 64, 32, 512"), ("softmax", "BATCH * 64, 16, 1024"), ("softmax", "BATCH * 64, 512, 32"),
+    ("softmax", "BATCH * 64, 512, 16"), ("log_softmax", "BATCH * 64, 512, 37"), ("mean", "BATCH * 64, 16, 2048"),
+    ("sum_dropped", "BATCH * 64, 64, 256"), ("layer_norm", "BATCH * 64, 16, 1024"),
+    ("linear_softmax", "BATCH * 64, 16, 1024")],
+    ids=["pointwise", "softmax", "softmax_rows_of_32", "softmax_rows_of_16", "log_softmax_odd_rows", "mean_long_rows",
+         "sum_dropped", "layer_norm", "linear_softmax"])
 def test_the_experts_cuda_kernels_are_judged_correct_with_every_knob_setting(gpu_judge, family, shape, tmp_path):
     """The expert's three families on the GPU: fast and slow knobs both correct (reward >= 1), the fast pointwise
-    kernel at least as fast as eager, and on rows of 32 the fast knobs (one warp per row) faster than the slow ones
-    (one block per row)."""
+    kernel at least as fast as eager, and on rows of 32 the fast knobs (rows held in registers, eight to a warp)
+    faster than the slow ones (one block per row, read from memory in each pass). The shapes reach every register
+    layout (rows of 16 and 32: several rows a warp; 37: one float at a time; 2,048: a block a row; outputs per
+    element, per row kept and dropped) and the judge's extra shapes the streaming kernels they fall back to."""
     from test_expert import FAMILIES, task
 
     from cuda_agent.rl.expert.kernels import FAST, SLOW, workspace_files

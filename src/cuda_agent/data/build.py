@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from .catalog import crawl_all
 from .compose import Composition, NoTask, compose, compose_llm, draw_source
-from .families import SPLITS, expert_blocker, family_ops, resized, split_of
+from .families import LONG_ROW_SHARE, SPLITS, expert_blocker, family_ops, resized, split_of
 from .filters import Check, FilterConfig, check_task, check_task_sandboxed
 from .similarity import Index, fingerprint, operator_sequence
 
@@ -97,7 +97,7 @@ def _attempt(index: int, seed: int, cfg: FilterConfig, composer, workdir: Path, 
         op = rng.choice(hf_ops)
         comp = Composition([op.name], op.source, ())
     elif composer is None:
-        comp = compose(ops, rng, num_ops)
+        comp = compose(ops, rng, num_ops, long_rows=LONG_ROW_SHARE[family])
     else:
         from ..llm import LLMError
 

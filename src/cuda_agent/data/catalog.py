@@ -22,6 +22,10 @@ LAYOUTS = {  # input rank -> (name, base shape at CPU-test scale; the composer s
     4: ("NCHW", (8, 32, 32, 32)),
     5: ("NCDHW", (4, 16, 16, 16, 16)),
 }
+LONG_ROWS = {  # input rank -> base shapes with long rows (last dimension), drawn for the expert family
+    2: ((8, 2048), (8, 8192)),
+    3: ((8, 16, 1024), (8, 4, 4096)),
+}
 STOCHASTIC = re.compile(r"Dropout|RReLU")
 SKIP = {  # reason for module classes that are not single-tensor operators
     "containers or wrappers": re.compile(r"^(Module|Sequential|ModuleList|ModuleDict|ParameterList|ParameterDict|"

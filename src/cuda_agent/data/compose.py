@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from ..pyparse import parse as parse_python
-from .catalog import LAYOUTS, Op, check
+from .catalog import LAYOUTS, LONG_ROWS, Op, check
 
 # Shares of the paper's released set, in percent: torch tasks by number of operators, and transformers operators.
 SOURCE_SHARES = {"torch#1": 3.40, "torch#2": 83.77, "torch#3": 7.62, "torch#4": 2.80, "torch#5": 1.23,
@@ -33,12 +33,16 @@ def _width(op: Op, channels: int, rng: random.Random) -> int:
     return min(256, channels * rng.choice((1, 2))) if "{c2}" in op.init else channels
 
 
-def compose(ops: list[Op], rng: random.Random, num_ops: int, tries: int = 20) -> Composition | None:
-    """One chain of `num_ops` operators whose shapes fit (None if none was found in `tries` draws)."""
+def compose(ops: list[Op], rng: random.Random, num_ops: int, tries: int = 20,
+            long_rows: float = 0.0) -> Composition | None:
+    """One chain of `num_ops` operators whose shapes fit (None if none was found in `tries` draws). `long_rows`: the
+    share of chains, at a rank that has them, on a base shape with long rows (`LONG_ROWS`) instead of `LAYOUTS`'s."""
     for _ in range(tries):
         first = rng.choice(ops)
         rank = rng.choice(first.ranks)
         shape = LAYOUTS[rank][1]
+        if long_rows and rank in LONG_ROWS and rng.random() < long_rows:
+            shape = rng.choice(LONG_ROWS[rank])
         chain: list[tuple[Op, str]] = []
         current = shape
         for i in range(num_ops):

@@ -1,8 +1,8 @@
 """Task families and splits. `all`: every crawled operator; `expert`: only those the expert (rl/expert) fuses, so
-every task has a kernel-writing demonstration. A family's tasks are split by their operator combination (the set of
-operators, whatever the order), so no combination is in two splits: `held_out` takes a share of the combinations,
-`unseen_op` every task with an operator kept out of training, and `unseen_shape` re-sizes a few train tasks' rows
-(an odd last dimension: no vector width divides it)."""
+every task has a kernel-writing demonstration, half of its chains on long rows (`LONG_ROW_SHARE`). A family's tasks
+are split by their operator combination (the set of operators, whatever the order), so no combination is in two
+splits: `held_out` takes a share of the combinations, `unseen_op` every task with an operator kept out of training,
+and `unseen_shape` re-sizes a few train tasks' rows (an odd last dimension: no vector width divides it)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from .catalog import LAYOUTS, Op
 from .compose import render
 
 FAMILIES = ("all", "expert")
+LONG_ROW_SHARE = {"all": 0.0, "expert": 0.5}  # chains on long rows (catalog.LONG_ROWS): where a fused kernel that
+# holds its row in registers beats torch.compile's looped reductions (docs/training.md, "the expert's ceiling")
 SPLITS = ("train", "held_out", "unseen_op", "unseen_shape")
 
 

@@ -42,6 +42,8 @@ from .timekeeper import Timekeeper
 from .verdict import Verdict
 from .wire.process import WorkerProcess
 
+CRASHED = "candidate process crashed with "  # how a verdict's error begins when a signal killed the candidate
+
 
 def compile_threads(workers: int) -> int:
     """Inductor's compile workers for each of `workers` evaluations in flight: the cores shared out. Left to
@@ -107,10 +109,21 @@ class Judge:
     def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate, alone: bool = False) -> Verdict:
         """Judge `candidate` against `reference`. With `alone`, nothing else runs on the device from the moment the
         reference is this evaluation's to the verdict (other evaluations on this judge wait; idle warm reference
-        workers are stopped first)."""
-        start = time.perf_counter()
+        workers are stopped first). A candidate whose process is killed by a signal is judged once more in a fresh
+        process (torch's profiler, which the op audit runs in that process, has crashed now and then on exit with
+        correct kernels: measured in docs/judge.md); the verdict says so in `warnings`, and a second crash fails it."""
         task = reference if isinstance(reference, Task) else load_task(reference)
         cand = candidate if isinstance(candidate, Candidate) else load_candidate(candidate)
+        first = self._evaluate_once(task, cand, alone)
+        if not (first.error or "").startswith(CRASHED):
+            return first
+        verdict = self._evaluate_once(task, cand, alone)
+        verdict.warnings.append(f"judged twice: the first {first.error.splitlines()[0][len('candidate '):][:300]}")
+        verdict.seconds = round(verdict.seconds + first.seconds, 3)
+        return verdict
+
+    def _evaluate_once(self, task: Task, cand: Candidate, alone: bool) -> Verdict:
+        start = time.perf_counter()
         cfg = self.config
         seeds = list(cfg.seeds) if cfg.seeds else kernelbench.trial_seeds(trials=cfg.num_trials) \
             if cfg.policy == "kernelbench" else [secrets.randbelow(2**31) for _ in range(cfg.num_trials)]

@@ -6,8 +6,9 @@ A GEMM task's kernel file also holds the GEMM (cuBLAS's SGEMM on CUDA, OpenMP do
 binding runs it into a scratch buffer that the epilogue (the rows kernel) reads.
 
 Knobs: pointwise: the vector width (float4 loads or one float) and a grid-stride loop or one element (vector) per
-thread; rows: the block reduction (warp shuffles or a shared-memory tree), softmax in one online pass or two, and
-one warp (not one block) per short row;
+thread; rows: each row read once into registers (float4 when `vector` is 4) or streamed from memory in each pass,
+the block reduction (warp shuffles or a shared-memory tree), softmax in one online pass or two, and short rows
+within one warp (not one block each);
 both: threads per block (cuda), OpenMP threads and SIMD (cpu). `SLOW` is what the expert's "improve" episodes start
 from, `FAST` what they end with.
 """
@@ -31,7 +32,8 @@ class Knobs:
     grid_stride: bool = True  # cuda pointwise: a capped grid that strides, or one thread per element (vector)
     reduce: str = "warp"  # cuda rows: "warp" shuffles or a "shared" memory tree
     online: bool = True  # rows: softmax's max and sum of exponentials in one pass
-    warp_rows: bool = True  # cuda rows: rows of at most rows.WARP_COLS elements one warp each (else one block each)
+    warp_rows: bool = True  # cuda rows: rows of at most rows_registers.WARP_COLS elements one warp each (else a block)
+    registers: bool = True  # cuda rows: each row read once into registers (rows_registers.py) when it fits
     parallel: bool = True  # cpu: OpenMP threads
     simd: bool = True  # cpu: `omp simd` on the loops
 
@@ -42,15 +44,16 @@ class Knobs:
 
 
 FAST = Knobs()
-SLOW = Knobs(vector=1, threads=64, grid_stride=False, reduce="shared", online=False, warp_rows=False, parallel=False,
-             simd=False)
+SLOW = Knobs(vector=1, threads=64, grid_stride=False, reduce="shared", online=False, warp_rows=False,
+             registers=False, parallel=False, simd=False)
 
 
 def random_knobs(rng: random.Random) -> Knobs:
     """A knob setting drawn uniformly (the ceiling's and the recipe's "random" rows)."""
     return Knobs(vector=rng.choice((1, 4)), threads=rng.choice((64, 128, 256, 512, 1024)),
                  grid_stride=rng.random() < 0.5, reduce=rng.choice(("warp", "shared")), online=rng.random() < 0.5,
-                 parallel=rng.random() < 0.5, simd=rng.random() < 0.5, warp_rows=rng.random() < 0.5)
+                 parallel=rng.random() < 0.5, simd=rng.random() < 0.5, warp_rows=rng.random() < 0.5,
+                 registers=rng.random() < 0.5)
 BREAKABLE = "(void)config;"  # every kernel has it; the "fix" episodes plant a missing semicolon there
 
 BINDING = """#include <torch/types.h>

@@ -7,7 +7,10 @@ CUDA: one block per row, the block's partial results combined with warp shuffles
 
 from __future__ import annotations
 
-from .trace import Node, Program
+from . import rows_registers
+from .row_code import RowCode, indent
+from .rows_registers import WARP_COLS
+from .trace import Program
 
 CPU = """// {ops}: one row at a time (knobs: {knobs}).
 #include <cmath>
@@ -46,16 +49,14 @@ __global__ void {name}_kernel(float* __restrict__ out, const float* __restrict__
 {row}
     }}
 }}
-{warp_kernel}
+{warp_kernel}{registers_kernel}
 extern "C" void {name}_launcher(float* out, const float* x, int64_t rows, int64_t cols, FusedParams p, int config,
                                 cudaStream_t stream) {{
     (void)config;
-{warp_launch}    const int64_t blocks = rows < 65535 ? rows : 65535;
+{registers_launch}{warp_launch}    const int64_t blocks = rows < 65535 ? rows : 65535;
     {name}_kernel<<<(unsigned)blocks, {threads}, 0, stream>>>(out, x, rows, cols, p);
 }}
 """
-
-WARP_COLS = 1024  # rows at most this long go one warp per row (`knobs.warp_rows`)
 
 WARP_KERNEL = """
 // Every lane's `v` combined within its warp; every lane gets the result.
@@ -109,85 +110,8 @@ SHARED = """    __syncthreads();  // the previous reduction's result has been re
     }
     return shm[0];"""
 
-INIT = {"sum": "0.f", "expsum": "0.f", "max": "-INFINITY"}
-OP = {"sum": "FusedSum", "expsum": "FusedSum", "max": "FusedMax"}
-
-
-def _indent(text: str, spaces: int) -> str:
-    return "\n".join(" " * spaces + line if line else line for line in text.splitlines())
-
-
-def _combine(node: Node, acc: str) -> str:
-    if node.reduce == "max":
-        return f"fmaxf({acc}, {node.src})"
-    return f"{acc} + " + (f"expf({node.src} - {node.of})" if node.reduce == "expsum" else node.src)
-
-
-class RowCode:
-    """The C statements of one row, for the cpu (one thread), a CUDA block or a CUDA warp (`mode` "cpu", "block",
-    "warp": its threads stride over the row)."""
-
-    LOOPS = {"cpu": "c = 0; c < cols; ++c", "block": "c = threadIdx.x; c < cols; c += blockDim.x",
-             "warp": "c = lane; c < cols; c += 32"}
-
-    def __init__(self, program: Program, mode: str, knobs, name: str):
-        self.program, self.mode, self.cuda, self.knobs, self.name = program, mode, mode != "cpu", knobs, name
-        self.loop = f"for (int64_t {self.LOOPS[mode]})"
-
-    def _reduce(self, value: str, init: str, op: str) -> str:
-        """The row's total of every thread's `value` (the cpu's own value: it is the only thread)."""
-        if self.mode == "warp":
-            return f"{self.name}_warp_reduce({value}, {op}())"
-        return f"{self.name}_block_reduce({value}, {init}, shm, {op}())" if self.cuda else value
-
-    def _pass(self, before: int, init: list[str], update: str, simd: str | None = None) -> list[str]:
-        """A loop over the row's elements (`simd`: the cpu loop's `omp simd` clauses; None: not vectorised)."""
-        elements = _indent(self.program.elements(before), 4)
-        pragma = [f"#pragma omp simd{simd}"] if simd is not None and not self.cuda and self.knobs.simd else []
-        return [*init, *pragma, f"{self.loop} {{", "    const float v0 = xr[c];", *elements.splitlines(),
-                f"    {update}", "}"]
-
-    def lines(self) -> list[str]:
-        out, nodes, i = [], self.program.nodes, 0
-        while i < len(nodes):
-            node = nodes[i]
-            merged = (self.knobs.online and node.reduce == "max" and i + 1 < len(nodes)
-                      and nodes[i + 1].reduce == "expsum" and nodes[i + 1].of == node.name)
-            if merged:
-                out += self._online(i, node, nodes[i + 1])
-                i += 2
-                continue
-            if node.reduce:
-                acc = f"acc_{node.name}"
-                clause = f" reduction({'max' if node.reduce == 'max' else '+'}:{acc})"
-                out += self._pass(i, [f"float {acc} = {INIT[node.reduce]};"], f"{acc} = {_combine(node, acc)};",
-                                  clause)
-                out.append(f"const float {node.name} = {self._reduce(acc, INIT[node.reduce], OP[node.reduce])};")
-            elif node.kind == "r":
-                out.append(f"const float {node.name} = {node.expr};")
-            i += 1
-        result = self.program.output
-        if self.program.reduced:
-            first = {"cpu": "", "block": "if (threadIdx.x == 0) ", "warp": "if (lane == 0) "}[self.mode]
-            out.append(f"{first}out[row] = {result};")
-        else:
-            out += self._pass(len(nodes), [], f"out[row * cols + c] = {result};", "")
-        return out
-
-    def _online(self, i: int, m: Node, s: Node) -> list[str]:
-        """The row's maximum and sum of exp(x - maximum) in one pass, rescaling the sum when the maximum grows."""
-        mt, st = f"m_{m.name}", f"s_{s.name}"
-        update = (f"if ({m.src} > {mt}) {{ {st} = {st} * expf({mt} - {m.src}) + 1.f; {mt} = {m.src}; }} "
-                  f"else {{ {st} += expf({m.src} - {mt}); }}")
-        out = self._pass(i, [f"float {mt} = -INFINITY, {st} = 0.f;"], update)
-        if self.cuda:
-            return out + [f"const float {m.name} = {self._reduce(mt, '-INFINITY', 'FusedMax')};",
-                          f"const float {s.name} = {self._reduce(f'{st} * expf({mt} - {m.name})', '0.f', 'FusedSum')};"]
-        return out + [f"const float {m.name} = {mt};", f"const float {s.name} = {st};"]
-
-
 def _row(program: Program, mode: str, knobs, name: str) -> str:
-    return _indent("\n".join(RowCode(program, mode, knobs, name).lines()), 8)
+    return indent("\n".join(RowCode(program, mode, knobs, name).lines()), 8)
 
 
 def source(program: Program, cuda: bool, knobs, name: str, max_params: int) -> str:
@@ -199,9 +123,12 @@ def source(program: Program, cuda: bool, knobs, name: str, max_params: int) -> s
     warp = knobs.warp_rows
     warp_kernel = WARP_KERNEL.format(name=name, row=_row(program, "warp", knobs, name)) if warp else ""
     warp_launch = WARP_LAUNCH.format(name=name, threads=knobs.threads, warp_cols=WARP_COLS) if warp else ""
+    layout = rows_registers.plan(program.cols, knobs) if knobs.registers else None
     return CUDA.format(**common, row=_row(program, "block", knobs, name), threads=knobs.threads,
                        reduce=WARP if knobs.reduce == "warp" else SHARED,
                        shm=32 if knobs.reduce == "warp" else knobs.threads, warp_kernel=warp_kernel,
                        warp_launch=warp_launch,
+                       registers_kernel=rows_registers.kernel(program, knobs, name, layout) if layout else "",
+                       registers_launch=rows_registers.launch(name, layout) if layout else "",
                        knobs=f"threads={knobs.threads}, reduce={knobs.reduce}, online={knobs.online}, "
-                             f"warp_rows={warp}")
+                             f"warp_rows={warp}, registers={knobs.registers}, vector={knobs.vector}")

@@ -48,6 +48,11 @@ class Program:
         return not self.params and all(n.kind == "e" for n in self.nodes)
 
     @property
+    def cols(self) -> int:
+        """The row length the kernel sees: the input's last dimension, or the GEMM's output features."""
+        return self.params[0][1][0] if self.gemm else self.shape[-1]
+
+    @property
     def reduced(self) -> bool:
         """The output is one value per row."""
         return self.output.startswith("r")
