@@ -205,6 +205,37 @@ def test_the_freezer_sees_a_process_end():
         process_cpu_ns(proc.pid)
 
 
+def test_the_freezer_never_signals_a_later_process_given_the_same_id():
+    """Process ids wrap at pid_max (32,768 here): a freezer whose candidate has ended must neither stop nor read the
+    process that gets its id next (an evaluation freezing another's candidate fails it: "ran while stopped")."""
+    from pathlib import Path
+
+    from cuda_agent.judge.trusted.freezer import thread_states
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    gone = subprocess.Popen(sleeper)
+    freezer = Freezer([gone.pid])
+    gone.kill()
+    gone.wait()
+    try:
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(gone.pid - 1))
+    except OSError:
+        pytest.skip("the next process id cannot be chosen here (root in the PID namespace needed)")
+    later = subprocess.Popen(sleeper)
+    try:
+        if later.pid != gone.pid:
+            pytest.skip("another process took the id first")
+        with pytest.raises(CandidateGone):
+            freezer.stop()
+        assert not set(thread_states(later.pid)) & {"T", "t"}, thread_states(later.pid)
+        with pytest.raises(CandidateGone):
+            freezer.cpu_by_pid()
+    finally:
+        later.kill()
+        later.wait()
+        freezer.close()
+
+
 def test_input_buffers_carry_flat_cpu_inputs_and_see_changes():
     inputs = [torch.arange(6, dtype=torch.float32).reshape(2, 3), 7, torch.tensor([True, False])]
     buffer = InputBuffer(layout_of(inputs))

@@ -4,12 +4,17 @@ While they are stopped no thread of the candidate runs: nothing can be computed 
 the machine while baselines are timed, and its memory can be read without a race (`readback.py`). Their CPU time is
 read from the kernel (each process's CPU clock, which counts ended threads too), never from the candidate.
 
+Each process is held by a pidfd from the start: signals go through it, and every read by process id is confirmed
+by it afterwards, so a process that has ended is never confused with a later one given the same id (ids wrap at
+`pid_max`, 32,768 on the machines here, within minutes when a dozen evaluations run at once).
+
 Runs in the reference worker (trusted); the judge finds the processes (`descendants`) before any candidate code runs.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 from pathlib import Path
@@ -111,13 +116,27 @@ class Freezer:
     def __init__(self, pids: list[int], timeout_s: float = 10.0):
         self.pids, self.timeout_s = list(pids), timeout_s
         self.frozen = False
+        self.fds: dict[int, int] = {}
+        for pid in self.pids:
+            try:
+                self.fds[pid] = os.pidfd_open(pid)
+            except ProcessLookupError as exc:
+                self.close()
+                raise CandidateGone(f"process {pid} has ended") from exc
 
     def _signal(self, sig: int) -> None:
         for pid in self.pids:
             try:
-                os.kill(pid, sig)
+                signal.pidfd_send_signal(self.fds[pid], sig)
             except ProcessLookupError as exc:
                 raise CandidateGone(f"process {pid} has ended") from exc
+
+    def _confirm(self) -> None:
+        """CandidateGone if any process has ended (what was read by its id may have been another's since)."""
+        ended = select.select(list(self.fds.values()), [], [], 0)[0]
+        if ended:
+            pid = next(p for p, fd in self.fds.items() if fd in ended)
+            raise CandidateGone(f"process {pid} has ended")
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
@@ -136,6 +155,7 @@ class Freezer:
                 if states is None or "Z" in states or "X" in states:
                     raise CandidateGone(f"process {pid} has ended")
                 if all(s in STOPPED for s in states):
+                    self._confirm()
                     break
                 if time.monotonic() > deadline:
                     raise CandidateGone(f"process {pid} did not stop within {self.timeout_s:.0f} s")
@@ -151,4 +171,11 @@ class Freezer:
 
     def cpu_by_pid(self) -> dict[int, int]:
         """The CPU time of each of the candidate's processes so far."""
-        return {pid: process_cpu_ns(pid) for pid in self.pids}
+        cpu = {pid: process_cpu_ns(pid) for pid in self.pids}
+        self._confirm()
+        return cpu
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}

@@ -252,4 +252,5 @@ class Calls:
             buffer.close()
         self.buffers = {}
         self.sock.close()
+        self.freezer.close()
 
