@@ -4,13 +4,14 @@
 # Logs and JSON go to $OUT (default ./gpu-out). Record the results in docs/measurements-log.md, the current numbers
 # in docs/measurements.md.
 # Usage: scripts/gpu_check.sh [tests] [build] [latency] [fresh] [suite] [throughput] [data] [agreement] [rollout]
-#        [expert] [differential] [public] [streams]
+#        [expert] [rows] [differential] [public] [streams]
 #   (default: tests build latency fresh suite; THROUGHPUT_ARGS adds judge_throughput.py options, e.g. --modes pool,pool2)
 # `agreement`: the two GPU clocks on KernelBench tasks (KERNELBENCH, AGREEMENT_TASKS, default 24); `rollout`:
 # benchmarks/rollout_speed.py; `expert`: the expert's task set built on the GPU into EXPERT_DATA (default
 # $OUT/expert-data; kept when it holds splits/ already), then its ceiling (CEILING_ARGS, default --repeats 1
 # --random 1 --limit 150; CEILING_LIMIT seconds, default 300; CEILING_FROM: an earlier slice's jsonl, e.g.
-# docs/data/expert_ceiling_h200.jsonl, to go on from: only what it lacks is judged, and the table covers both).
+# docs/data/expert_ceiling_h200_long_rows.jsonl, to go on from: only what it lacks is judged, and the table covers
+# both). `rows`: the expert's rows kernels by row length beside eager and torch.compile (benchmarks/expert_rows.py).
 # `differential`: KernelBench's own eval_kernel_against_ref against --policy kernelbench on the same candidates
 # (benchmarks/kernelbench_differential.py; KB_SRC: a KernelBench clone or `git archive` of one revision, e.g.
 # .kbsrc/v0.1; the tests' candidates, plus SOLUTIONS judged against KERNELBENCH when both are set).
@@ -104,6 +105,10 @@ if [[ $stages == *" streams "* ]]; then
 fi
 if [[ $stages == *" rollout "* ]]; then
   python3 benchmarks/rollout_speed.py --profile --out "$OUT/rollout_speed.json" 2>&1 | tee "$OUT/rollout_speed.log" || status=1
+fi
+if [[ $stages == *" rows "* ]]; then
+  python3 benchmarks/expert_rows.py --out "$OUT/expert_rows.json" > "$OUT/expert_rows.log" 2>&1 || status=1
+  cat "$OUT/expert_rows.md" 2>/dev/null || tail -5 "$OUT/expert_rows.log"
 fi
 if [[ $stages == *" expert "* ]]; then
   expert=${EXPERT_DATA:-$OUT/expert-data}
