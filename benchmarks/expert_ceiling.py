@@ -1,12 +1,14 @@
 """The expert's ceiling (issue 31): for every task it fuses, its kernel with the fast knobs and with random ones,
-each judged `--repeats` times (fresh inputs, fresh timing), reported per task set, family and knob setting: the
-share of reward >= 2 (faster than eager) and of reward 3 (faster than torch.compile), the geometric-mean speedups,
-the eager and compile baselines, and how often a task's repeated verdicts agree. "best" is each task's best knob
+each judged `--repeats` times (the random ones `--random-repeats` times; fresh inputs, fresh timing), reported per
+task set, family and knob setting: the share of reward >= 2 (faster than eager) and of reward 3 (faster than
+torch.compile), the geometric-mean speedups, the eager and compile baselines, and how often a task's repeated
+verdicts agree. "best" is each task's best knob
 setting of those tried. One JSON line per verdict in `--out`.jsonl (a rerun with the same `--out` and arguments
 judges only what it lacks, so a long run can be done a slice at a time); the table in `--out`.md, over them all.
 
     python3 benchmarks/expert_ceiling.py --data splits/train.jsonl --data splits/held_out.jsonl \\
-        [--backend cuda] [--repeats 3] [--random 1] [--limit N] [--time-limit S] [--out FILE] [--report-only]
+        [--backend cuda] [--repeats 3] [--random 1] [--random-repeats N] [--limit N] [--time-limit S]
+        [--out FILE] [--report-only]
 
 The sets' tasks are judged in turn (one of each set, then the next), so `--time-limit` (then the evaluations not
 started are dropped, those finished reported) leaves every set sampled alike.
@@ -40,9 +42,16 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
+def typical(verdicts: list[dict]) -> dict:
+    """The median of a setting's repeated verdicts, by reward then speedup over compile (one crash of three does
+    not stand for the setting)."""
+    ranked = sorted(verdicts, key=lambda v: (v["reward"], v.get("speedup_vs_compile") or 0.0))
+    return ranked[(len(ranked) - 1) // 2]
+
+
 def summarise(label: str, family: str, knobs: str, verdicts: dict[str, list[dict]]) -> dict:
-    """One table row over tasks: each task's verdicts (its repeats) for one knob setting."""
-    firsts = [v[0] for v in verdicts.values()]
+    """One table row over tasks: each task's verdicts (its repeats) for one knob setting, by their median."""
+    firsts = [typical(v) for v in verdicts.values()]
     return {"set": label, "family": family, "knobs": knobs, "tasks": len(verdicts),
             "reward>=2": sum(v["reward"] >= 2 for v in firsts) / len(firsts),
             "reward 3": sum(v["reward"] >= 3 for v in firsts) / len(firsts),
@@ -84,6 +93,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, action="append", required=True, help="task set (repeatable)")
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--random-repeats", type=int, default=None, help="verdicts per random setting "
+                        "(default: --repeats; 1 saves a third of a ceiling's time at --repeats 3 --random 1)")
     parser.add_argument("--random", type=int, default=1, help="random knob settings per task")
     parser.add_argument("--limit", type=int, default=None, help="tasks per set")
     parser.add_argument("--seed", type=int, default=0)
@@ -113,7 +124,8 @@ def main() -> None:
             for path, text in workspace_files(program, args.backend, knobs).items():
                 (folder / path).parent.mkdir(parents=True, exist_ok=True)
                 (folder / path).write_text(text)
-            jobs += [(data.stem, family, task, name, knobs, folder)] * args.repeats
+            repeats = args.repeats if name == "fast" or args.random_repeats is None else args.random_repeats
+            jobs += [(data.stem, family, task, name, knobs, folder)] * repeats
     lines, deadline = [], time.monotonic() + (args.time_limit or math.inf)
     done: dict[tuple, int] = defaultdict(int)  # (set, task, knobs) -> verdicts judged before
     if args.out and args.out.with_suffix(".jsonl").is_file():
@@ -138,14 +150,17 @@ def main() -> None:
     best: dict[tuple, list[dict]] = {}
     for (label, family, task, knobs), verdicts in runs.items():
         grouped[label, family, "fast" if knobs == "fast" else "random"][f"{task}/{knobs}"] = verdicts
-        score = (verdicts[0]["reward"], verdicts[0].get("speedup_vs_compile") or 0.0)
+        score = (typical(verdicts)["reward"], typical(verdicts).get("speedup_vs_compile") or 0.0)
         current = best.get((label, family, task))
-        if current is None or score > (current[0]["reward"], current[0].get("speedup_vs_compile") or 0.0):
+        if current is None or score > (typical(current)["reward"], typical(current).get("speedup_vs_compile") or 0.0):
             best[label, family, task] = verdicts
     for (label, family, task), verdicts in best.items():  # each task's best setting of those tried
         grouped[label, family, "best"][task] = verdicts
+        grouped[label, "(all)", "best"][task] = verdicts  # the issue's headline: reward 3's share at the best knob
     rows = [summarise(*key, verdicts) for key, verdicts in sorted(grouped.items())]
-    write(args.out, f"The expert's ceiling ({args.backend}, {args.repeats} verdicts per setting)", rows,
+    per = f"{args.repeats} verdicts per setting" if args.random_repeats in (None, args.repeats) else \
+        f"{args.repeats} verdicts of the fast knobs, {args.random_repeats} of each random setting"
+    write(args.out, f"The expert's ceiling ({args.backend}, {per})", rows,
           ["set", "family", "knobs", "tasks", "correct", "reward>=2", "reward 3", "vs eager", "vs compile",
            "eager us", "compile us", "stable"], {"skipped": dict(skipped), "machine": machine(), "args": vars(args)
                                                  | {"data": [str(d) for d in args.data], "out": str(args.out)}})
