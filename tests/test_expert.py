@@ -4,6 +4,7 @@ Environment and cpu judge, read back by rft.export."""
 
 import ctypes
 import hashlib
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -125,6 +126,60 @@ def test_the_cpu_kernel_computes_what_the_task_computes(family, knobs, lib_dir):
                                       *(ctypes.c_int64(v) for v in (15, cols, 37)))
     getattr(lib, f"{NAME}_launcher")(ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(source.data_ptr()),
                                      ctypes.c_int64(15), ctypes.c_int64(cols), params, ctypes.c_int(0))
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+EMULATOR = Path(__file__).parent / "data" / "cuda_on_cpu.h"
+LAUNCH = re.compile(r"(\w+)<<<(.+?), (.+?), 0, stream>>>\((.*?)\);")
+
+
+def emulated(source: str, folder: Path):
+    """A CUDA kernel's source compiled for the CPU with tests/data/cuda_on_cpu.h (one std::thread per CUDA thread)."""
+    source = source.replace("#include <cuda_runtime.h>", f'#include "{EMULATOR}"')
+    lib = folder / f"{hashlib.sha256(source.encode()).hexdigest()[:16]}-emulated.so"
+    if not lib.exists():
+        src = lib.with_suffix(".cpp")
+        src.write_text(LAUNCH.sub(r"emulated_launch(\1, \2, \3, \4);", source))
+        subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", str(src), "-o", str(lib)],
+                       check=True, capture_output=True)
+    return ctypes.CDLL(str(lib))
+
+
+@pytest.mark.parametrize("family, knobs, traced, run", [
+    ("softmax", FAST, "BATCH, 6, 37", (3, 5, 37)),  # registers: 8 lanes a row, one float at a time
+    ("softmax", FAST, "BATCH, 6, 16", (5, 7, 16)),  # registers: 2 lanes a row, 16 rows a warp, float4
+    ("softmax", FAST, "BATCH, 6, 16", (3, 5, 37)),  # rows longer than the kernel holds: the streaming warp kernel
+    ("log_softmax", FAST, "BATCH, 2048", (3, 2048)),  # registers: a block a row
+    ("log_softmax", FAST, "BATCH, 2048", (2, 3000)),  # longer: the streaming block kernel
+    ("layer_norm", FAST, "BATCH, 6, 37", (3, 5, 37)),  # parameters
+    ("mean", FAST, "BATCH, 64", (9, 64)),  # one value per row, kept
+    ("sum_dropped", FAST, "BATCH, 64", (9, 64)),  # one value per row, dropped
+    ("softmax", Knobs(warp_rows=False, reduce="shared", online=False), "BATCH, 6, 37", (3, 5, 37)),
+    ("softmax", SLOW, "BATCH, 6, 37", (3, 5, 37)),
+    ("pointwise", FAST, "BATCH, 6, 37", (3, 5, 37)),
+], ids=["group-of-8", "group-of-2-float4", "fallback-warp", "block", "fallback-block", "layer-norm", "mean",
+        "sum-dropped", "block-shared-two-pass", "slow", "pointwise"])
+def test_the_cuda_kernels_compute_what_the_task_computes_on_an_emulated_gpu(family, knobs, traced, run, lib_dir):
+    """The CUDA kernels themselves (their index arithmetic, register layouts, warp shuffles, block reductions and
+    launch choices) run on the CPU through a small emulator of the CUDA they use, against the task's Model."""
+    from cuda_agent.data.taskfile import load
+
+    source = task(*FAMILIES[family], shape=traced)
+    program = trace(source)
+    torch.manual_seed(0)
+    model = load(source).Model()
+    for p in model.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.randn(*run) * 2
+    expected = model(x).detach()
+    out = torch.full_like(expected, float("nan"))
+    params = Params()
+    for i, (name, _) in enumerate(program.params):
+        params.p[i] = model.get_parameter(name).data_ptr()
+    lib = emulated(kernel_source(program, "cuda", knobs), lib_dir)
+    getattr(lib, f"{NAME}_launcher")(ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(x.data_ptr()),
+                                     ctypes.c_int64(x.numel() // run[-1]), ctypes.c_int64(run[-1]), params,
+                                     ctypes.c_int(0), ctypes.c_void_p(None))
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
