@@ -82,7 +82,8 @@ class Verification:
             verdict.error_vs_fp64 = {"candidate": c, "eager_fp32": e, "ratio": ratio}
             limit = self.cfg.max_error_ratio
             finding = f"error vs fp64 is {ratio:.0f}x fp32 eager's ({c:.2e} vs {e:.2e})"
-            likely = "the candidate likely computes in lower precision (TF32/fp16/bf16)"
+            likely = ("the candidate likely computes in lower precision (TF32/fp16/bf16) or with approximate math "
+                      "(fast-math exp, tanh, division)")
             if limit is not None and ratio > limit and c > 1e-6:
                 reason = f"precision: {finding}, above the limit of {limit:g}x: {likely}"
                 if self.cfg.policy == "kernelbench":  # not KernelBench's rule: what strict would say
