@@ -130,8 +130,13 @@ def main() -> None:
     done: dict[tuple, int] = defaultdict(int)  # (set, task, knobs) -> verdicts judged before
     if args.out and args.out.with_suffix(".jsonl").is_file():
         lines = [json.loads(line) for line in args.out.with_suffix(".jsonl").read_text().splitlines() if line]
+        named = {(job[0], job[2].stem): shapes[job[2]] for job in jobs}  # (set, task) -> its ops and row length
         for line in lines:
             done[line["set"], line["task"], line["knobs"]] += 1
+            now = named.get((line["set"], line["task"]))
+            if "ops" in line and now is not None and (line["ops"], line["cols"]) != (now["ops"], now["cols"]):
+                parser.error(f"{line['set']}/{line['task']} was {line['ops']} on rows of {line['cols']} in --out's "
+                             f"verdicts but is {now['ops']} on rows of {now['cols']} in --data: another task set")
         print(f"resumed: {len(lines)} verdicts judged before", flush=True)
     todo = []
     for job in jobs:
