@@ -148,7 +148,8 @@ def emulated(source: str, folder: Path):
 @pytest.mark.parametrize("family, knobs, traced, run", [
     ("softmax", FAST, "BATCH, 6, 37", (3, 5, 37)),  # registers: 8 lanes a row, one float at a time
     ("softmax", FAST, "BATCH, 6, 16", (5, 7, 16)),  # registers: 2 lanes a row, 16 rows a warp, float4
-    ("softmax", FAST, "BATCH, 6, 16", (3, 5, 37)),  # rows longer than the kernel holds: the streaming warp kernel
+    ("softmax", FAST, "BATCH, 6, 16", (3, 5, 37)),  # rows longer than the kernel holds: the streaming block kernel
+    ("softmax", Knobs(registers=False), "BATCH, 6, 37", (3, 5, 37)),  # the streaming warp kernel
     ("log_softmax", FAST, "BATCH, 2048", (3, 2048)),  # registers: a block a row
     ("log_softmax", FAST, "BATCH, 2048", (2, 3000)),  # longer: the streaming block kernel
     ("layer_norm", FAST, "BATCH, 6, 37", (3, 5, 37)),  # parameters
@@ -157,8 +158,8 @@ def emulated(source: str, folder: Path):
     ("softmax", Knobs(warp_rows=False, reduce="shared", online=False), "BATCH, 6, 37", (3, 5, 37)),
     ("softmax", SLOW, "BATCH, 6, 37", (3, 5, 37)),
     ("pointwise", FAST, "BATCH, 6, 37", (3, 5, 37)),
-], ids=["group-of-8", "group-of-2-float4", "fallback-warp", "block", "fallback-block", "layer-norm", "mean",
-        "sum-dropped", "block-shared-two-pass", "slow", "pointwise"])
+], ids=["group-of-8", "group-of-2-float4", "fallback", "streaming-warp", "block", "fallback-block", "layer-norm",
+        "mean", "sum-dropped", "block-shared-two-pass", "slow", "pointwise"])
 def test_the_cuda_kernels_compute_what_the_task_computes_on_an_emulated_gpu(family, knobs, traced, run, lib_dir):
     """The CUDA kernels themselves (their index arithmetic, register layouts, warp shuffles, block reductions and
     launch choices) run on the CPU through a small emulator of the CUDA they use, against the task's Model."""
@@ -190,7 +191,8 @@ def test_the_cuda_kernels_compile(family, tmp_path):
         src = tmp_path / f"k{i}.cu"
         src.write_text(kernel_source(trace(task(*FAMILIES[family])), "cuda", knobs))
         # rows in registers and short rows within a warp under the fast knobs (chosen at launch by the row's length)
-        assert ("_warp_kernel<<<" in src.read_text()) == (family != "pointwise" and knobs.warp_rows)
+        assert ("_warp_kernel<<<" in src.read_text()) == (family != "pointwise" and knobs.warp_rows
+                                                          and not knobs.registers)
         assert ("_registers_kernel<<<" in src.read_text()) == (family != "pointwise" and knobs.registers)
         done = subprocess.run(["nvcc", "-c", "-O2", "-arch=sm_90", str(src), "-o", str(tmp_path / f"k{i}.o")],
                               capture_output=True, text=True)
