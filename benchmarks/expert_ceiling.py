@@ -22,6 +22,7 @@ import json
 import math
 import random
 import shutil
+import statistics
 import tempfile
 import time
 from collections import defaultdict
@@ -50,8 +51,11 @@ def typical(verdicts: list[dict]) -> dict:
 
 
 def summarise(label: str, family: str, knobs: str, verdicts: dict[str, list[dict]]) -> dict:
-    """One table row over tasks: each task's verdicts (its repeats) for one knob setting, by their median."""
+    """One table row over tasks: each task's verdicts (its repeats) for one knob setting, by their median; "stable"
+    over the tasks judged more than once; "s/verdict" the median wall seconds of one evaluation in the pool."""
     firsts = [typical(v) for v in verdicts.values()]
+    repeated = [v for v in verdicts.values() if len(v) > 1]  # stability: tasks with more than one verdict
+    seconds = [x["seconds"] for v in verdicts.values() for x in v if x.get("seconds")]
     return {"set": label, "family": family, "knobs": knobs, "tasks": len(verdicts),
             "reward>=2": sum(v["reward"] >= 2 for v in firsts) / len(firsts),
             "reward 3": sum(v["reward"] >= 3 for v in firsts) / len(firsts),
@@ -60,7 +64,9 @@ def summarise(label: str, family: str, knobs: str, verdicts: dict[str, list[dict
             "vs compile": geomean([v.get("speedup_vs_compile") for v in firsts]),
             "eager us": geomean([v["times_us"].get("eager") for v in firsts]),
             "compile us": geomean([v["times_us"].get("compile") for v in firsts]),
-            "stable": sum(len({x["reward"] for x in v}) == 1 for v in verdicts.values()) / len(verdicts)}
+            "judged again": len(repeated),
+            "stable": sum(len({x["reward"] for x in v}) == 1 for v in repeated) / len(repeated) if repeated else None,
+            "s/verdict": statistics.median(seconds) if seconds else None}
 
 
 def judge(todo: list[tuple], args, lines: list[dict], total: int, deadline: float, shapes: dict) -> None:
@@ -77,7 +83,8 @@ def judge(todo: list[tuple], args, lines: list[dict], total: int, deadline: floa
                 print(f"time limit: {total - len(lines)} of {total} evaluations not judged (rerun with the "
                       "same --out to go on)", flush=True)
                 break
-            kept = ("reward", "speedup_vs_eager", "speedup_vs_compile", "times_us", "error", "warnings")
+            kept = ("reward", "speedup_vs_eager", "speedup_vs_compile", "times_us", "error", "warnings", "seconds",
+                    "phases_s")
             lines.append({"set": label, "family": family, "task": task.stem, **shapes[task], "knobs": name,
                           "knob_values": asdict(knobs), **{k: verdict.get(k) for k in kept}})
             print(json.dumps(lines[-1]), flush=True)
@@ -165,11 +172,16 @@ def main() -> None:
     rows = [summarise(*key, verdicts) for key, verdicts in sorted(grouped.items())]
     per = f"{args.repeats} verdicts per setting" if args.random_repeats in (None, args.repeats) else \
         f"{args.repeats} verdicts of the fast knobs, {args.random_repeats} of each random setting"
+    phases = defaultdict(list)  # where an evaluation's time went, over the verdicts that say
+    for line in lines:
+        for name, seconds in (line.get("phases_s") or {}).items():
+            phases[name].append(seconds)
     write(args.out, f"The expert's ceiling ({args.backend}, {per})", rows,
           ["set", "family", "knobs", "tasks", "correct", "reward>=2", "reward 3", "vs eager", "vs compile",
-           "eager us", "compile us", "stable"], {"skipped": dict(skipped), "machine": machine(), "args": vars(args)
-                                                 | {"data": [str(d) for d in args.data], "out": str(args.out)}})
-
+           "eager us", "compile us", "judged again", "stable", "s/verdict"],
+          {"skipped": dict(skipped), "machine": machine(),
+           "phases_median_s": {name: statistics.median(v) for name, v in sorted(phases.items())},
+           "args": vars(args) | {"data": [str(d) for d in args.data], "out": str(args.out)}})
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,8 @@
 """Rollout and trainer speed, side by side in one run (issue 31): tokens per second of the batch sampler at
 several batch sizes, stepping the model and with the static decoder, against one sequence at a time (the sampler
-before it), and of a PPO forward+backward in fp32
-and under bf16 autocast; and the gap between the sampler's log-probs and the trainer's recompute of them. A model
-of SmolLM2-135M's config with fresh weights (speed does not depend on the weights), or `--model` an HF folder.
+before it), and of a PPO forward+backward in fp32 and under bf16 autocast (with the model's own RMSNorm and with the
+trainer's fused one); and the gap between the sampler's log-probs and the trainer's recompute of them. A model of
+SmolLM2-135M's config with fresh weights (speed does not depend on the weights), or `--model` an HF folder.
 Prints one JSON line per measurement; `--out` keeps them all. `--profile` adds, per trainer row, the GPU kernels
 that took most of one more (untimed) step, to say where the time goes (attention's kernel, the head, elementwise).
 
@@ -17,6 +17,7 @@ import json
 import sys
 import threading
 import time
+from copy import deepcopy
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cuda_agent.rl.batcher import BatchSampler  # noqa: E402
+from cuda_agent.rl.models import fuse_norms  # noqa: E402
 from cuda_agent.rl.rollout import response_logprob_fn  # noqa: E402
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -167,14 +169,15 @@ def main() -> None:
         for bf16 in (False, True):
             report(what=f"log-prob gap, sampler ({'static' if static else 'model steps'}) vs trainer "
                         f"{'bf16 autocast' if bf16 else 'fp32'}", **logprob_gap(model, sampled, args.device, bf16))
-    for bf16 in (False, True):
+    fused = fuse_norms(deepcopy(model))  # the trainer's models (Actor, Critic) have the fused norms
+    for name, bf16, trained in (("fp32", False, model), ("bf16 autocast, the model's own RMSNorm", True, model),
+                                ("bf16 autocast, fused RMSNorm (the trainer's)", True, fused)):
         try:
-            speed = trainer_step(model, args.train_rows, args.train_length, args.device, bf16, args.profile)
+            speed = trainer_step(trained, args.train_rows, args.train_length, args.device, bf16, args.profile)
         except torch.OutOfMemoryError as exc:
-            model.zero_grad(set_to_none=True)
+            trained.zero_grad(set_to_none=True)
             speed = {"error": str(exc).splitlines()[0]}
-        report(what=f"trainer forward+backward, {'bf16 autocast' if bf16 else 'fp32'}", rows=args.train_rows,
-               length=args.train_length, **speed)
+        report(what=f"trainer forward+backward, {name}", rows=args.train_rows, length=args.train_length, **speed)
     if args.out:
         args.out.write_text(json.dumps({"device": args.device, "rows": rows}, indent=1))
 

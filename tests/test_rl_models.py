@@ -184,3 +184,45 @@ def test_rows_rolled_to_run_without_a_mask_have_the_masked_models_hidden_states(
                          use_cache=False).last_hidden_state
         real = attention.bool()
         assert torch.allclose(got[real], masked[real], atol=1e-5), (got[real] - masked[real]).abs().max()
+
+
+def test_fused_norms_match_the_model_s_own_under_autocast_and_change_nothing_without_it(tiny, tmp_path):
+    """The trainer's RMSNorms run torch's `rms_norm` under autocast (one fused kernel on CUDA): the same numbers
+    and gradients as the model's own norm there; without autocast (fp32, the sampler) bit for bit the model's own;
+    the state dict, a deep copy and `save_pretrained` see a plain model."""
+    from cuda_agent.rl.models import fuse_norms
+
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tiny)
+    fused = Actor.load(tiny).model
+    norms = [m for m in fused.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert len(norms) == 5 and all(type(m).__name__ == "FusedLlamaRMSNorm" for m in norms)
+    assert fuse_norms(fused) is fused and type(norms[0]).__name__ == "FusedLlamaRMSNorm"  # twice: no second wrap
+    torch.manual_seed(1)
+    with torch.no_grad():  # norm weights that are not all ones, the same in both models
+        for mine, theirs in zip(norms, [m for m in plain.modules() if type(m).__name__.endswith("RMSNorm")]):
+            theirs.weight.copy_(mine.weight.copy_(torch.rand_like(mine.weight) + 0.5))
+    ids = torch.tensor([[5, 9, 11, 3, 8, 2, 7, 4]])
+    assert torch.equal(plain(input_ids=ids).logits, fused(input_ids=ids).logits)
+    calls = []
+    original = torch.nn.functional.rms_norm
+    try:
+        torch.nn.functional.rms_norm = lambda *a, **k: calls.append(1) or original(*a, **k)
+        grads = []
+        for model in (plain, fused):
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(input_ids=ids).logits
+            logits.float().logsumexp(-1).sum().backward()
+            grads.append((logits.detach().float(), model.model.norm.weight.grad.clone()))
+    finally:
+        torch.nn.functional.rms_norm = original
+    assert len(calls) == 5  # every norm of the fused model, none of the plain one's
+    assert torch.allclose(grads[0][0], grads[1][0], atol=0.05), (grads[0][0] - grads[1][0]).abs().max()
+    assert torch.allclose(grads[0][1], grads[1][1], rtol=0.05, atol=0.05)
+    assert list(fused.state_dict()) == list(plain.state_dict())
+    from copy import deepcopy
+    assert type(deepcopy(fused).model.norm).__name__ == "FusedLlamaRMSNorm"
+    fused.save_pretrained(tmp_path / "saved")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert type(again.model.norm).__name__ == "LlamaRMSNorm"
+    assert torch.equal(again(input_ids=ids).logits, plain(input_ids=ids).logits)
