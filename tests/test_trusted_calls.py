@@ -298,3 +298,23 @@ def test_the_baseline_callee_dies_with_its_reference_worker(tmp_path):
     while subprocess.os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not subprocess.os.path.exists(f"/proc/{child}")
+
+
+def test_the_freezer_waits_for_the_cpu_clock_to_hold_still_after_the_threads_show_stopped(monkeypatch):
+    """A thread shows `T` before it leaves its CPU, and the kernel books its last slice of CPU time only then: a
+    clock read at once moved later while the process was stopped (an honest kernel failed "ran while stopped" on
+    the H200). `settle` returns once the clock holds still."""
+    from cuda_agent.judge.trusted import freezer as module
+
+    clock = iter([100, 2_000, 3_050, 3_050, 3_050, 3_050])
+    monkeypatch.setattr(module, "thread_states", lambda pid: ["T", "T"])
+    monkeypatch.setattr(module, "process_cpu_ns", lambda pid: next(clock))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        freezer = Freezer([proc.pid])
+        freezer.settle()
+        assert freezer.cpu_ns() == 3_050  # what a later read gives: no CPU time shows up between calls
+    finally:
+        freezer.close()
+        proc.kill()
+        proc.wait()

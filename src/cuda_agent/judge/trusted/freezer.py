@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 STOPPED = ("T", "t")  # stopped, or traced-stopped
+HOLD_S = 0.0002  # a stopped process's CPU clock is final once it holds this long (its threads are off their CPUs)
 
 
 class CandidateGone(RuntimeError):
@@ -148,6 +149,10 @@ class Freezer:
         self.frozen = True
 
     def settle(self) -> None:
+        """Wait until every thread shows stopped and then until their CPU clocks hold still: a thread shows `T` as
+        soon as it takes the stop, before it leaves its CPU, and the kernel adds the time it ran since its last
+        tick (up to a tick, ~4 ms) only when it leaves; a clock read in between moves later, while stopped (the
+        likely cause of the H200's rare "ran while stopped" on honest kernels: 3,050 us in one gap of ~2,700)."""
         deadline = time.monotonic() + self.timeout_s
         for pid in self.pids:
             while True:
@@ -160,6 +165,12 @@ class Freezer:
                 if time.monotonic() > deadline:
                     raise CandidateGone(f"process {pid} did not stop within {self.timeout_s:.0f} s")
                 time.sleep(0.00002)
+        cpu = self.cpu_by_pid()
+        while time.monotonic() < deadline:  # (past it, whatever moves is the candidate's to explain)
+            time.sleep(HOLD_S)
+            cpu, before = self.cpu_by_pid(), cpu
+            if cpu == before:
+                return
 
     def stop(self) -> None:
         self.signal_stop()
