@@ -69,6 +69,20 @@ def summarise(label: str, family: str, knobs: str, verdicts: dict[str, list[dict
             "s/verdict": statistics.median(seconds) if seconds else None}
 
 
+def interleaved(jobs: list[tuple], block: int) -> list[tuple]:
+    """`jobs` (each task's evaluations together) reordered in blocks of `block` tasks: each task's first evaluation,
+    then each one's second... An evaluation holds its task's warm reference worker, so a task's second evaluation
+    right behind its first waits for it in a pool worker (`reference_queued`); a block still ends every task it
+    starts before the next, so a slice cut by --time-limit judges whole tasks."""
+    by_task: dict[tuple, list[tuple]] = defaultdict(list)
+    for job in jobs:
+        by_task[job[0], job[2]].append(job)
+    tasks, out = list(by_task.values()), []
+    for start in range(0, len(tasks), block):
+        out += [job for turn in itertools.zip_longest(*tasks[start:start + block]) for job in turn if job]
+    return out
+
+
 def judge(todo: list[tuple], args, lines: list[dict], total: int, deadline: float, shapes: dict) -> None:
     """Judge `todo` (set, family, task, knobs name, knobs, folder) in a pool, each verdict appended to `lines` and
     to --out's .jsonl as it comes, until `deadline` (time.monotonic). `shapes`: each task's ops and row length."""
@@ -133,6 +147,7 @@ def main() -> None:
                 (folder / path).write_text(text)
             repeats = args.repeats if name == "fast" or args.random_repeats is None else args.random_repeats
             jobs += [(data.stem, family, task, name, knobs, folder)] * repeats
+    jobs = interleaved(jobs, 2 * (args.workers or 16))
     lines, deadline = [], time.monotonic() + (args.time_limit or math.inf)
     done: dict[tuple, int] = defaultdict(int)  # (set, task, knobs) -> verdicts judged before
     if args.out and args.out.with_suffix(".jsonl").is_file():
