@@ -39,7 +39,7 @@ def start(request: dict[str, Any], read_limit: int, calls: type[Calls] = Calls) 
     with theirs:
         proc = subprocess.Popen([sys.executable, "-m", __spec__.name,
                                  json.dumps({**request, "fd": theirs.fileno(), "parent": os.getpid()})],
-                                pass_fds=[theirs.fileno()])
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)  # (not the worker's commands)
     atexit.register(proc.kill)  # (and it dies with this process in any case: `die_with`)
     ours.settimeout(READY_TIMEOUT_S)
     try:

@@ -316,7 +316,11 @@ def run_worker(start: Callable[[dict, Channel], dict[str, Handler]], fallback_ev
         while True:
             cmd = chan.receive()
             handler = handlers.get(cmd.get("command", ""))
-            if handler is None:
+            if handler is None:  # "exit" (the judge closed its end), or a message that is not a command
+                if cmd != {"command": "exit"}:
+                    print(f"worker ends: not a command: {str(cmd)[:300]}", file=sys.stderr, flush=True)
+                else:
+                    print("worker ends: its command pipe was closed", file=sys.stderr, flush=True)
                 return
             began = time.perf_counter()
             event, payload = handler(cmd)
