@@ -119,7 +119,7 @@ if [[ $stages == *" expert "* ]]; then
   if [[ -n ${CEILING_FROM:-} ]]; then cp "$CEILING_FROM" "$OUT/ceiling.jsonl"; fi
   python3 benchmarks/expert_ceiling.py --data "$expert/splits/train.jsonl" --data "$expert/splits/held_out.jsonl" \
     --backend cuda ${CEILING_ARGS:---repeats 1 --random 1 --limit 150} --time-limit "${CEILING_LIMIT:-300}" \
-    --out "$OUT/ceiling" > "$OUT/ceiling.log" 2>&1 || status=1
+    --out "$OUT/ceiling.json" > "$OUT/ceiling.log" 2>&1 || status=1
   cat "$OUT/ceiling.md" 2>/dev/null || tail -5 "$OUT/ceiling.log"
 fi
 if [[ $stages == *" suite "* && -n "${KERNELBENCH:-}" ]]; then
