@@ -2,7 +2,7 @@
 # One seed of one arm of `train recipe` on the device machine, with SmolLM2-135M-Instruct's real weights carried in
 # as the packaged GGUF in two parts (the device machine takes 64 MiB a call and cannot download): call 1 carries
 # SMOL/gguf.part00 and `stash`es it; call 2 carries SMOL/gguf.part01 and the gguf wheel and `run`s: the parts
-# joined and checked, the model converted, the recipe run on the H200 task set (docs/data/expert_tasks_h200) cut
+# joined and checked, the model converted, the recipe run on the H200 task set (docs/data/expert_tasks_h200_long) cut
 # to TRAIN_TASKS and HELD_TASKS tasks, within TIME_LIMIT seconds (then it stops at a step boundary; recipe.json says
 # where; a finished expert step of another run on the machine is reused; give the device call TIME_LIMIT + GRACE +
 # about 60 s for the packing). What comes back (under $OUT): run.tar.gz, the run folder's small files in its layout (recipe.json, every
@@ -12,9 +12,10 @@
 # Usage: scripts/recipe_h200.sh stash|run   (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48
 #        HELD_TASKS=32 LORA_RANK=8 ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=60 BACKEND=cuda RECIPE_ARGS="..." in the
 #        environment;
-#        RECIPE_ARGS replaces the sizes below (a turn of 3,584 tokens holds the expert's first turn on 95% of the
-#        H200 tasks: 150 tokens less and SFT teaches replies that are cut mid-call); BACKEND=cpu with DATA=a small
-#        cpu-built split folder: a smoke test)
+#        RECIPE_ARGS replaces the sizes below (a turn of 4,096 tokens holds the expert's first turn on the
+#        long-row set's pointwise tasks (1,630 at the median) and on 95% of its rows tasks (3,218 median, 3,965
+#        p95, 4,349 max; docs/training.md): a shorter one and SFT teaches replies cut mid-call); BACKEND=cpu with
+#        DATA=a small cpu-built split folder: a smoke test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 smol=${SMOL:-.smol}
@@ -36,7 +37,7 @@ case "${1:-}" in
                                                                  exit 1; }
     [[ -f $keep/model/config.json ]] || python3 -m cuda_agent model convert "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" \
       --out "$keep/model"
-    data=${DATA:-docs/data/expert_tasks_h200/splits}
+    data=${DATA:-docs/data/expert_tasks_h200_long/splits}
     head -n "${TRAIN_TASKS:-48}" "$data/train.jsonl" > "$keep/train.jsonl"
     head -n "${HELD_TASKS:-32}" "$data/held_out.jsonl" > "$keep/held_out.jsonl"
     run=$keep/run-${ARM:-full}-${SEED:-0}
@@ -59,7 +60,7 @@ case "${1:-}" in
       --seed "${SEED:-0}" \
       --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --actor-lr "${ACTOR_LR:-1e-4}" \
       --sft-lr "${SFT_LR:-1e-3}" --sft-steps "${SFT_STEPS:-60}" \
-      ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 3584 \
+      ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 4096 \
       --controls expert,best_of_k} > "$OUT/recipe.log" 2>&1 || status=$?
     tail -25 "$OUT/recipe.log"
     # what comes back (a file only under 16 MiB and at most two folders deep): run.tar.gz, the run folder's small
