@@ -1,11 +1,11 @@
 """Filter: each rule a named check with its threshold, run on one task's source in a worker process.
 
-`check_task` runs the execution rules (eager and torch.compile agree, deterministic, not degenerate, runtime in
-the window, after scaling the batch toward the window); the similarity rules need the whole dataset and run in
-the builder (`build.py`). Every result carries the measured value and the threshold, so the export says why a
-task was kept or rejected. Runtimes come from the judge's own timing loop (on CUDA: device time of every stream,
-L2 flushed), so the window holds for the eager time the judge will measure; model-written tasks run in the judge's
-sandboxed worker process and answer on its private channel.
+`check_task` runs the execution rules (eager and torch.compile agree, deterministic, not degenerate, well
+conditioned, runtime in the window, after scaling the batch toward the window); the similarity rules need the
+whole dataset and run in the builder (`build.py`). Every result carries the measured value and the threshold, so
+the export says why a task was kept or rejected. Runtimes come from the judge's own timing loop (on CUDA: device
+time of every stream, L2 flushed), so the window holds for the eager time the judge will measure; model-written
+tasks run in the judge's sandboxed worker process and answer on its private channel.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..backend import Backend, get_backend
+from ..judge.config import JudgeConfig
 from ..judge.wire.timing import time_callable
 from .taskfile import load, with_batch
 
@@ -35,6 +36,8 @@ class FilterConfig:
     max_input_elements: int = 1 << 28  # BATCH is never scaled beyond this many input elements
     scaling_rounds: int = 4  # measure, rescale BATCH, measure again, at most this many times
     memory_budget_gb: float = 8.0  # cuda: this process's share of the GPU (workers share one GPU); BATCH fits a third
+    atol: float = JudgeConfig.atol  # the judge's tolerance: float32 eager must be within it of float64 everywhere
+    rtol: float = JudgeConfig.rtol
 
 
 @dataclass
@@ -110,6 +113,27 @@ def _moments(t: torch.Tensor) -> tuple[float, float]:
     return mean, (sq / (n - 1)) ** 0.5 if n > 1 else 0.0
 
 
+def _rounding_jumps(model: torch.nn.Module, inputs: list, out: torch.Tensor, cfg: FilterConfig) -> tuple[int, str]:
+    """Elements of the float32 output further from the float64 model's (same weights, same inputs) than the judge's
+    tolerance: a threshold after rounding-sensitive math (hardshrink of a mish) lands on the other side of its step
+    for some inputs, and then an exact kernel fails the judge as often as a fast-math one. (0, why) where float64
+    cannot run it."""
+    try:
+        wide = copy.deepcopy(model).double()
+        with torch.no_grad():
+            ref = wide(*[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs])
+    except (RuntimeError, TypeError, NotImplementedError) as exc:  # no float64 kernel, or no room for it
+        return 0, f"not checked: float64 did not run ({type(exc).__name__}: {str(exc)[:120]})"
+    if not isinstance(ref, torch.Tensor) or ref.shape != out.shape:
+        return 0, "not checked: float64 gave another output"
+    a, b = out.reshape(-1), ref.reshape(-1)
+    outside = sum(int(((a[i:i + CHUNK].double() - b[i:i + CHUNK]).abs() > cfg.atol + cfg.rtol * b[i:i + CHUNK].abs())
+                      .sum()) for i in range(0, b.numel(), CHUNK))
+    return outside, (f"{outside} of {b.numel()} float32 output elements differ from float64 by more than the judge's "
+                     f"tolerance (atol={cfg.atol}, rtol={cfg.rtol}): the output jumps under rounding" if outside
+                     else "float32 within the judge's tolerance of float64 everywhere")
+
+
 def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     """The model with every parameter moved by noise (constant-initialised ones, e.g. norm weights, too)."""
     other = copy.deepcopy(model)
@@ -181,7 +205,7 @@ def check_task(source: str, cfg: FilterConfig) -> TaskResult:
     try:
         _later_checks(result, module, model, inputs, out, cfg, backend)
     except Exception as exc:  # e.g. out of memory holding several outputs: rejected by the check that ran
-        stage = ["deterministic", "not_degenerate", "runs_in_compile"][len(checks) - 2]
+        stage = ["deterministic", "not_degenerate", "well_conditioned", "runs_in_compile"][len(checks) - 2]
         checks.append(Check(stage, False, detail=f"{type(exc).__name__}: {str(exc)[:200]}"))
     return result
 
@@ -229,6 +253,11 @@ def _later_checks(result: TaskResult, module, model, inputs, out, cfg: FilterCon
                                                           "change_weights": d_weights},
                         {"min_scale": cfg.min_output_scale, "min_change": cfg.min_change}, "; ".join(problems)))
     if problems:
+        return
+
+    outside, detail = _rounding_jumps(model, inputs, out, cfg)
+    checks.append(Check("well_conditioned", outside == 0, outside, 0, detail))
+    if outside:
         return
 
     if cfg.check_compile:
