@@ -237,25 +237,32 @@ def test_segfault_is_a_failure_verdict_and_the_judge_survives(cpu_judge, make_wo
     assert_judge_still_works(cpu_judge, CANDIDATES / "affine_relu_ok")
 
 
-def test_a_candidate_process_killed_by_a_signal_once_is_judged_again(cpu_judge, monkeypatch):
-    """torch's profiler has crashed now and then on exit in the candidate's process with correct kernels: a signal
-    gets a second evaluation in a fresh process, and the verdict says so."""
+@pytest.mark.parametrize("first_error, warning", [
+    ("candidate process crashed with SIGSEGV (segmentation fault): in __exit__",
+     "judged twice: the first process crashed with SIGSEGV (segmentation fault): in __exit__"),
+    ("evaluation aborted: reference affine_relu.py: the reference worker exited with code 0",
+     "judged twice: the first evaluation aborted: reference affine_relu.py: the reference worker exited with code 0"),
+])
+def test_a_candidate_killed_by_a_signal_or_a_reference_failure_once_is_judged_again(cpu_judge, monkeypatch,
+                                                                                     first_error, warning):
+    """torch's profiler has crashed now and then on exit in the candidate's process with correct kernels, and a
+    reference worker has ended mid-evaluation (5 of 229 verdicts on the H200): either gets a second evaluation in
+    fresh processes, and the verdict says so."""
     from cuda_agent.judge import judge as judge_module
 
     runs, real = [], judge_module.Evaluation.run
 
-    def crashes_first(evaluation):
+    def fails_first(evaluation):
         runs.append(evaluation.verdict)
         if len(runs) == 1:
-            evaluation.verdict.error = "candidate process crashed with SIGSEGV (segmentation fault): in __exit__"
+            evaluation.verdict.error = first_error
             return
         real(evaluation)
 
-    monkeypatch.setattr(judge_module.Evaluation, "run", crashes_first)
+    monkeypatch.setattr(judge_module.Evaluation, "run", fails_first)
     verdict = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
     assert len(runs) == 2 and verdict.correct and verdict.reward >= 1, verdict.error
-    assert verdict.warnings[-1] == ("judged twice: the first process crashed with SIGSEGV (segmentation fault): "
-                                    "in __exit__")
+    assert verdict.warnings[-1] == warning
 
 
 def test_hang_is_killed_at_the_timeout(cache_dir, make_workspace):

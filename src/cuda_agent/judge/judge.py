@@ -43,6 +43,7 @@ from .verdict import Verdict
 from .wire.process import WorkerProcess
 
 CRASHED = "candidate process crashed with "  # how a verdict's error begins when a signal killed the candidate
+ABORTED = "evaluation aborted: "  # ... when the task's reference worker failed during the evaluation
 
 
 def compile_threads(workers: int) -> int:
@@ -111,14 +112,17 @@ class Judge:
         reference is this evaluation's to the verdict (other evaluations on this judge wait; idle warm reference
         workers are stopped first). A candidate whose process is killed by a signal is judged once more in a fresh
         process (torch's profiler, which the op audit runs in that process, has crashed now and then on exit with
-        correct kernels: measured in docs/judge.md); the verdict says so in `warnings`, and a second crash fails it."""
+        correct kernels: measured in docs/judge.md), and so is one whose evaluation the reference worker's failure
+        aborted (with a fresh reference worker: 5 of 229 verdicts on the H200 once); the verdict says so in
+        `warnings`, and a second failure of either kind stands."""
         task = reference if isinstance(reference, Task) else load_task(reference)
         cand = candidate if isinstance(candidate, Candidate) else load_candidate(candidate)
         first = self._evaluate_once(task, cand, alone)
-        if not (first.error or "").startswith(CRASHED):
+        if not (first.error or "").startswith((CRASHED, ABORTED)):
             return first
         verdict = self._evaluate_once(task, cand, alone)
-        verdict.warnings.append(f"judged twice: the first {first.error.splitlines()[0][len('candidate '):][:300]}")
+        why = first.error.splitlines()[0].removeprefix("candidate ")
+        verdict.warnings.append(f"judged twice: the first {why[:300]}")
         verdict.seconds = round(verdict.seconds + first.seconds, 3)
         return verdict
 
