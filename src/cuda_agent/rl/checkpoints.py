@@ -69,6 +69,38 @@ def save(trainer: PPOTrainer, out: Path, tokenizer, extra: dict, *, keep: int, o
     return folder
 
 
+def rebuild(out: Path, start: Path, root: Path, supervised: bool, log: Callable[[str], None] = print) -> None:
+    """A finished stage folder brought from another machine with its adapters only (full weights do not travel):
+    link `checkpoint` to its newest step folder, merge the actor from its adapter chain on `root` (the tokenizer:
+    root's, which training never changes) and, with `supervised` (a stage that never trains the critic, whose
+    critic is needed), the critic it started with: the one beside `start`, else one started from `start` (as
+    `stages.run_stage` does). A critic that trained (value, PPO) cannot be rebuilt: what needs it says so
+    (stages.critic_beside). Nothing to do: no change."""
+    from transformers import AutoTokenizer
+
+    from .lora import merged_model
+    from .models import Critic
+    from .stages import critic_beside
+
+    out = Path(out)
+    folders = _step_folders(out)
+    if not folders:
+        return
+    if not (out / LINK).exists():
+        (out / LINK).symlink_to(folders[-1].name)
+    actor, critic = out / LINK / "actor", out / LINK / "critic"
+    if not (actor / "config.json").is_file():
+        if not (actor / "adapter").is_dir():
+            raise FileNotFoundError(f"{actor} holds neither the actor's weights nor a LoRA adapter to rebuild them: "
+                                    f"delete {out} and the steps after it to train it again")
+        log(f"{out.name}: the actor's weights merged from its adapter on {root}")
+        merged_model(actor / "adapter", root).save_pretrained(actor)
+        AutoTokenizer.from_pretrained(root).save_pretrained(actor)
+    if supervised and not (critic / "config.json").is_file():
+        log(f"{out.name}: the critic it kept unchanged, rebuilt")
+        Critic.load(critic_beside(Path(start))).save(critic)
+
+
 def _disk_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 

@@ -15,7 +15,7 @@ from ..agent.tools import schemas
 from .algorithm import explained_variance
 from .models import Critic
 from .rft import read_trajectory
-from .stages import conversation_ids
+from .stages import conversation_ids, critic_beside
 from .tokens import TurnTokenizer
 
 
@@ -24,7 +24,7 @@ def critic_explained_variance(checkpoint: Path, run_dirs: list[Path], compact: b
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint / "actor")
-    critic = Critic.load(checkpoint / "critic", device).eval()
+    critic = Critic.load(critic_beside(checkpoint / "actor"), device).eval()  # (none: says why)
     turns = TurnTokenizer(tokenizer, schemas(compact), tool_format="text")
     values, returns, masks, rewards = [], [], [], []
     for run in run_dirs:

@@ -16,7 +16,6 @@ command continues.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -30,7 +29,9 @@ from .critic_check import critic_explained_variance
 from .evaluation import evaluate, local_player
 from .expert.episodes import SHAPES, play_expert
 from .scores import EpisodeRecord, paired_difference, summary
+from .recipe_steps import Steps
 from .stages import run_stage
+from .step_keys import key, model_key, stage_settings, tasks_key
 
 ARMS = ("full", "paper", "no_value", "speedup", "no_rft", "single_turn")
 
@@ -78,60 +79,61 @@ class RecipeConfig:
 class Recipe:
     def __init__(self, config: RecipeConfig, base: Path, train: list[Path], held_out: list[Path], out: Path,
                  pool: JudgePool, device: str, log: Callable[[str], None] = print,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, reuse: list[Path] = ()):
+        """`reuse`: run folders (e.g. other arms of this seed) whose steps of the same key are linked, not run."""
         self.config, self.base, self.train, self.held_out = config, Path(base), train, held_out
         self.out, self.pool, self.device, self.log = Path(out), pool, device, log
         self.evals: dict[str, list[EpisodeRecord]] = {}
         self.notes: dict[str, str] = {}  # what a control could not do
-        self.clock = clock
-        self.deadline = clock() + (config.time_limit_s if config.time_limit_s is not None else math.inf)
-
-    def _out_of_time(self) -> bool:
-        return self.clock() > self.deadline
-
-    def _left(self, name: str) -> float:
-        """Seconds left for step `name`; TimeoutError when none are."""
-        left = self.deadline - self.clock()
-        if left <= 0:
-            raise TimeoutError(f"time limit reached before {name}")
-        return left
-
-    def _step(self, name: str, run: Callable[[Path], dict]) -> dict:
-        folder = self.out / name
-        done = folder / "done.json"
-        if done.is_file():
-            self.log(f"recipe: {name} done before")
-            return json.loads(done.read_text())
-        self._left(name)
-        self.log(f"recipe: {name}")
-        result = run(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        done.write_text(json.dumps(result, indent=2, default=str))
-        return result
+        self.steps = Steps(self.out, reuse, config.time_limit_s, log, clock)
+        self.judge = f"{pool.backend.name}/{pool.config.policy}"  # (what judged the episodes)
+        self.train_key, self.held_key = tasks_key(train), tasks_key(held_out)
+        self.model_keys = {self.base: model_key(self.base)}  # a model folder -> what made it (the base: its content)
+        self.episodes: dict[str, list[str]] = {}  # a step -> the run folders of its episodes
+        self.episode_keys: dict[str, str] = {}
+        self.made: dict[Path, tuple] = {}  # a stage's actor -> (its folder, what it started from, supervised)
 
     def _evaluate(self, name: str, model: Path, samples: int | None = None) -> dict:
         config = replace(self.config.eval, seed=self.config.seed, samples=samples or self.config.eval.samples)
 
         def run(folder: Path) -> dict:
-            player = local_player(model, config, self.pool, self.device, log=self.log, out_of_time=self._out_of_time)
+            self._ready(model)
+            player = local_player(model, config, self.pool, self.device, log=self.log,
+                                  out_of_time=self.steps.out_of_time)
             return evaluate(self.held_out, folder, config, player, {"model": str(model), "stage": name}, self.log,
-                            self._out_of_time)["summary"]
-        summary = self._step(f"eval_{name}", run)
+                            self.steps.out_of_time)["summary"]
+        summary = self.steps.run(f"eval_{name}", key(f"eval_{name}", model=self.model_keys[model], eval=config,
+                                                       tasks=self.held_key, judge=self.judge), run)
         self.evals[name] = [EpisodeRecord(**json.loads(line)) for line in
                             (self.out / f"eval_{name}" / "episodes.jsonl").read_text().splitlines()]
-        return summary
+        return {k: v for k, v in summary.items() if k != "key"}
 
-    def _stage(self, name: str, config: StageConfig, model: Path, runs: list[Path] | None = None) -> Path:
+    def _stage(self, name: str, config: StageConfig, model: Path, runs: tuple[str, ...] = ()) -> Path:
+        """Stage `name` from `model` (`runs`: the steps whose episodes it trains on); its output actor."""
         def run(folder: Path) -> dict:
-            timed = replace(config, time_limit_s=self._left(name))
+            self._ready(model, critic=True)
+            timed = replace(config, time_limit_s=self.steps.left(name))
             history = run_stage(timed, model, self.train, folder, self.pool if config.stage != "rft" else None,
-                                self.device, runs, self.log)
+                                self.device, [Path(r) for step in runs for r in self.episodes[step]], self.log)
             reached = checkpoints.step_of(checkpoints.latest(folder))
             if reached < config.steps:  # stopped by the time limit, checkpointed: not done
                 raise TimeoutError(f"time limit reached in {name} after step {reached} of {config.steps}")
             return {"last": history[-1] if history else None, "steps": config.steps}
-        self._step(name, run)
-        return self.out / name / "checkpoint" / "actor"
+        step_key = key(name, model=self.model_keys[model], stage=stage_settings(config), tasks=self.train_key,
+                       runs=[self.episode_keys[step] for step in runs], judge=self.judge)
+        self.steps.run(name, step_key, run)
+        actor = self.out / name / "checkpoint" / "actor"
+        self.model_keys[actor], self.made[actor] = step_key, (self.out / name, model, config.stage == "rft")
+        return actor
+
+    def _ready(self, model: Path, critic: bool = False) -> None:
+        """A stage's output about to be used (`critic`: by a stage, which starts from the critic beside it too):
+        its weights rebuilt when its folder came from another machine (checkpoints.rebuild)."""
+        if model in self.made:
+            folder, start, supervised = self.made[model]
+            if critic and supervised:  # (an adapter chain rebuilds without the merged models before it)
+                self._ready(start, critic=True)
+            checkpoints.rebuild(folder, start, self.base, critic and supervised, self.log)
 
     def run(self) -> dict:
         """The arm's steps, then the controls; `recipe.json` (also when the time limit stops it: `stopped` says
@@ -151,23 +153,28 @@ class Recipe:
         heldout["base"] = self._evaluate("base", self.base)
         model = self.base
         if arm != "no_rft":
-            expert = self._step("expert", lambda folder: {"episodes": [asdict(e) for e in play_expert(
-                self.pool, self.train, folder, cfg.expert_shapes, parallel=self.pool.workers, log=self.log,
-                compact=cfg.stage.compact, out_of_time=self._out_of_time)[0]]})
-            expert_runs = [Path(e["run_dir"]) for e in expert["episodes"]]
-            model = self._stage("sft", cfg.stage_config("rft", cfg.sft_steps, cfg.sft_batch), model, expert_runs)
+            expert = self.steps.run("expert", key("expert", tasks=self.train_key, shapes=cfg.expert_shapes,
+                                                  compact=cfg.stage.compact, judge=self.judge),
+                                    lambda folder: {"runs": [e.run_dir for e in play_expert(
+                                        self.pool, self.train, folder, cfg.expert_shapes, parallel=self.pool.workers,
+                                        log=self.log, compact=cfg.stage.compact,
+                                        out_of_time=self.steps.out_of_time)[0]]})
+            self.episodes["expert"], self.episode_keys["expert"] = expert["runs"], expert["key"]
+            model = self._stage("sft", cfg.stage_config("rft", cfg.sft_steps, cfg.sft_batch), model, ("expert",))
             heldout["sft"] = self._evaluate("sft", model)
-            samples = self._step("rft_samples", lambda folder: {"runs": self._sample(model, folder, cfg.rft_samples,
-                                                                                     1)})
+            self._sample("rft_samples", model, cfg.rft_samples, 1)
             model = self._stage("rft", cfg.stage_config("rft", cfg.rft_steps, cfg.sft_batch), model,
-                                expert_runs + [Path(r) for r in samples["runs"]])
+                                ("expert", "rft_samples"))
             heldout["rft"] = self._evaluate("rft", model)
         critic = None
         if arm != "no_value":
             model = self._stage("value", cfg.stage_config("value", cfg.value_steps), model)
-            held = self.evals["rft" if "rft" in self.evals else "base"]  # the value stage's policy's held-out episodes
-            critic = self._step("value_check", lambda folder: critic_explained_variance(
-                model.parent, [Path(r.run_dir) for r in held], cfg.stage.compact, self.device))
+            held = "rft" if "rft" in self.evals else "base"  # the value stage's policy's held-out episodes
+            check = key("value_check", critic=self.model_keys[model], episodes=self.steps_key(f"eval_{held}"))
+            critic = self.steps.run("value_check", check, lambda folder: self._ready(model) or
+                                    critic_explained_variance(model.parent, [Path(r.run_dir) for r in self.evals[held]],
+                                                              cfg.stage.compact, self.device))
+            critic = {k: v for k, v in critic.items() if k != "key"}
         start = model  # what PPO starts from: the controls start there too
         ppo_stage = "warmup" if arm == "single_turn" else "agentic"
         model = self._stage("ppo", cfg.stage_config(ppo_stage, cfg.ppo_steps), model)
@@ -182,6 +189,10 @@ class Recipe:
                 "controls": {name: summary(records, boot, cfg.seed) for name, records in controls.items()},
                 "notes": self.notes, "config": asdict(cfg)}
 
+    def steps_key(self, name: str) -> str:
+        """The key of a step done in this run (its done.json's)."""
+        return json.loads((self.out / name / "done.json").read_text())["key"]
+
     def _controls(self, start: Path) -> dict[str, list[EpisodeRecord]]:
         """Each control's held-out records (one per task for the best-of rows); controls.py says what each is."""
         cfg, out = self.config, {}
@@ -190,35 +201,40 @@ class Recipe:
             self._evaluate(f"best_of_{k}", start, samples=k)
             out["best_of_k"] = best_of(self.evals[f"best_of_{k}"])
         if "filter_finetune" in cfg.controls:
-            samples = self._step("fft_samples", lambda folder: {"runs": self._sample(start, folder, k, 2),
-                                                                "kept": rft.export(
-                                                                    [Path(r) for r in self._runs(folder)],
-                                                                    folder / "rft", rft.RFTFilter())["kept"]})
+            samples = self._sample("fft_samples", start, k, 2, keep=True)
+            runs, kept = samples["runs"], samples["kept"]
             tuned = start
-            if samples["kept"]:
+            if kept:
                 tuned = self._stage("fft", cfg.stage_config("rft", cfg.rft_steps, cfg.sft_batch), start,
-                                    [Path(r) for r in samples["runs"]])
+                                    ("fft_samples",))
             else:  # no episode of its own passes the filter: nothing to fine-tune on
-                self.notes["filter_finetune"] = (f"none of its {len(samples['runs'])} episodes passes the RFT "
-                                                 "filter: its row is the start model's")
+                self.notes["filter_finetune"] = (f"none of its {len(runs)} episodes passes the RFT filter: its row "
+                                                 "is the start model's")
                 self.log(f"recipe: filter-and-fine-tune: {self.notes['filter_finetune']}")
             self._evaluate("fft", tuned)
             out["filter_finetune"] = self.evals["fft"]
         if "expert" in cfg.controls:
-            rows = self._step("expert_heldout", lambda folder: {name: [asdict(r) for r in records] for name, records
-                                                                in expert_records(self.pool, self.held_out, folder,
-                                                                                  cfg.seed).items()})
-            out.update({name: [EpisodeRecord(**r) for r in records] for name, records in rows.items()})
+            rows = self.steps.run(
+                "expert_heldout", key("expert_heldout", tasks=self.held_key, seed=cfg.seed, judge=self.judge),
+                lambda folder: {name: [asdict(r) for r in records] for name, records
+                                in expert_records(self.pool, self.held_out, folder, cfg.seed).items()})
+            out.update({name: [EpisodeRecord(**r) for r in records] for name, records in rows.items() if name != "key"})
         return out
 
-    def _sample(self, model: Path, folder: Path, samples: int, offset: int) -> list[str]:
-        """The model's own episodes on the train tasks (RFT's candidates: the filter keeps the positive ones)."""
+    def _sample(self, name: str, model: Path, samples: int, offset: int, keep: bool = False) -> dict:
+        """The model's own episodes on the train tasks (`runs`; with `keep`, how many the RFT filter keeps)."""
         config = replace(self.config.eval, samples=samples, seed=self.config.seed + offset)
-        evaluate(self.train, folder, config, local_player(model, config, self.pool, self.device, log=self.log,
-                                                          out_of_time=self._out_of_time),
-                 {"model": str(model), "stage": folder.name}, self.log, self._out_of_time)
-        return self._runs(folder)
 
-    @staticmethod
-    def _runs(folder: Path) -> list[str]:
-        return [json.loads(line)["run_dir"] for line in (folder / "episodes.jsonl").read_text().splitlines()]
+        def run(folder: Path) -> dict:
+            self._ready(model)
+            evaluate(self.train, folder, config, local_player(model, config, self.pool, self.device, log=self.log,
+                                                              out_of_time=self.steps.out_of_time),
+                     {"model": str(model), "stage": folder.name}, self.log, self.steps.out_of_time)
+            runs = [json.loads(line)["run_dir"] for line in (folder / "episodes.jsonl").read_text().splitlines()]
+            if not keep:
+                return {"runs": runs}
+            return {"runs": runs, "kept": rft.export([Path(r) for r in runs], folder / "rft", rft.RFTFilter())["kept"]}
+        result = self.steps.run(name, key(name, model=self.model_keys[model], eval=config, tasks=self.train_key,
+                                          judge=self.judge), run)
+        self.episodes[name], self.episode_keys[name] = result["runs"], result["key"]
+        return result

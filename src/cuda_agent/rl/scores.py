@@ -9,6 +9,7 @@ import random
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 METRICS = ("pass_rate", "share_2", "share_3", "mean_reward")  # the ones with intervals
 
@@ -26,11 +27,17 @@ class EpisodeRecord:
     run_dir: str
 
 
+def task_name(task: str) -> str:
+    """A task as two evaluations of it agree on: its file and folder names (an export's tasks are written into each
+    run folder anew, so two runs' paths differ: `.../run-a/tasks/held/row3.py` is `held/row3.py`)."""
+    return "/".join(Path(task).parts[-2:])
+
+
 def per_task(records: list[EpisodeRecord]) -> dict[str, dict[str, float]]:
     """Each task's means over its episodes."""
     tasks: dict[str, list[EpisodeRecord]] = defaultdict(list)
     for r in records:
-        tasks[r.task].append(r)
+        tasks[task_name(r.task)].append(r)
     return {task: {"pass_rate": statistics.fmean(r.reward >= 1 for r in rs),
                    "share_2": statistics.fmean(r.reward >= 2 for r in rs),
                    "share_3": statistics.fmean(r.reward >= 3 for r in rs),

@@ -55,7 +55,7 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     resuming = checkpoint is not None
     lora = config.train.lora_rank > 0  # the actor resumes as its start model and the adapter trained on it
     actor_dir = checkpoint / "actor" if resuming and not lora else Path(model)
-    critic_dir = checkpoint / "critic" if resuming else _critic_beside(Path(model))
+    critic_dir = checkpoint / "critic" if resuming else critic_beside(Path(model))
     tokenizer = AutoTokenizer.from_pretrained(actor_dir)
     actor, critic = Actor.load(actor_dir, device), Critic.load(critic_dir, device)
     if not resuming:  # what draws from torch's generator (LoRA's initial updates, minibatch order) follows the seed
@@ -95,10 +95,18 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
                      state=lambda: {"generator": generator.get_state(), "rng": rng.getstate()})
 
 
-def _critic_beside(model: Path) -> Path:
-    """A previous stage's checkpoint keeps the critic beside the actor; a plain model starts one from itself."""
+def critic_beside(model: Path) -> Path:
+    """A previous stage's checkpoint keeps the critic beside the actor; a plain model starts one from itself. A
+    checkpoint without its critic (brought from another machine: a trained critic's weights do not travel) is an
+    error, not a fresh critic."""
     critic = model.parent / "critic"
-    return critic if model.name == "actor" and (critic / "value_head.pt").is_file() else model
+    if model.name == "actor" and (critic / "value_head.pt").is_file():
+        return critic
+    if model.name == "actor" and (model.parent / "trainer.pt").is_file() or (model / "adapter").is_dir():
+        stage = model.resolve().parent.parent
+        raise FileNotFoundError(f"{critic} is missing: the critic {stage.name} trained did not come with its "
+                                f"checkpoint; delete {stage} and the steps after it to train it again")
+    return model
 
 
 def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, pool: JudgePool, tasks: list[Path],

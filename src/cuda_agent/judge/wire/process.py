@@ -309,8 +309,11 @@ def run_worker(start: Callable[[dict, Channel], dict[str, Handler]], fallback_ev
         if request.get("spare"):
             if prepare:
                 prepare(request)
-            request = chan.receive().get("request")
-            if request is None:  # the judge closed without using it
+            first = chan.receive()
+            request = first.get("request")
+            if request is None:  # the judge closed without using it (or sent something else: say what)
+                print(f"worker ends: a spare's first message was not its request: {str(first)[:300]}",
+                      file=sys.stderr, flush=True)
                 return
         handlers = start(request, chan)
         while True:
