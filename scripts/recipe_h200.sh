@@ -4,7 +4,8 @@
 # SMOL/gguf.part00 and `stash`es it; call 2 carries SMOL/gguf.part01 and the gguf wheel and `run`s: the parts
 # joined and checked, the model converted, the recipe run on the H200 task set (docs/data/expert_tasks_h200_long) cut
 # to TRAIN_TASKS and HELD_TASKS tasks, within TIME_LIMIT seconds (then it stops at a step boundary; recipe.json says
-# where; give the device call TIME_LIMIT + GRACE + about 60 s for the packing). Other runs on the machine (other
+# where; give the device call TIME_LIMIT + GRACE + about 60 s for the packing; a longer run is several `run` calls of
+# one warm machine, each going on where the last stopped and carrying nothing). Other runs on the machine (other
 # arms of the seed) lend the steps they share with this one (`--reuse`: the same inputs and settings).
 # What comes back (under $OUT): run.tar.gz, the run folder's small files in its layout (recipe.json, every
 # step's done.json and metrics.jsonl, the evaluations' tables and episode folders, the tasks; `tar xzf` it where
@@ -47,14 +48,15 @@ case "${1:-}" in
   run)
     OUT=${OUT:-$PWD/recipe-out}
     mkdir -p "$OUT"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$smol"/*.whl
     export PYTHONPATH=$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-    cat "$keep/gguf.part00" "$smol/gguf.part01" > "$keep/SmolLM2-135M-Instruct.Q4_1.gguf"
-    joined=$(sha256sum < "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)
-    [[ $joined == "$(cut -d' ' -f1 "$smol/gguf.sha256")" ]] || { echo "the joined GGUF is not the packaged one" >&2
-                                                                 exit 1; }
-    [[ -f $keep/model/config.json ]] || python3 -m cuda_agent model convert "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" \
-      --out "$keep/model"
+    if [[ ! -f $keep/model/config.json ]]; then  # the first `run` of this machine: later calls carry nothing
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$smol"/*.whl
+      cat "$keep/gguf.part00" "$smol/gguf.part01" > "$keep/SmolLM2-135M-Instruct.Q4_1.gguf"
+      joined=$(sha256sum < "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)
+      [[ $joined == "$(cut -d' ' -f1 "$smol/gguf.sha256")" ]] || { echo "the joined GGUF is not the packaged one" >&2
+                                                                   exit 1; }
+      python3 -m cuda_agent model convert "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$keep/model"
+    fi
     data=${DATA:-docs/data/expert_tasks_h200_long/splits}
     head -n "${TRAIN_TASKS:-48}" "$data/train.jsonl" > "$keep/train.jsonl"
     head -n "${HELD_TASKS:-32}" "$data/held_out.jsonl" > "$keep/held_out.jsonl"
