@@ -90,7 +90,6 @@ class Recipe:
         self.train_key, self.held_key = tasks_key(train), tasks_key(held_out)
         self.model_keys = {self.base: model_key(self.base)}  # a model folder -> what made it (the base: its content)
         self.episodes: dict[str, list[str]] = {}  # a step -> the run folders of its episodes
-        self.episode_keys: dict[str, str] = {}
         self.made: dict[Path, tuple] = {}  # a stage's actor -> (its folder, what it started from, supervised)
 
     def _evaluate(self, name: str, model: Path, samples: int | None = None) -> dict:
@@ -106,7 +105,7 @@ class Recipe:
                                                        tasks=self.held_key, judge=self.judge), run)
         self.evals[name] = [EpisodeRecord(**json.loads(line)) for line in
                             (self.out / f"eval_{name}" / "episodes.jsonl").read_text().splitlines()]
-        return {k: v for k, v in summary.items() if k != "key"}
+        return summary
 
     def _stage(self, name: str, config: StageConfig, model: Path, runs: tuple[str, ...] = ()) -> Path:
         """Stage `name` from `model` (`runs`: the steps whose episodes it trains on); its output actor."""
@@ -120,7 +119,7 @@ class Recipe:
                 raise TimeoutError(f"time limit reached in {name} after step {reached} of {config.steps}")
             return {"last": history[-1] if history else None, "steps": config.steps}
         step_key = key(name, model=self.model_keys[model], stage=stage_settings(config), tasks=self.train_key,
-                       runs=[self.episode_keys[step] for step in runs], judge=self.judge)
+                       runs=[self.steps.keys[step] for step in runs], judge=self.judge)
         self.steps.run(name, step_key, run)
         actor = self.out / name / "checkpoint" / "actor"
         self.model_keys[actor], self.made[actor] = step_key, (self.out / name, model, config.stage == "rft")
@@ -159,7 +158,7 @@ class Recipe:
                                         self.pool, self.train, folder, cfg.expert_shapes, parallel=self.pool.workers,
                                         log=self.log, compact=cfg.stage.compact,
                                         out_of_time=self.steps.out_of_time)[0]]})
-            self.episodes["expert"], self.episode_keys["expert"] = expert["runs"], expert["key"]
+            self.episodes["expert"] = expert["runs"]
             model = self._stage("sft", cfg.stage_config("rft", cfg.sft_steps, cfg.sft_batch), model, ("expert",))
             heldout["sft"] = self._evaluate("sft", model)
             self._sample("rft_samples", model, cfg.rft_samples, 1)
@@ -169,12 +168,7 @@ class Recipe:
         critic = None
         if arm != "no_value":
             model = self._stage("value", cfg.stage_config("value", cfg.value_steps), model)
-            held = "rft" if "rft" in self.evals else "base"  # the value stage's policy's held-out episodes
-            check = key("value_check", critic=self.model_keys[model], episodes=self.steps_key(f"eval_{held}"))
-            critic = self.steps.run("value_check", check, lambda folder: self._ready(model) or
-                                    critic_explained_variance(model.parent, [Path(r.run_dir) for r in self.evals[held]],
-                                                              cfg.stage.compact, self.device))
-            critic = {k: v for k, v in critic.items() if k != "key"}
+            critic = self._check_critic(model)
         start = model  # what PPO starts from: the controls start there too
         ppo_stage = "warmup" if arm == "single_turn" else "agentic"
         model = self._stage("ppo", cfg.stage_config(ppo_stage, cfg.ppo_steps), model)
@@ -189,9 +183,16 @@ class Recipe:
                 "controls": {name: summary(records, boot, cfg.seed) for name, records in controls.items()},
                 "notes": self.notes, "config": asdict(cfg)}
 
-    def steps_key(self, name: str) -> str:
-        """The key of a step done in this run (its done.json's)."""
-        return json.loads((self.out / name / "done.json").read_text())["key"]
+    def _check_critic(self, model: Path) -> dict:
+        """The value stage's critic on the held-out episodes of the policy it was trained for (never trained on)."""
+        held = "rft" if "rft" in self.evals else "base"
+
+        def run(folder: Path) -> dict:
+            self._ready(model)
+            return critic_explained_variance(model.parent, [Path(r.run_dir) for r in self.evals[held]],
+                                             self.config.stage.compact, self.device)
+        return self.steps.run("value_check", key("value_check", critic=self.model_keys[model],
+                                                 episodes=self.steps.keys[f"eval_{held}"]), run)
 
     def _controls(self, start: Path) -> dict[str, list[EpisodeRecord]]:
         """Each control's held-out records (one per task for the best-of rows); controls.py says what each is."""
@@ -218,7 +219,7 @@ class Recipe:
                 "expert_heldout", key("expert_heldout", tasks=self.held_key, seed=cfg.seed, judge=self.judge),
                 lambda folder: {name: [asdict(r) for r in records] for name, records
                                 in expert_records(self.pool, self.held_out, folder, cfg.seed).items()})
-            out.update({name: [EpisodeRecord(**r) for r in records] for name, records in rows.items() if name != "key"})
+            out.update({name: [EpisodeRecord(**r) for r in records] for name, records in rows.items()})
         return out
 
     def _sample(self, name: str, model: Path, samples: int, offset: int, keep: bool = False) -> dict:
@@ -236,5 +237,5 @@ class Recipe:
             return {"runs": runs, "kept": rft.export([Path(r) for r in runs], folder / "rft", rft.RFTFilter())["kept"]}
         result = self.steps.run(name, key(name, model=self.model_keys[model], eval=config, tasks=self.train_key,
                                           judge=self.judge), run)
-        self.episodes[name], self.episode_keys[name] = result["runs"], result["key"]
+        self.episodes[name] = result["runs"]
         return result

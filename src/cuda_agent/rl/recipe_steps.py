@@ -22,6 +22,7 @@ class Steps:
                  log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic):
         self.out, self.reuse, self.log, self.clock = Path(out), [Path(r) for r in reuse], log, clock
         self.deadline = clock() + (time_limit_s if time_limit_s is not None else math.inf)
+        self.keys: dict[str, str] = {}  # each step met so far -> its key
 
     def out_of_time(self) -> bool:
         return self.clock() > self.deadline
@@ -35,7 +36,13 @@ class Steps:
 
     def run(self, name: str, key: str, run: Callable[[Path], dict]) -> dict:
         """Step `name`'s result: read back when done before with this key, linked from a reuse folder that has it,
-        else `run(folder)`'s, then kept in `done.json`."""
+        else `run(folder)`'s, then kept in `done.json` (with the key, which the result returned leaves out)."""
+        self.keys[name] = key
+        result = self._result(name, key, run)
+        result.pop("key", None)
+        return result
+
+    def _result(self, name: str, key: str, run: Callable[[Path], dict]) -> dict:
         folder = self.out / name
         done = folder / "done.json"
         if done.is_file():
