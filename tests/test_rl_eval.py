@@ -175,6 +175,28 @@ def _a_run_brought_back_with_its_adapters_only_is_rebuilt(args: list[str], tmp_p
         assert all(torch.allclose(original[k], rebuilt[k], atol=1e-6) for k in original), part
 
 
+def test_a_step_key_follows_what_the_step_depends_on_and_nothing_else(tmp_path):
+    """The model's content (weights, tokenizer, chat template: not its folder or a stray file), and a stage's
+    settings without its time limit (a supervised stage: without the PPO settings it never reads)."""
+    from cuda_agent.rl.recipe import RecipeConfig
+    from cuda_agent.rl.step_keys import model_key, stage_settings
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        for file in ("config.json", "model.safetensors", "chat_template.jinja"):
+            (tmp_path / name / file).write_text(file)
+    (tmp_path / "b" / "README.md").write_text("notes")
+    assert model_key(tmp_path / "a") == model_key(tmp_path / "b")
+    (tmp_path / "b" / "chat_template.jinja").write_text("another template")
+    assert model_key(tmp_path / "a") != model_key(tmp_path / "b")
+    full, paper = RecipeConfig(), RecipeConfig(arm="paper")
+    assert stage_settings(full.stage_config("rft", 30)) == stage_settings(paper.stage_config("rft", 30))
+    assert stage_settings(full.stage_config("value", 3)) != stage_settings(paper.stage_config("value", 3))
+    timed = replace(full.stage_config("rft", 30), time_limit_s=60.0)
+    assert stage_settings(timed) == stage_settings(full.stage_config("rft", 30))
+    assert stage_settings(full.stage_config("rft", 30)) != stage_settings(full.stage_config("rft", 31))
+
+
 def test_the_supervised_stages_take_their_own_learning_rate_and_checkpoint_less_often():
     from cuda_agent.rl.recipe import RecipeConfig
 

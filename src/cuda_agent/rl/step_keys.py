@@ -15,7 +15,8 @@ from typing import Any
 from .config import StageConfig
 
 KEY_FILE = "key"  # written into a step's folder when it starts: a half-done step of other settings is not resumed
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")  # the files that make a model folder behave
+# what makes a model folder behave: weights, config, tokenizer, chat template
+MODEL_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".jinja")
 
 
 def key(name: str, **parts: Any) -> str:
@@ -27,7 +28,7 @@ def key(name: str, **parts: Any) -> str:
 def model_key(folder: Path) -> str:
     """A model folder's content (the files at its top: weights, config, tokenizer), wherever it lies."""
     h = hashlib.sha256()
-    for path in sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES):
+    for path in sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix in MODEL_SUFFIXES):
         h.update(path.name.encode() + b"\0")
         with path.open("rb") as f:
             for block in iter(lambda: f.read(1 << 24), b""):
