@@ -296,3 +296,52 @@ def test_a_task_with_no_size_to_change_says_so_in_the_verdict(cache_dir, tmp_pat
     verdict = Judge("cpu", fast_config(cache_dir, policy="kernelbench")).evaluate(task, solution)
     assert verdict.correct, verdict.error
     assert any(w.startswith("extra shape not checked") for w in verdict.warnings), verdict.warnings
+
+
+MASKED = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, scale: float, shift: float):
+        super().__init__()
+        self.scale = scale
+        self.shift = shift
+
+    def forward(self, x):
+        return torch.relu(x * self.scale + self.shift) * 0.5, torch.full((16,), float("-inf"))
+
+
+N = 1 << 21
+
+
+def get_inputs():
+    return [torch.randn(N)]
+
+
+def get_init_inputs():
+    return [2.0, 0.1]
+'''
+
+
+@pytest.mark.parametrize("honest_calls", [None, 7])
+def test_outputs_with_infinities_are_checked_like_any_others(cpu_judge, make_workspace, tmp_path, honest_calls):
+    """Held out (red team, 2026-12-04): any infinity in the reference's outputs (masked attention scores, a log of
+    0) made the judge skip the extra-shape and scaled input sets and never compare a timed call, so a candidate
+    honest for its first 7 calls (the verification sets) and returning garbage at once afterwards was correct with
+    a 7x speedup, reward 3. An infinity the float64 run shares is part of the answer (compare.unfit); only NaN and
+    fp32 overflow leave a check out."""
+    task = tmp_path / "affine_masked.py"
+    task.write_text(MASKED)
+    limit = "True" if honest_calls is None else f"self.calls <= {honest_calls}"
+    ws = candidate(make_workspace, f"""
+        self.calls += 1
+        tail = torch.empty(16).fill_(float("-inf"))
+        return ({KERNEL} if {limit} else torch.empty_like(x)), tail
+        """, init="self.calls = 0")
+    verdict = cpu_judge.evaluate(task, ws)
+    assert not any("not checked" in w or "skipped" in w for w in verdict.warnings), verdict.warnings
+    if honest_calls is None:
+        assert verdict.correct, verdict.error
+    else:
+        assert not verdict.correct and verdict.error.startswith("incorrect: timed call"), verdict.error

@@ -16,7 +16,7 @@ import pytest
 from conftest import TASKS, fast_config, kept_processes
 from cuda_agent import sandbox
 from cuda_agent.judge import Judge
-from cuda_agent.sandbox.cgroup import Cgroup
+from cuda_agent.sandbox.cgroup import Cgroup, members
 
 AFFINE = TASKS / "affine_relu.py"
 pytestmark = pytest.mark.skipif(sandbox.probe() is not None, reason=f"sandbox unavailable: {sandbox.probe()}")
@@ -113,7 +113,8 @@ def test_filesystem_view_hides_judge_data_and_is_read_only(judges, visible_dir, 
     assert (cache / "judge.sqlite").exists() and not str(cache).startswith("/tmp")
     body = FS_PROBE % {"outside": str(outside), "db": str(cache / "judge.sqlite"), "runs": str(cache / "runs"),
                        "cache": str(cache), "judge_pid": os.getpid()}
-    probe = candidate(tmp_path, "pass", body.strip())
+    # in __init__: after it the seccomp filter refuses mounts itself (EPERM), before it only the lock holds them
+    probe = candidate(tmp_path, body.strip(), "pass")
     inside = _fs_results(judges["required"].evaluate(AFFINE, probe))
     assert not outside.exists(), "the sandboxed candidate wrote outside its folders"
     assert inside["write_outside"] == "EROFS", inside  # the file system is there, but read-only
@@ -160,6 +161,44 @@ def test_sandbox_unit_describes_and_cleans_up(tmp_path):
     assert "namespaces: user, net, pid, mount" in box.describe()
     if box.cgroup:
         assert all(not d.exists() for d in box.cgroup.dirs), "cgroup left behind"
+
+
+def test_a_process_moved_into_a_subgroup_is_still_the_group_s_and_dies_with_it():
+    """Held out (red team, 2026-12-04): a helper process that mounted a cgroup in a namespace of its own and moved into
+    a subgroup left the group's `cgroup.procs`, which was all the trusted side read between calls; the group's
+    removal then failed on the subgroup and left both behind."""
+    group = Cgroup.create(64, 1 << 30)
+    if group is None:
+        pytest.skip("no writable cgroup hierarchy here")
+    helper = subprocess.Popen(["sleep", "60"])
+    try:
+        hidden = group.dirs[0] / "h"
+        hidden.mkdir()
+        (hidden / "cgroup.procs").write_text(str(helper.pid))
+        assert str(helper.pid) not in (group.dirs[0] / "cgroup.procs").read_text().split()
+        assert members(group.dirs[0]) == [helper.pid]
+        group.close()
+        assert helper.wait(timeout=10) == -9 and not any(d.exists() for d in group.dirs)
+    finally:
+        helper.kill()
+
+
+def test_a_writable_folder_inside_a_hidden_one_inside_a_readable_one_stays_writable(tmp_path):
+    """`python -m cuda_agent eval --cache-dir cache` run from the folder holding `cache` failed every build with
+    "Read-only file system": the working folder (on sys.path, bound back read-only) was mounted after the build's
+    writable folder inside it, and the cache's cover too. Mounts now go in the order of their depth."""
+    objects = tmp_path / "cache" / "build" / "objects"
+    objects.mkdir(parents=True)
+    (tmp_path / "cache" / "judge.sqlite").write_text("secret")
+    box = sandbox.Sandbox(sandbox.View(writable=[objects], readable=[tmp_path], hidden=[tmp_path / "cache"]),
+                          sandbox.Limits(max_processes=64), cwd=tmp_path)
+    try:
+        run = subprocess.run([*box.prefix(), "sh", "-c", f"touch {objects}/ok && ls {tmp_path / 'cache'}; "
+                              f"touch {tmp_path}/no || echo read-only"], capture_output=True, text=True, timeout=60)
+    finally:
+        box.close()
+    assert run.stdout.split() == ["build", "read-only"], (run.stdout, run.stderr)
+    assert (objects / "ok").exists() and not (tmp_path / "no").exists()
 
 
 def shell_in_sandbox(script: str, writable: Path) -> subprocess.CompletedProcess:

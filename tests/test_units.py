@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from cuda_agent.judge.trusted.compare import compare_tensor, compare_trial
+from cuda_agent.judge.trusted.compare import compare_leaves, compare_tensor, compare_trial, unfit
 from cuda_agent.judge.config import PolicyConfig
 from cuda_agent.gpu_timing import spans
 from cuda_agent.judge.checks.policy import scan_sources
@@ -89,6 +89,52 @@ def test_compare_tensor_tolerance_nan_shape_dtype():
     assert "dtype" in compare_tensor(r.half(), r, None, 1e-2, 1e-2, "out")["reason"]
     ints = torch.arange(10)
     assert not compare_tensor(ints + (ints == 3), ints, None, 1e-2, 1e-2, "out")["ok"]
+
+
+def test_a_finite_answer_where_the_reference_is_infinite_fails():
+    """Held out (red team, 2026-12-04): where the reference held an infinity and the candidate a finite value, the
+    excess was inf - inf = NaN, `argmax` picked the NaN and `NaN > 0` passed the whole chunk: zeros for causal
+    attention scores masked with -inf (no matmul at all) were correct, reward 3."""
+    scores = torch.randn(4, 64, 64)
+    masked = scores.masked_fill(torch.ones(64, 64, dtype=torch.bool).triu(1), float("-inf"))
+    res = compare_tensor(torch.zeros_like(masked), masked, masked.double(), 1e-2, 1e-2, "out")
+    assert not res["ok"] and "finite where the reference's are infinite" in res["reason"], res
+    assert compare_tensor(masked.clone(), masked, masked.double(), 1e-2, 1e-2, "out")["ok"]
+    wrong = masked.clone()
+    wrong[0, 5, 2] += 1.0  # a finite element still counts beside the reference's infinities
+    assert "flat index 322" in compare_tensor(wrong, masked, None, 1e-2, 1e-2, "out")["reason"]
+
+
+def test_complex_outputs_compare_their_imaginary_parts():
+    """Held out: `.double()` kept a complex output's real parts only, so a constant imaginary part passed."""
+    r = torch.polar(torch.rand(1000) + 0.5, torch.rand(1000) * 6)
+    half = torch.complex(r.real, torch.full_like(r.real, 1234.5))
+    res = compare_tensor(half, r, r.to(torch.complex128), 1e-2, 1e-2, "out")
+    assert not res["ok"] and "outside atol" in res["reason"], res
+    ok = compare_tensor(r * (1 + 1e-4), r, r.to(torch.complex128), 1e-2, 1e-2, "out")
+    assert ok["ok"] and ok["rel64"] is not None
+
+
+@pytest.mark.parametrize("got, expected, ok", [
+    (524_288, 524_288, True), (524_288 + 1, 524_288, False),  # a count: exact, as integer tensors are
+    (5.0, 5, False), (True, 1, False), (2.0 + 1e-3, 2.0, True), (2.5, 2.0, False),
+    (float("inf"), float("inf"), True), (1e30, float("inf"), False), ("a", "a", True)])
+def test_plain_python_outputs_compare_exactly_unless_they_are_floats(got, expected, ok):
+    """Held out: a Python int output had the floats' 1% tolerance: `numel / 2` passed for a count of positives."""
+    res = compare_leaves([("output", "value", lambda: got)], "int", expected, None, 1e-2, 1e-2, "set 0")
+    assert res["ok"] is ok, res
+
+
+def test_reference_outputs_unfit_to_check_are_told_from_infinities_that_are_the_answer():
+    """An extra input set (scaled, another shape) or a timed call is checked unless the reference's outputs there
+    are unfit: NaN, or an fp32 overflow. Infinities its float64 run shares (masked scores) are the answer: before,
+    any infinity skipped those checks, and the timed calls of such a task were never compared."""
+    masked = torch.tensor([1.0, float("-inf"), 2.0])
+    assert unfit((masked, 3), lambda: (masked.double(), 3)) is None
+    assert "overflow" in unfit(masked, lambda: torch.tensor([1.0, -1e300, 2.0], dtype=torch.float64))
+    assert "no float64 run" in unfit(masked, lambda: None)
+    assert "NaN" in unfit(torch.tensor([float("nan")]), lambda: pytest.fail("not needed"))
+    assert unfit(torch.ones(3), lambda: pytest.fail("not needed")) is None
 
 
 def test_zeros_do_not_pass_on_tiny_outputs():

@@ -33,7 +33,7 @@ class TrustedPath(Verification):
             self.verdict.error = "the candidate left processes running after ModelNew was built: all work must " \
                                  "happen in forward"
             return False
-        cgroup = worker.sandbox.cgroup.procs[0] if worker.sandbox and worker.sandbox.cgroup else None
+        cgroup = worker.sandbox.cgroup.dirs[0] if worker.sandbox and worker.sandbox.cgroup else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with ours, theirs:
             worker.send_fds([theirs.fileno()])

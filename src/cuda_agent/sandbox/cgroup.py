@@ -19,6 +19,18 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
 
+def members(directory: Path) -> list[int]:
+    """Every process in the group and in the groups below it: a process inside can make a subgroup (a cgroup
+    mounted in a namespace of its own) and move there, out of the group's own `cgroup.procs`."""
+    found = []
+    for folder, _, _ in os.walk(directory):
+        try:
+            found += [int(p) for p in (Path(folder) / "cgroup.procs").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
 class Cgroup:
     """One group, possibly split over v1 hierarchies; `procs` are the files a process joins by writing its pid."""
 
@@ -85,13 +97,10 @@ class Cgroup:
         return notes
 
     def close(self) -> None:
-        """Kill whatever is left in the group and remove it."""
+        """Kill whatever is left in the group (subgroups included) and remove it, the deepest groups first."""
         for d in self.dirs:
             for _ in range(50):
-                try:
-                    pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
-                except OSError:
-                    break
+                pids = members(d)
                 if not pids:
                     break
                 if self.version == 2 and (d / "cgroup.kill").exists():
@@ -103,11 +112,12 @@ class Cgroup:
                         except ProcessLookupError:
                             pass
                 time.sleep(0.02)
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.02)
+            for folder in sorted((Path(f) for f, _, _ in os.walk(d)), key=lambda f: -len(f.parts)):
+                for _ in range(50):
+                    try:
+                        folder.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.02)

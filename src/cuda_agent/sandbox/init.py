@@ -84,30 +84,31 @@ def build_view(spec: dict) -> None:
     binds = [(p, False) for p in spec["writable"]] + [(p, True) for p in spec["readable"]]
     fds = [os.open(path, os.O_PATH) for path, _ in binds]  # before anything is covered
     dev_fd = os.open("/dev", os.O_PATH | os.O_DIRECTORY)
+    every = [os.path.realpath(h) for h in spec["hidden"] if os.path.isdir(h)]  # (the host's /tmp still shows)
     set_readonly("/", True, recursive=True)
     set_readonly("/proc", False, recursive=False)  # the locking user namespace writes its uid map there
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    every = [os.path.realpath(h) for h in spec["hidden"] if os.path.isdir(h)]
-    dirs = [h for h in every if not inside(h, "/tmp")]  # the fresh /tmp holds nothing of the host's
-    # One tmpfs per outermost hidden folder: a hidden folder inside another (the judge's cache in a hidden home)
-    # is covered already, and would not be a mount point to lock.
-    covers = [h for h in dirs if not any(o != h and inside(h, o) for o in dirs)]
-    for path in dict.fromkeys(covers):
-        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
     populate_dev(dev_fd)
+    outer = [h for h in every if not inside(h, "/tmp")]  # the fresh /tmp holds nothing of the host's
+    targets = [os.path.realpath(path) for path, _ in binds]
+    # One tmpfs per outermost hidden folder (one inside another, the judge's cache in a hidden home, is covered
+    # already and would not be a mount point to lock), and again where a bound-back folder shows a hidden one
+    # (the judge's cache inside a visible tree, in /tmp too).
+    covers = [h for h in dict.fromkeys(every) if h in outer and not any(o != h and inside(h, o) for o in outer)
+              or any(inside(h, t) and h != t for t in targets)]
+    # Every mount in the order of its depth, so that none covers a deeper one made before it (a script's folder
+    # on sys.path, bound back read-only, holding the judge's cache and the build's writable folders in it).
+    steps = [(h, 0, None) for h in covers] + [(t, 1, i) for i, t in enumerate(targets)]
+    for path, _, i in sorted(steps, key=lambda step: (len(step[0].rstrip("/").split("/")), step[1])):
+        if i is None:
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+        else:
+            bind(fds[i], binds[i][0], binds[i][1])
+            os.close(fds[i])
     for path in spec["hidden"]:  # a hidden file reads as empty
         if os.path.isfile(path):
             mount("/dev/null", path, None, MS_BIND)
-    for fd, (path, readonly) in zip(fds, binds):
-        bind(fd, path, readonly)
-        os.close(fd)
-    # A hidden folder inside a bound-back one (the judge's cache inside a visible tree, in /tmp too) is covered again.
-    targets = [os.path.realpath(path) for path, _ in binds]
-    for path in every:
-        if path not in covers and any(inside(path, t) and path != t for t in targets):
-            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
-            covers.append(path)
-    for path in dict.fromkeys(covers):
+    for path in covers:
         set_readonly(path, True, recursive=False)
 
 

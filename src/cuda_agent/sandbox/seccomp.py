@@ -2,9 +2,13 @@
 
 Installed by the candidate's worker once `ModelNew` is built: from then on `fork`, `vfork` and `clone` without
 `CLONE_THREAD` (what `fork()`, `subprocess` and `posix_spawn` use) kill the whole process with SIGSYS, so work
-handed to a child process can neither escape the op audit nor hold the judge until its timeout. Threads stay
-allowed (`clone3` answers ENOSYS, so the C library falls back to `clone`, which is inspected). The filter covers
-every thread (TSYNC) and cannot be removed. x86-64 and aarch64.
+handed to a child process can neither escape the op audit, the trusted side's freezer nor the judge's timeout.
+Threads stay allowed (`clone3` answers ENOSYS, so the C library falls back to `clone`, which is inspected). Any
+other system-call ABI (x86's 32-bit `int 0x80`, x32's numbers, arm32) kills the process too: its numbers differ,
+so nothing here would hold for it (held out: `int 0x80` fork passed an earlier filter that let other ABIs be).
+Leaving the sandbox's view (`unshare`, `setns`, mounts: a process moved out of the cgroup the judge watches) and
+io_uring (kernel threads working on the process's behalf) answer EPERM. The filter covers every thread (TSYNC)
+and cannot be removed. x86-64 and aarch64.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ import errno
 import platform
 import struct
 
-# (audit arch, seccomp syscall, {name: number}) per machine
+# (audit arch, seccomp syscall, {name: number}, numbers refused with EPERM) per machine
+_SHARED = (425, 426, 427, 428, 429, 430, 431, 432, 433, 442)  # io_uring_*, open_tree .. fspick, mount_setattr
 _ARCH = {
-    "x86_64": (0xC000003E, 317, {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435}),
-    "aarch64": (0xC00000B7, 277, {"clone": 220, "clone3": 435}),
+    "x86_64": (0xC000003E, 317, {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435},
+               (272, 308, 165, 166, 155, 161) + _SHARED),  # unshare, setns, mount, umount2, pivot_root, chroot
+    "aarch64": (0xC00000B7, 277, {"clone": 220, "clone3": 435}, (97, 268, 40, 39, 41, 51) + _SHARED),
 }
-_LD_W_ABS, _JEQ_K, _JSET_K, _RET_K = 0x20, 0x15, 0x45, 0x06
+_X32_BIT = 0x40000000  # x32's system calls: x86-64's arch, this bit set in the number
+_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 _CLONE_THREAD = 0x00010000
 _PR_SET_NO_NEW_PRIVS, _SET_MODE_FILTER, _FLAG_TSYNC = 38, 1, 1
@@ -29,7 +36,7 @@ class SeccompError(OSError):
     """The filter could not be installed here."""
 
 
-def _program(arch: int, calls: dict[str, int]) -> bytes:
+def _program(arch: int, calls: dict[str, int], refused: tuple[int, ...]) -> bytes:
     """Classic BPF over `struct seccomp_data` (nr at 0, arch at 4, args[0] low word at 16)."""
     insns: list[tuple[int, int, int, int]] = []
 
@@ -38,14 +45,20 @@ def _program(arch: int, calls: dict[str, int]) -> bytes:
 
     op(_LD_W_ABS, 4)
     op(_JEQ_K, arch, 1, 0)
-    op(_RET_K, _RET_ALLOW)  # another ABI (x32): not ours to judge
+    op(_RET_K, _RET_KILL_PROCESS)  # another ABI
     op(_LD_W_ABS, 0)
+    if "fork" in calls:  # x86-64
+        op(_JGE_K, _X32_BIT, 0, 1)
+        op(_RET_K, _RET_KILL_PROCESS)
     op(_JEQ_K, calls["clone3"], 0, 1)
     op(_RET_K, _RET_ERRNO | errno.ENOSYS)
     for name in ("fork", "vfork"):
         if name in calls:
             op(_JEQ_K, calls[name], 0, 1)
             op(_RET_K, _RET_KILL_PROCESS)
+    for nr in refused:
+        op(_JEQ_K, nr, 0, 1)
+        op(_RET_K, _RET_ERRNO | errno.EPERM)
     op(_JEQ_K, calls["clone"], 1, 0)
     op(_RET_K, _RET_ALLOW)
     op(_LD_W_ABS, 16)
@@ -60,8 +73,8 @@ def forbid_new_processes() -> None:
     machine = platform.machine()
     if machine not in _ARCH:
         raise SeccompError(errno.ENOSYS, f"no seccomp filter for {machine}")
-    arch, nr_seccomp, calls = _ARCH[machine]
-    code = _program(arch, calls)
+    arch, nr_seccomp, calls, refused = _ARCH[machine]
+    code = _program(arch, calls, refused)
     prog_buf = ctypes.create_string_buffer(code, len(code))
 
     class SockFprog(ctypes.Structure):

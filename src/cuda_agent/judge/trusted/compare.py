@@ -23,17 +23,21 @@ def _norm_ratio(sq_diff: float, sq_ref: float) -> float:
 
 def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, atol: float, rtol: float,
                    where: str, max_rel: float = 0.5) -> dict[str, Any]:
-    """Elementwise |c - r| <= atol + rtol*|r| over every element; NaN or Inf in c pass only where r holds the same
-    infinity (a NaN in r is the task's problem, said as such). Scale-aware too:
-    where the outputs are so small that `atol` alone would pass zeros or a constant, the normwise relative
-    error ||c - r|| / ||r|| must stay under `max_rel` (0.5: far beyond rounding, far below "not computed")."""
+    """Elementwise |c - r| <= atol + rtol*|r| over every element; where r holds an infinity c must hold the same one,
+    and NaN or Inf in c pass only there (a NaN in r is the task's problem, said as such); complex outputs compare
+    their real and imaginary parts. Scale-aware too: where the outputs are so small that `atol` alone would pass
+    zeros or a constant, the normwise relative error ||c - r|| / ||r|| must stay under `max_rel` (0.5: far beyond
+    rounding, far below "not computed")."""
     res: dict[str, Any] = {"ok": True, "reason": None, "max_abs": 0.0, "rel": 0.0, "rel64": None, "eager_rel64": None}
     if c.shape != r.shape:
         return {**res, "ok": False, "reason": f"{where} has shape {list(c.shape)}, expected {list(r.shape)}"}
     if c.dtype != r.dtype:
         return {**res, "ok": False, "reason": f"{where} has dtype {c.dtype}, expected {r.dtype}"}
+    if c.is_complex():  # `.double()` would keep the real parts only
+        c, r = torch.view_as_real(c.resolve_conj()), torch.view_as_real(r.resolve_conj())
+        r64 = torch.view_as_real(r64.resolve_conj()) if r64 is not None and r64.is_complex() else None
     cf, rf = c.reshape(-1), r.reshape(-1)
-    if not (c.is_floating_point() or c.is_complex()):
+    if not c.is_floating_point():
         diff = int((cf != rf).sum())
         return res if diff == 0 else {**res, "ok": False, "reason": f"{where}: {diff} of {r.numel()} elements differ"}
     r64f = r64.reshape(-1) if r64 is not None and r64.shape == r.shape else None
@@ -44,16 +48,15 @@ def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, a
             return {**res, "ok": False, "reason": f"{where}: the reference's own output has "
                                                   f"{int(torch.isnan(rr).sum())}+ NaN elements on these inputs: "
                                                   "a problem of the task, not of the candidate"}
-        finite = torch.isfinite(cc)
-        if not bool(finite.all()):
-            same = torch.isinf(cc) & (cc == rr)  # the reference's own infinity, in the same place: equal
-            bad = ~finite & ~same
+        if not (bool(torch.isfinite(cc).all()) and bool(torch.isfinite(rr).all())):
+            same = torch.isinf(rr) & (cc == rr)  # the reference's own infinity, in the same place: equal
+            bad = ~same & ~(torch.isfinite(cc) & torch.isfinite(rr))  # any other NaN or Inf, on either side
             if bool(bad.any()):
                 first = int(torch.nonzero(bad)[0])
                 return {**res, "ok": False, "reason": (
-                    f"{where}: {int(bad.sum())} elements are NaN or Inf where the reference's are not (in the first "
-                    f"{start + cc.numel()} of {cf.numel()}; first at flat index {start + first}: got "
-                    f"{float(cc[first]):.6g}, expected {float(rr[first]):.6g})")}
+                    f"{where}: {int(bad.sum())} elements are NaN or Inf where the reference's are not, or finite "
+                    f"where the reference's are infinite (in the first {start + cc.numel()} of {cf.numel()}; first "
+                    f"at flat index {start + first}: got {float(cc[first]):.6g}, expected {float(rr[first]):.6g})")}
             cc, rr = torch.where(same, 0.0, cc), torch.where(same, 0.0, rr)
         diff = (cc - rr).abs()
         excess = diff - (atol + rtol * rr.abs())
@@ -61,8 +64,8 @@ def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, a
         res["max_abs"] = max(res["max_abs"], float(diff.max()))
         sq["diff"] += float((diff * diff).sum())
         sq["ref"] += float((rr * rr).sum())
-        if float(excess[worst]) > 0:
-            over = int((excess > 0).sum())
+        if not float(excess[worst]) <= 0:  # (a NaN, which no check here should let through, fails too)
+            over = int((~(excess <= 0)).sum())
             return {**res, "ok": False, "reason": (
                 f"{where}: {over}+ of {cf.numel()} elements outside atol={atol:g}, rtol={rtol:g} (worst at flat "
                 f"index {start + worst}: got {float(cc[worst]):.6g}, expected {float(rr[worst]):.6g})")}
@@ -80,6 +83,41 @@ def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, a
         res["rel64"] = _norm_ratio(sq["diff64"], sq["ref64"])
         res["eager_rel64"] = _norm_ratio(sq["eager64"], sq["ref64"])
     return res
+
+
+def unfit(out: Any, out64: Callable[[], Any]) -> str | None:
+    """Why the reference's outputs on some inputs cannot be the answer a candidate is held to (None: they can): a
+    NaN, or an infinity its float64 run (`out64()`, called only then; None where it has none) does not share: fp32
+    overflow, where a candidate summing in another order may differ without being wrong. An infinity the float64
+    run has too (a masked score, the log of 0) is part of the answer."""
+    wide = None
+    for path, x in leaves(out):
+        if not isinstance(x, torch.Tensor) or not (x.is_floating_point() or x.is_complex()):
+            continue
+        x = torch.view_as_real(x.resolve_conj()) if x.is_complex() else x
+        if bool(torch.isfinite(x).all()):
+            continue
+        if bool(torch.isnan(x).any()):
+            return "not finite (NaN)"
+        wide = out64() if wide is None else wide
+        x64 = dict(leaves(wide)).get(path) if wide is not None else None
+        if isinstance(x64, torch.Tensor) and x64.is_complex():
+            x64 = torch.view_as_real(x64.resolve_conj())
+        if not isinstance(x64, torch.Tensor) or x64.shape != x.shape:
+            return "not finite (infinities, and no float64 run to tell them from overflow)"
+        if not bool((~torch.isinf(x) | (x64 == x)).all()):
+            return "not finite (infinite where the float64 run is finite: an overflow)"
+    return None
+
+
+def _same_value(value: Any, r: Any, atol: float, rtol: float) -> bool:
+    """A plain Python output: a float within the tolerance (or the same infinity), anything else (ints, bools,
+    strings) equal and of the same type; exact, as integer tensors are."""
+    if isinstance(r, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(r) or not math.isfinite(value):
+            return value == r
+        return abs(value - r) <= atol + rtol * abs(r)
+    return type(value) is type(r) and value == r
 
 
 Leaf = tuple[str, str, Callable[[], Any]]  # (path, "tensor" or "value" or what else it is, its loader)
@@ -128,10 +166,7 @@ def compare_leaves(got: list[Leaf], got_structure: str, ref: Any, ref64: Any | N
                 strict = strict or res["reason"]
         else:
             value = load() if kind == "value" else kind
-            if isinstance(r, (int, float)) and not isinstance(r, bool) and isinstance(value, (int, float)):
-                if not math.isfinite(value) or abs(value - r) > atol + rtol * abs(r):
-                    strict = strict or f"{where} = {value!r}, expected {r!r}"
-            elif value != r:
+            if not _same_value(value, r, atol, rtol):
                 strict = strict or f"{where} = {value!r}, expected {r!r}"
             if kernelbench_rule and ours is None:
                 found = kernelbench.compare(r, value, atol, rtol)

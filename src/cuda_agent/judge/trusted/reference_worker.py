@@ -31,7 +31,7 @@ from ...task import enable_sizes, import_file
 from .. import kernelbench
 from ..scoring.speed_of_light import count_work
 from ..wire.process import Channel, WorkerFailure, close_fds, one_line, run_worker
-from ..wire.tensors import checksum, clone, leaves, make_inputs, refill, tensor_bytes, to_double
+from ..wire.tensors import checksum, clone, make_inputs, refill, tensor_bytes, to_double
 from ..wire.timing import Hooks, summarize, time_callable
 from ..wire.trusted_commands import (
     Attach,
@@ -46,7 +46,7 @@ from ..wire.trusted_commands import (
     decode,
 )
 from . import baseline_callee
-from .compare import compare_leaves, compare_trial
+from .compare import compare_leaves, compare_trial, unfit
 from .gpu_calls import RESOLUTION_US, GpuCalls, quantiles
 from .readback import Unreadable
 from .trusted_calls import CallFailed, Calls
@@ -139,12 +139,12 @@ class Reference:
         if shapes or scale is not None:
             try:
                 with torch.no_grad():
-                    probe = self.model(*make_inputs(self.module, seed, self.device, shapes, scale))
+                    drawn = make_inputs(self.module, seed, self.device, shapes, scale)
+                    problem = unfit(self.model(*clone(drawn)), lambda: self._fp64(drawn))
             except Exception as exc:
                 return {"checksums": None, "error": one_line(exc)}
-            if not all(bool(torch.isfinite(x).all()) for _, x in leaves(probe)
-                       if isinstance(x, torch.Tensor) and x.is_floating_point()):
-                return {"checksums": None, "error": "its outputs are not finite there"}
+            if problem:
+                return {"checksums": None, "error": f"its outputs are {problem} there"}
         inputs = _step("get_inputs()", make_inputs, self.module, seed, self.device, shapes, scale)
         sums = checksum(inputs)
         with torch.no_grad():
@@ -272,8 +272,7 @@ class Reference:
                 picked = True
                 forced.append(label)
             expected = self.reference_outputs(inputs, fp64=False) if picked else None
-            if expected is not None and not all(bool(torch.isfinite(x).all()) for _, x in leaves(expected[0])
-                                                if isinstance(x, torch.Tensor) and x.is_floating_point()):
+            if expected is not None and unfit(expected[0], lambda: self._fp64(inputs)):
                 expected = None  # the task does not hold at this scale: nothing to compare
             result = self._judge_call(calls, call, *expected, label) if expected is not None else \
                 self._inputs_kept(calls, label) if inputs_checked else {"ok": True}

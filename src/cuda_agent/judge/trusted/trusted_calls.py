@@ -17,8 +17,10 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from ...sandbox.cgroup import members
 from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, ProtocolError, receive, send
 from ..wire.input_buffers import NAME, InputBuffer, layout_of
 from .compare import Leaf
@@ -53,9 +55,9 @@ class Calls:
 
     def __init__(self, sock: socket.socket, pids: list[int], worker_pid: int, read_limit: int,
                  cgroup: str | None = None, others: list[int] = ()):
-        """`pids`: the callee's processes, stopped between calls. `cgroup`: the cgroup.procs file of its sandbox,
-        read after every call: a process in it that is neither one of `pids` nor of `others` (the sandbox's own
-        launchers) was started by the candidate and fails the call."""
+        """`pids`: the callee's processes, stopped between calls. `cgroup`: its sandbox's cgroup folder, whose
+        processes (subgroups included) are read after every call: one that is neither one of `pids` nor of
+        `others` (the sandbox's own launchers) was started by the candidate and fails the call."""
         self.sock, self.worker_pid, self.read_limit = sock, worker_pid, read_limit
         self.cgroup, self.known = cgroup, {*pids, *others}
         self.freezer = Freezer(pids)
@@ -201,13 +203,7 @@ class Calls:
         return reply.error if isinstance(reply, Prepared) else f"answered {str(reply)[:200]}"
 
     def _new_processes(self) -> list[int]:
-        if self.cgroup is None:
-            return []
-        try:
-            with open(self.cgroup) as procs:
-                return [pid for pid in map(int, procs.read().split()) if pid not in self.known]
-        except OSError:
-            return []
+        return [pid for pid in members(Path(self.cgroup)) if pid not in self.known] if self.cgroup else []
 
     def outputs(self, call: CallRecord) -> tuple[list[Leaf], str]:
         """The call's outputs as leaves to compare (read from the stopped candidate's memory when compared), and a

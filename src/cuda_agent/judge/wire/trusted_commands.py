@@ -16,7 +16,7 @@ class Attach:
     """Take over the candidate's worker: stop it, and from then on resume it only inside calls."""
     worker_pid: int
     others: list[int]  # the sandbox's launchers: stopped and resumed with it
-    cgroup: str | None
+    cgroup: str | None  # the sandbox's cgroup folder (one hierarchy's): its processes, subgroups included
     read_limit: int  # bytes read of one output at most
     COMMAND: ClassVar[str] = "attach"
 
