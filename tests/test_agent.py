@@ -138,6 +138,63 @@ def test_bash_barriers_as_the_agent_sees_them(env, visible_dir):
     assert "key=none" in obs
 
 
+def test_file_tools_never_follow_the_agents_links_out_of_the_workspace(env, tmp_path):
+    """grep, glob and read_file run in the judge's process, outside the sandbox: links the agent's bash made to
+    hidden files (the judge's cache, other episodes) must not be followed, nor `..` patterns."""
+    secret = tmp_path / "private" / "canary.txt"
+    secret.parent.mkdir()
+    secret.write_text("judge-private canary 7f3a\n")
+    env.step("bash", {"command": f"ln -s {secret} canary.txt; ln -s {secret.parent} peek; "
+                                 f"ln -s {secret} kernels/k.cpp; ln -s loop loop"})
+    for path in (".", "kernels", "canary.txt", "peek"):
+        assert "7f3a" not in env.step("grep", {"pattern": "canary", "path": path}).observation, path
+    assert "no match" in env.step("grep", {"pattern": "canary"}).observation
+    for pattern in ("peek/*", "*", "**/*", "loop"):
+        assert "canary" not in env.step("glob", {"pattern": pattern}).observation, pattern
+    for pattern in ("../*", "../../private/*", f"{secret.parent}/*"):
+        assert env.step("glob", {"pattern": pattern}).info["error"], pattern
+    for path in ("canary.txt", "peek/canary.txt", "kernels/k.cpp", "loop"):
+        read = env.step("read_file", {"path": path})
+        assert read.info["error"] and "symbolic link" in read.observation and "7f3a" not in read.observation
+        assert "symbolic link" in env.step("write_file", {"path": path, "content": "x"}).observation
+    assert secret.read_text() == "judge-private canary 7f3a\n"
+    assert "model_new.py" in env.step("glob", {"pattern": "*.py"}).observation  # plain files still show
+
+
+def test_a_candidate_with_linked_kernels_is_refused(env, tmp_path):
+    """A `kernels/` linked to another episode's verified kernels is not judged as this episode's."""
+    other = tmp_path / "other" / "snapshots" / "000" / "kernels"
+    other.mkdir(parents=True)
+    (other / "affine_relu.cpp").write_text(KERNEL)
+    (other / "affine_relu_binding.cpp").write_text(BINDING)
+    env.step("write_file", {"path": "model_new.py", "content": MODEL_NEW})
+    env.step("bash", {"command": f"rmdir kernels && ln -s {other} kernels"})
+    for tool in ("compile", "verify"):
+        step = env.step(tool, {})
+        assert step.info.get("error") and "kernels/ is a symbolic link" in step.observation, step.observation
+    assert not env.snapshots
+
+
+@pytest.mark.skipif(not SANDBOX, reason="sandbox unavailable here")
+def test_bash_does_not_see_the_episodes_played_beside_it(judge, visible_dir):
+    """Rollouts side by side under one root (outside /tmp, which the sandbox replaces): one episode's bash sees
+    neither another's workspace nor its snapshots, and its own workspace stays writable."""
+    root = visible_dir / "episodes"
+    kernel = root / "a" / "run" / "snapshots" / "000" / "kernels" / "k.cpp"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("// verified by episode a\n")
+    env = Environment(judge, root / "b" / "run", use_sandbox=True, bash_timeout=60, episodes_root=root)
+    env.reset(AFFINE)
+    obs = env.step("bash", {"command": f"cat {kernel}; cp -r {root}/a/run/snapshots .; ls {root}; "
+                                       "touch kernels/mine && echo ws-ok; echo x >> binding.cpp; echo ro=$?"})
+    assert "verified by episode a" not in obs.observation and not (env.workspace / "snapshots").exists()
+    assert "ws-ok" in obs.observation and (env.workspace / "kernels" / "mine").exists(), obs.observation
+    assert "ro=1" in obs.observation
+    for folder in ("/", "/work", "/usr/lib/x"):
+        with pytest.raises(ValueError, match="cannot be hidden"):
+            Environment(judge, root / "c" / "run", use_sandbox=True, episodes_root=Path(folder))
+
+
 # ---- clients ----------------------------------------------------------------------------------------------
 def test_text_tool_calls_and_single_turn_files_are_parsed():
     calls = parse_text_tool_calls('Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": '

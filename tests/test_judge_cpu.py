@@ -6,6 +6,7 @@ from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent.judge import Judge
 from cuda_agent.judge.scoring.reward import milestone_reward
 from cuda_agent.task import TaskError, load_task
+from cuda_agent.workspace.candidate import load_candidate
 
 AFFINE = TASKS / "affine_relu.py"
 KERNEL = "kernels/affine_relu.cpp"
@@ -92,6 +93,44 @@ def test_baselines_are_cached_and_unchanged_files_are_not_recompiled(cache_dir):
     assert all(step["cached"] for step in second.build["steps"] if step["source"] != "<link>")
     assert first.seeds != second.seeds  # fresh inputs every evaluation
     assert len(second.timing["baselines"]["eager_checks_us"][0]) == 2  # eager timed just before and after
+
+
+POLYGLOT = '''#if 0
+"""
+#endif
+#define FACTOR {factor}
+#if 0
+"""
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale: float, shift: float):
+        super().__init__()
+        self.scale, self.shift = scale, shift
+
+    def forward(self, x):
+        return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)
+#endif
+'''
+
+
+def test_an_object_is_compiled_again_when_any_file_it_included_changes(cpu_judge, make_workspace):
+    """Held out (red team, 2026-12-04): a kernel including `../model_new.py`, a C++/Python polyglot, kept its first
+    object when only model_new.py changed (the cache key held the source and the headers only): the wrong factor
+    was judged with the right one's object, in the episode and in the next that wrote the same kernel file."""
+    ws = make_workspace(edits={"kernels/affine_relu.cpp": [("#include <algorithm>", '#include "../model_new.py"\n'
+                                                            "#include <algorithm>"), ("* 0.5f;", "* FACTOR;")]})
+    (ws / "model_new.py").write_text(POLYGLOT.format(factor="0.5f"))
+    first = cpu_judge.compile(load_candidate(ws))
+    assert first.ok, first.log
+    (ws / "model_new.py").write_text(POLYGLOT.format(factor="0.25f"))
+    again = {s.source: s.cached for s in cpu_judge.compile(load_candidate(ws)).steps}
+    assert again["kernels/affine_relu.cpp"] is False and again["binding.cpp"] is True, again
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert not verdict.correct and "outside atol" in verdict.error, verdict.error
 
 
 def test_a_baseline_cached_in_a_noisy_moment_is_timed_again(cache_dir, cpu_judge):

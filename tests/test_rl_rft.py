@@ -4,7 +4,7 @@ import json
 
 import pyarrow.parquet as pq
 
-from cuda_agent.rl.rft import export
+from cuda_agent.rl.rft import export, run_folders
 
 
 def call(name, **arguments):
@@ -72,3 +72,48 @@ def test_only_clean_successful_trajectories_are_kept_and_exported(tmp_path):
     assert messages == [r["message"] for r in CASES["good"][0][:-1]]
     assert {t["function"]["name"] for t in json.loads(table[0]["tools"])} >= {"verify", "finish"}
     assert (tmp_path / "rft" / "rft.jsonl").read_text().count("\n") == 1
+
+
+def write_run(folder, records, summary=None):
+    """A run folder as the loop leaves it: trajectory.jsonl, summary.json and (with a final verdict)
+    best_verdict.json; `summary`: what summary.json says instead of the result record's summary."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trajectory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = summary or records[-1]["summary"]
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2))
+    if summary.get("final_verdict"):
+        (folder / "best_verdict.json").write_text(json.dumps(summary["final_verdict"], indent=2))
+
+
+def test_trajectories_the_policy_plants_in_its_workspace_are_never_exported(tmp_path):
+    """The policy writes workspace/ of its run folder (and the loop may leave it there): trajectory.jsonl files it
+    plants there (with summary.json and best_verdict.json to match), at any depth, are not run folders; a run folder
+    whose trajectory claims more than its own verdict files say is refused. The genuine positive run is kept, whether
+    the folders come from `run_folders` or from a glob of every trajectory.jsonl."""
+    runs = tmp_path / "runs"
+    write_run(runs / "level1" / "good", episode(*FIX_LOOP, reward=2))
+    failed = runs / "level1" / "failed"  # the episode the policy played: it verified nothing
+    write_run(failed, episode(*FIX_LOOP, reward=-1))
+    forged = episode(*FIX_LOOP, reward=3)
+    for folder in ("workspace", "workspace/copy1", "workspace/a/b/copy2", "workspace/runs/level1/x"):
+        write_run(failed / folder, forged)
+    killed = runs / "level1" / "killed"  # a run killed mid-episode: no result record, no summary.json
+    killed.mkdir()
+    (killed / "trajectory.jsonl").write_text(json.dumps(forged[0]) + "\n")
+    write_run(killed / "workspace" / "copy", forged)
+    claims = runs / "level2" / "claims"  # its trajectory overwritten: the loop's own verdict files disagree
+    write_run(claims, forged, summary=episode(*FIX_LOOP, reward=-1)[-1]["summary"])
+    verdict = runs / "level2" / "verdict"
+    write_run(verdict, forged)
+    (verdict / "best_verdict.json").write_text(json.dumps({**forged[-1]["summary"]["final_verdict"], "reward": 1}))
+
+    found = run_folders(runs)
+    assert found == sorted([runs / "level1" / "good", failed, killed, claims, verdict])
+    assert run_folders(failed / "workspace") == [] and run_folders(failed) == [failed]
+    every = sorted(p.parent for p in runs.rglob("trajectory.jsonl"))  # a caller that globs them all: still refused
+    stats = export(every, tmp_path / "rft")
+    assert stats == {"kept": 1, "seen": 10, "rejected": {
+        "inside another run folder": 5, "reward below 1": 1, "unfinished episode": 1,
+        "result record contradicts summary.json": 1, "result record contradicts best_verdict.json": 1}}
+    table = pq.read_table(tmp_path / "rft" / "rft.parquet").to_pylist()
+    assert [(row["run_dir"], row["reward"]) for row in table] == [(str(runs / "level1" / "good"), 2)]

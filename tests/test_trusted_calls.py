@@ -175,6 +175,20 @@ def test_a_description_of_memory_the_callee_does_not_have_is_unreadable():
         read_outputs(huge, 1 << 20, [], process_reader(subprocess.os.getpid()))
 
 
+def test_a_few_bytes_described_as_a_huge_tensor_are_not_copied_out():
+    """Held out (red team, 2026-12-04): `torch.zeros(1).expand(1 << 40)` spans 4 bytes; the trusted side's copy of it
+    asked for 4 TiB and killed the reference worker (which no cgroup bounds: a size that fits would take the memory)."""
+    one = torch.zeros(1)
+    expanded = [{"path": "output", "kind": "tensor", "dtype": "float32", "shape": [1 << 40], "strides": [0],
+                 "ptr": one.data_ptr()}]
+    with pytest.raises(Unreadable, match="more than"):
+        read_outputs(expanded, 1 << 20, [], process_reader(subprocess.os.getpid()))
+    two = [{**expanded[0], "shape": [1 << 17], "path": f"output[{i}]"} for i in range(2)]  # 512 KiB each
+    assert len(read_outputs(two[:1], 1 << 20, [], process_reader(subprocess.os.getpid()))) == 1
+    with pytest.raises(Unreadable, match=r"output\[2\]: .*more than"):  # the limit holds for a call's outputs
+        read_outputs(two + [{**two[0], "path": "output[2]"}], 1 << 20, [], process_reader(subprocess.os.getpid()))
+
+
 def test_a_call_that_does_not_return_in_time_fails_and_one_that_raises_says_why(callee):
     slow = callee("time.sleep(5)")
     slow.load([torch.zeros(1)])

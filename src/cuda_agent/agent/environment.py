@@ -78,16 +78,31 @@ def opening_messages(source: str, backend: str, compact: bool = False) -> list[d
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}]
 
 
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
+
+
+def hideable(folder: Path) -> Path:
+    """`folder`, resolved, where hiding it from the agent's bash leaves the system usable: not `/`, a top-level
+    folder (tool chains live in /opt, /work...) or a folder of the system's."""
+    path = Path(folder).resolve()
+    if len(path.parts) < 3 or any(path.is_relative_to(d) for d in SYSTEM_DIRS):
+        raise ValueError(f"{folder} cannot be hidden from the agent: it is /, a top-level or a system folder")
+    return path
+
+
 class Environment:
     def __init__(self, judge: Judge | JudgePool, run_dir: Path, use_sandbox: bool = True, bash_timeout: int = 180,
-                 compact: bool = False):
-        """`compact`: for small contexts, the compact tool set and SKILL.md left in the workspace."""
+                 compact: bool = False, episodes_root: Path | None = None):
+        """`compact`: for small contexts, the compact tool set and SKILL.md left in the workspace. `episodes_root`:
+        the folder holding the run folders of episodes played side by side, hidden from the agent's bash (its own
+        workspace stays writable) so that no episode copies another's kernels."""
         if judge.config.policy != "strict":  # rewards (and what the agent is told) follow CUDA Agent's rules only
             raise ValueError(f"the agent needs a judge with the strict policy, not {judge.config.policy!r}")
         if use_sandbox and not judge.sandboxed:
             raise ValueError("use_sandbox needs a sandboxed judge (JudgeConfig(sandbox='required'))")
         self.judge, self.run_dir = judge, Path(run_dir)
         self.use_sandbox, self.bash_timeout, self.compact = use_sandbox, bash_timeout, compact
+        self.hidden = (hideable(episodes_root),) if episodes_root else ()
         self.workspace = self.run_dir / "workspace"
         self.snapshots: list[Snapshot] = []
         self.tools: Tools | None = None
@@ -108,7 +123,7 @@ class Environment:
         self.snapshots = []
         offered = schemas(self.compact)
         self.tools = Tools(self.workspace, self.reference, self.judge, self.use_sandbox, self.bash_timeout,
-                           tuple(s["function"]["name"] for s in offered))
+                           tuple(s["function"]["name"] for s in offered), self.hidden)
         return {"messages": opening_messages(source, self.judge.backend.name, self.compact), "tools": offered}
 
     def step(self, name: str, arguments: dict[str, Any]) -> StepResult:

@@ -114,6 +114,7 @@ class Tools:
     use_sandbox: bool = True
     bash_timeout: int = 180
     names: tuple[str, ...] = tuple(TOOL_NAMES)  # the tools offered
+    hidden: tuple[Path, ...] = ()  # folders bash must not see besides the judge's (other episodes' run folders)
     _verdicts: dict[str, Verdict] = field(default_factory=dict)  # candidate hash -> its full verdict
 
     # ---- dispatch ---------------------------------------------------------------------------------------
@@ -128,17 +129,29 @@ class Tools:
         return result if isinstance(result, ToolResult) else ToolResult(result)
 
     def _path(self, rel: str, writing: bool = False) -> Path:
+        """A path of the workspace, reached without `..` or a symbolic link (the agent's links could point anywhere:
+        the tools run outside the sandbox)."""
         if not isinstance(rel, str) or not rel or rel.startswith("/"):
             raise ToolError(f"path must be relative to the workspace, not {rel!r}")
-        path = (self.workspace / rel).resolve()
-        root = self.workspace.resolve()
-        if path != root and root not in path.parents:
+        if ".." in Path(rel).parts:
             raise ToolError(f"{rel}: outside the workspace")
+        root = self.workspace.resolve()
+        path = root / rel
+        if not self._plain(path):
+            raise ToolError(f"{rel} is or lies in a symbolic link; the tools do not follow links")
         if writing and str(path.relative_to(root)) in READ_ONLY:
             raise ToolError(f"{rel} is read-only (the judge uses its own copy)")
-        if writing and path.is_symlink():
-            raise ToolError(f"{rel} is a symbolic link")
+        if writing and path.exists() and not path.is_file():  # a folder, or a FIFO that would block the writer
+            raise ToolError(f"{rel} is not a regular file")
         return path
+
+    @staticmethod
+    def _plain(path: Path) -> bool:
+        """Whether a path under the resolved workspace has neither a link nor `..` on its way (it then lies inside)."""
+        try:
+            return path.resolve() == path
+        except (OSError, RuntimeError):  # a loop of links
+            return False
 
     # ---- files ------------------------------------------------------------------------------------------
     def tool_read_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> str:
@@ -179,8 +192,13 @@ class Tools:
         return f"applied {len(edits)} edit(s) to {path}"
 
     def tool_glob(self, pattern: str) -> str:
+        if not isinstance(pattern, str) or not pattern or pattern.startswith("/") or ".." in Path(pattern).parts:
+            raise ToolError(f"the pattern must be relative to the workspace, without '..', not {pattern!r}")
         root = self.workspace.resolve()
-        found = sorted(str(p.relative_to(root)) for p in root.glob(pattern) if p.is_file())
+        try:
+            found = sorted(str(p.relative_to(root)) for p in root.glob(pattern) if p.is_file() and self._plain(p))
+        except ValueError as exc:
+            raise ToolError(f"bad pattern {pattern!r}: {exc}") from exc
         return "\n".join(found[:500]) or "(no match)"
 
     def tool_grep(self, pattern: str, path: str = ".") -> str:
@@ -188,13 +206,13 @@ class Tools:
             regex = re.compile(pattern)
         except re.error as exc:
             raise ToolError(f"bad regular expression: {exc}") from exc
-        base = self._path(path) if path != "." else self.workspace.resolve()
-        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
+        base, root = self._path(path), self.workspace.resolve()
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file() and self._plain(p))
         hits = []
         for f in files:
             for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
                 if regex.search(line):
-                    hits.append(f"{f.relative_to(self.workspace.resolve())}:{n}: {line}")
+                    hits.append(f"{f.relative_to(root)}:{n}: {line}")
         return clip("\n".join(hits[:300]) + (f"\n[{len(hits) - 300} more]" if len(hits) > 300 else "")) \
             if hits else "(no match)"
 
@@ -206,7 +224,7 @@ class Tools:
         if self.use_sandbox:
             ro = [self.workspace / name for name in READ_ONLY if (self.workspace / name).exists()]
             box = sandbox.Sandbox(sandbox.View(writable=[self.workspace], readable=ro,
-                                               hidden=self.judge.private_paths),
+                                               hidden=[*self.judge.private_paths, *self.hidden]),
                                   sandbox.Limits(cpu_seconds=None), cwd=self.workspace)
             prefix = box.prefix()
         start = time.monotonic()

@@ -9,6 +9,7 @@ import typer
 
 from ..backend import BackendError
 from ..rl.config import DemoConfig, PPOConfig, StageConfig, TrainConfig
+from ..rl.rft import run_folders
 from ..task import TaskError, task_files
 from . import common
 from .common import app, err, fail, integers, out, warn_unsandboxed, writable
@@ -176,7 +177,7 @@ def train_cmd(
                              save_optimizer=save_optimizer, time_limit_s=time_limit,
                              train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr, lora_rank=lora_rank,
                                                lora_alpha=lora_alpha, ppo=PPOConfig(tis_cap=tis_cap)))
-        run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else []
+        run_dirs = run_folders(runs) if runs is not None else []
         log = lambda m: err.print(m, highlight=False, soft_wrap=True)  # noqa: E731
         if stage == "rft":
             history = run_stage(config, model, tasks, out_dir, None, device, run_dirs, log)
@@ -231,7 +232,7 @@ def train_verl_cmd(
         recipe = Recipe(stage, model.resolve(), out_dir.resolve(), backend, judge, nodes, gpus_per_node, steps,
                         batch, max_turns, max_prompt, max_response, critic.resolve() if critic else None)
         tasks = [t.resolve() for t in task_files(data, out_dir / "tasks")] if data is not None else None
-        run_dirs = sorted(p.parent for p in runs.rglob("trajectory.jsonl")) if runs is not None else None
+        run_dirs = run_folders(runs) if runs is not None else None
         script = prepare(recipe, tasks, run_dirs)
     except (TaskError, ValueError) as exc:
         fail(str(exc))

@@ -71,8 +71,8 @@ def local_player(model: Path, config: EvalConfig, pool: JudgePool, device: str, 
         def one(job):
             task, k, run_dir = job
             try:
-                done = play(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=config.compact), sampler,
-                            turns, task, run_dir, loop, config.max_new_tokens).summary
+                done = play(environment(pool, run_dir, config), sampler, turns, task, run_dir, loop,
+                            config.max_new_tokens).summary
                 log(f"eval: {task.stem} sample {k}: reward {done.reward}, {done.turns} turns ({done.stop})")
             except TimeoutError:
                 shutil.rmtree(run_dir, ignore_errors=True)  # cut short: not an episode
@@ -98,13 +98,18 @@ def endpoint_player(model: str, base_url: str | None, config: EvalConfig, pool: 
     def one(job):
         task, _, run_dir = job
         client = OpenAIClient(model, base_url, temperature=config.temperature, max_tokens=config.max_new_tokens)
-        run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=config.compact), client, task,
-                    run_dir, loop)
+        run_episode(environment(pool, run_dir, config), client, task, run_dir, loop)
 
     def run(chunk: list[tuple[Path, int, Path]]) -> None:
         with ThreadPoolExecutor(len(chunk), thread_name_prefix="eval") as threads:
             list(threads.map(one, chunk))
     return run
+
+
+def environment(pool: JudgePool, run_dir: Path, config: EvalConfig) -> Environment:
+    """An episode's environment; the others' run folders (OUT/episodes/TASK/SAMPLE) hidden from its bash."""
+    return Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=config.compact,
+                       episodes_root=run_dir.parents[1])
 
 
 def _loop(config: EvalConfig) -> LoopConfig:

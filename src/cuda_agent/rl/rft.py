@@ -6,6 +6,11 @@ parameters (malformed), never replied without a tool call (the loop had to nudge
 call repeated `max_repeats` times in a row, or a failing call sent again as the very next call (with nothing
 changed in between: a `verify` after an edit is the normal fix loop). Every rejection is counted by
 its reason.
+
+Only the loop's own run folders count: `run_folders` and `export` skip any folder inside another run folder (its
+workspace/, which the policy writes: a trajectory.jsonl there is whatever the policy wants trained in), and
+`export` refuses a trajectory whose result record contradicts the verdict files the loop wrote beside it
+(summary.json, best_verdict.json).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 from ..agent.summary import EpisodeSummary
 
+TRAJECTORY = "trajectory.jsonl"
 HALLUCINATED = "error: unknown tool"
 MALFORMED = ("bad arguments", "arguments are not valid JSON", "arguments must be a JSON object")
 
@@ -28,16 +34,31 @@ class RFTFilter:
     max_repeats: int = 3  # the same call this many times in a row is a loop
 
 
+def run_folders(root: Path) -> list[Path]:
+    """The episode run folders at or under `root` (any depth): those holding a trajectory.jsonl, less those inside
+    another one (its workspace/). The loop opens a run folder's trajectory.jsonl before the policy acts, so a
+    workspace always has one above it, even when the episode was killed before its summary.json."""
+    return [run for run in sorted(p.parent for p in Path(root).rglob(TRAJECTORY) if p.is_file()) if not _nested(run)]
+
+
+def _nested(run: Path) -> bool:
+    """Whether `run` is inside another run folder (in its workspace/, which the policy writes)."""
+    return any((up / TRAJECTORY).is_file() for up in Path(run).absolute().parents)
+
+
 def read_trajectory(path: Path) -> list[dict[str, Any]]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def rejection(records: list[dict[str, Any]], rule: RFTFilter) -> str | None:
-    """Why the trajectory is not kept (None: kept)."""
+def rejection(records: list[dict[str, Any]], rule: RFTFilter, run: Path | None = None) -> str | None:
+    """Why the trajectory is not kept (None: kept); `run`: its run folder, whose verdict files the result record
+    must agree with."""
     result = next((r for r in reversed(records) if r.get("type") == "result"), None)
     if result is None:
         return "unfinished episode (no result record)"
+    if run is not None and (contradicted := _contradicted(result["summary"], Path(run))):
+        return f"result record contradicts {contradicted}"
     final = EpisodeSummary.from_dict(result["summary"]).final_verdict or {}
     if (final.get("reward") if final.get("reward") is not None else -1) < rule.min_reward:
         return f"reward below {rule.min_reward}"
@@ -68,6 +89,16 @@ def rejection(records: list[dict[str, Any]], rule: RFTFilter) -> str | None:
     return None
 
 
+def _contradicted(summary: dict[str, Any], run: Path) -> str | None:
+    """The verdict file the loop wrote in `run` that the result record's summary differs from (one not there is
+    not checked; best_verdict.json only when the summary has a final verdict: an earlier episode's may remain)."""
+    for name, claimed in (("summary.json", summary), ("best_verdict.json", summary.get("final_verdict"))):
+        path = run / name
+        if claimed is not None and path.is_file() and _canonical(claimed) != _canonical(path.read_text()):
+            return name
+    return None
+
+
 def _canonical(arguments: Any) -> str:
     try:
         value = json.loads(arguments) if isinstance(arguments, str) else arguments
@@ -93,12 +124,15 @@ def export(run_dirs: list[Path], out: Path, rule: RFTFilter | None = None) -> di
     rule = rule or RFTFilter()
     rows, reasons = [], Counter()
     for run in run_dirs:
-        path = Path(run) / "trajectory.jsonl"
+        path = Path(run) / TRAJECTORY
         if not path.is_file():
             reasons["no trajectory.jsonl"] += 1
             continue
+        if _nested(run):
+            reasons["inside another run folder"] += 1
+            continue
         records = read_trajectory(path)
-        why = rejection(records, rule)
+        why = rejection(records, rule, Path(run))
         if why:
             reasons[why.split(" (")[0]] += 1
             continue

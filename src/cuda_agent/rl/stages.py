@@ -123,8 +123,9 @@ def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, po
     def one(i: int):
         run_dir = out / "episodes" / f"step_{step:04d}" / f"{i:02d}"
         try:
-            return play(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=config.compact), sampler,
-                        turns, picked[i], run_dir, loop, config.max_new_tokens)
+            env = Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=config.compact,
+                              episodes_root=out / "episodes")  # the rollouts beside it are not its to copy
+            return play(env, sampler, turns, picked[i], run_dir, loop, config.max_new_tokens)
         finally:
             with lock:
                 sampler.expected -= 1  # (an ended episode asks no more: the others need not wait for it)

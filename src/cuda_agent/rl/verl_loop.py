@@ -15,7 +15,8 @@ the reward), and the response is cut to end on the model's last token.
 A dataset row carries the task's reference source in `extra_info["reference"]`. Options come
 from the agent-loop config file (`name: cuda_agent`, `_target_: cuda_agent.rl.verl_loop.CudaAgentLoop`, then
 `backend`, `gpus`, `judge` ("local", or "ray": the judge on Ray actors, `shared_pool`), `max_turns`,
-`single_turn`, `episodes_dir`).
+`single_turn`, `episodes_dir`). Each episode's run folder (`episodes_dir`/ID/run) keeps its trajectory, summary,
+snapshots and best/; its workspace (the policy's files) is removed after the episode.
 
 A generation the server aborted (weights updated mid-rollout) is sent again from where it stopped, up to
 `RESUBMITS` times. An opening prompt longer than `prompt_length` (the dataset filters them: a safeguard) ends the
@@ -27,6 +28,7 @@ episode's time (its tools and the judge) as `tool_calls`.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -40,13 +42,22 @@ from ..agent.loop import LoopConfig
 from ..agent.tools import SCHEMAS
 from ..judge.pool import JudgePool, shared_pool
 from ..llm import LLMError
-from .rollout import play
+from .rollout import Episode, play
 from .tokens import TurnTokenizer
 
 # an episode's thread mostly waits (for the server, for the judge): far more of them than asyncio's default
 # executor allows (min(32, cores + 4)), so that a worker's episodes all run at once
 _EPISODES = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="episode")
 RESUBMITS = 8  # an aborted generation is sent again at most this many times
+
+
+def _play(env: Environment, *args) -> Episode:
+    """`rollout.play`, then the workspace removed (the policy's files, nothing to keep: trajectory, summary, snapshots
+    and best/ stay)."""
+    try:
+        return play(env, *args)
+    finally:
+        shutil.rmtree(env.run_dir / "workspace", ignore_errors=True)
 
 
 class CudaAgentLoop(AgentLoopBase):
@@ -87,9 +98,10 @@ class CudaAgentLoop(AgentLoopBase):
             seen["logprobs"] = seen["logprobs"] and logprobs is not None
             return tokens, logprobs
 
-        env = Environment(self.pool, run_dir / "run", use_sandbox=self.pool.sandboxed)
+        env = Environment(self.pool, run_dir / "run", use_sandbox=self.pool.sandboxed,
+                          episodes_root=self.episodes_dir)  # the rollouts beside it are not its to copy
         began = time.monotonic()
-        episode = await loop.run_in_executor(_EPISODES, play, env, sample, self.turns, task, run_dir / "run",
+        episode = await loop.run_in_executor(_EPISODES, _play, env, sample, self.turns, task, run_dir / "run",
                                              self.loop_config, limit)
         t = episode.trajectory
         end = max((i + 1 for i, m in enumerate(t.mask[:limit]) if m), default=0)  # the reward on a model token

@@ -44,7 +44,7 @@ def _episode(pool: JudgePool, task: SuiteTask, out_dir: Path, make_client: Calla
     if run_dir.exists():  # an episode that was interrupted: start it over
         shutil.rmtree(run_dir)
     try:
-        env = Environment(pool, run_dir, use_sandbox=pool.sandboxed)
+        env = Environment(pool, run_dir, use_sandbox=pool.sandboxed, episodes_root=Path(out_dir) / "runs")
         return run_episode(env, make_client(), task.path, run_dir, loop), False
     except Exception as exc:  # one task's failure (its reference, the endpoint) must not end the suite
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,11 @@
 
 Design (numbers in docs/build-speed.md):
 - every translation unit compiles on its own, in parallel, and its object is cached by a content hash of
-  (backend identity, command line, source, every header in the workspace), so editing one `.cu` recompiles
-  just that file and relinks;
+  (backend identity, command line, source, the workspace's file names) and of every file its last compile read
+  (the compiler's `-MD` list: a workspace file by content, any other by size and time), so editing one `.cu`
+  recompiles just that file and relinks, and an object never outlives a change to anything it included (held
+  out: a kernel that included `../model_new.py`, a C++/Python polyglot, kept its first object when only the
+  Python file changed, within an episode and in the next one);
 - torch-facing files (`*_binding.cpp`, the fixed `binding.cpp`) share one precompiled header of
   `torch/types.h` + pybind, built once per toolchain and cached;
 - `.cu` kernels are pure CUDA and go through bare `nvcc` (no torch headers), about a second each.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
@@ -34,7 +38,6 @@ from .candidate import Candidate
 
 TEMPLATE_DIR = Path(__file__).parent / "template"
 TEMPLATE_FILES = ("binding.cpp", "binding_registry.h")
-HEADER_SUFFIXES = (".h", ".cuh", ".hpp", ".inl")
 COMPILE_TIMEOUT_S = 600
 PCH_NAME = "cuda_agent_pch.h"
 log = logging.getLogger(__name__)
@@ -97,13 +100,13 @@ class Builder:
         if not kernel_srcs and not binding_srcs:
             return fail("workspace has no kernel sources under kernels/")
 
-        headers_hash = self._headers_hash(build_dir)
+        names = "\0".join(sorted(str(f.relative_to(build_dir)) for f in build_dir.rglob("*")))
         pch_flags, pch_note, pch_dir = self._pch_flags()
         jobs = [(src, self.backend.kernel_command(src, "{obj}")) for src in kernel_srcs]
         binding_cmd = [self.backend.cxx, *self.backend.binding_flags(), *pch_flags]
         jobs += [(src, [*binding_cmd, "-c", src, "-o", "{obj}"]) for src in ["binding.cpp", *binding_srcs]]
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            results = list(pool.map(lambda job: self._compile(build_dir, job[0], job[1], headers_hash, pch_dir),
+            results = list(pool.map(lambda job: self._compile(build_dir, job[0], job[1], names, pch_dir),
                                     jobs))
         steps = [step for step, _ in results]
         log = "\n".join(filter(None, [pch_note] + [f"[{s.source}] {s.output}" for s in steps if s.output]))
@@ -137,30 +140,32 @@ class Builder:
                                  f"{self.backend.kernel_suffix} and kernels/*_binding.cpp only")
         return kernels, bindings
 
-    @staticmethod
-    def _headers_hash(build_dir: Path) -> str:
-        h = hashlib.sha256()
-        for f in sorted(build_dir.rglob("*")):
-            if f.is_file() and f.suffix in HEADER_SUFFIXES:
-                h.update(str(f.relative_to(build_dir)).encode() + b"\0" + f.read_bytes())
-        return h.hexdigest()
-
-    def _compile(self, build_dir: Path, src: str, cmd: list[str], headers_hash: str,
+    def _compile(self, build_dir: Path, src: str, cmd: list[str], names: str,
                  pch_dir: Path) -> tuple[CompileStep, Path]:
-        key = hashlib.sha256("\0".join([self.backend.identity(), *cmd, headers_hash]).encode())
+        key = hashlib.sha256("\0".join([self.backend.identity(), *cmd, names]).encode())
         key.update((build_dir / src).read_bytes())
-        cached = self.objects / f"{key.hexdigest()}.o"
-        if cached.exists():
-            return CompileStep(src, True, 0.0), cached
+        manifest = self.objects / f"{key.hexdigest()}.deps"
+        try:
+            cached = self.objects / f"{key.hexdigest()}-{_state(build_dir, json.loads(manifest.read_text()))}.o"
+            if cached.exists():
+                return CompileStep(src, True, 0.0), cached
+        except (OSError, ValueError):
+            pass
         t0 = time.perf_counter()
         fd, tmp = tempfile.mkstemp(suffix=".o", dir=self.objects)
         os.close(fd)
-        proc = self._run([part.replace("{obj}", tmp) for part in cmd], build_dir, [pch_dir])
+        deps = tmp[:-2] + ".d"
+        proc = self._run([part.replace("{obj}", tmp) for part in cmd] + ["-MD", "-MF", deps], build_dir, [pch_dir])
         step = CompileStep(src, False, time.perf_counter() - t0, proc.returncode == 0, proc.stdout.strip())
+        cached = Path(tmp)
         if proc.returncode == 0:
+            read = _dependencies(build_dir, Path(deps).read_text())
+            _replace_text(manifest, json.dumps(read))
+            cached = self.objects / f"{key.hexdigest()}-{_state(build_dir, read)}.o"
             os.replace(tmp, cached)
         else:
             os.unlink(tmp)
+        Path(deps).unlink(missing_ok=True)
         return step, cached
 
     def _run(self, cmd: list[str], build_dir: Path, readable: list[Path]) -> subprocess.CompletedProcess:
@@ -201,6 +206,39 @@ class Builder:
             note = f"built precompiled header in {time.perf_counter() - t0:.1f}s ({gch.stat().st_size / 1e6:.0f} MB)"
             log.info("%s: %s", note, gch)
             return use, note, pch_dir
+
+
+def _dependencies(build_dir: Path, make_rule: str) -> list[str]:
+    """The files a compile read, from its `-MD` rule: workspace files relative to it, any other absolute."""
+    body = make_rule.replace("\\\n", " ").split(":", 1)[-1]
+    found = []
+    for part in re.split(r"(?<!\\)\s+", body.strip()):
+        path = (build_dir / part.replace("\\ ", " ")).resolve()
+        inside = path.is_relative_to(build_dir.resolve())
+        found.append(str(path.relative_to(build_dir.resolve())) if inside else str(path))
+    return sorted(set(found))
+
+
+def _state(build_dir: Path, files: list[str]) -> str:
+    """A hash of what those files hold now: a workspace file by its content, any other by size and modification
+    time (toolchain headers: thousands, unchanged), a missing one as missing."""
+    h = hashlib.sha256()
+    for name in files:
+        path = Path(name) if os.path.isabs(name) else build_dir / name
+        try:
+            seen = path.read_bytes() if not os.path.isabs(name) else \
+                f"{path.stat().st_size}:{path.stat().st_mtime_ns}".encode()
+        except OSError:
+            seen = b"<missing>"
+        h.update(name.encode() + b"\0" + hashlib.sha256(seen).digest())
+    return h.hexdigest()[:32]
+
+
+def _replace_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:

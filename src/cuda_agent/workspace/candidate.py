@@ -77,21 +77,27 @@ def load_candidate(path: str | Path) -> Candidate:
             raise CandidateError(f"candidate {path}: a single-file solution must be a .py file")
         return Candidate("single_file", path.resolve(), {"model_new.py": _read(path)})
     if path.is_dir():
+        root = path.resolve()
         files = {}
-        if (path / "model_new.py").is_file():
-            files["model_new.py"] = _read(path / "model_new.py")
-        kernels = path / "kernels"
+        if (root / "model_new.py").is_file():
+            files["model_new.py"] = _read(root / "model_new.py", root)
+        kernels = root / "kernels"
+        if kernels.is_symlink():  # another candidate's kernels would be judged as this one's
+            raise CandidateError(f"candidate {path}: kernels/ is a symbolic link; copy the files instead")
         if kernels.is_dir():
             for f in sorted(kernels.rglob("*")):
                 if f.is_file() and f.suffix in KERNEL_SUFFIXES:
-                    files[str(f.relative_to(path))] = _read(f)
-        return Candidate("workspace", path.resolve(), files)
+                    files[str(f.relative_to(root))] = _read(f, root)
+        return Candidate("workspace", root, files)
     raise CandidateError(f"candidate {path}: no such file or folder")
 
 
-def _read(path: Path) -> bytes:
-    if path.is_symlink():  # a link could make the judge read (and build in) a file outside the candidate
-        raise CandidateError(f"candidate file {path} is a symbolic link; copy the file instead")
+def _read(path: Path, root: Path | None = None) -> bytes:
+    """A candidate's file; one of a workspace (`root`, resolved) must lie in it with no link on the way."""
+    if path.is_symlink() or root and path.resolve() != path:
+        # a link could make the judge read (and build in) a file outside the candidate: another one's kernels
+        raise CandidateError(f"candidate file {path} is a symbolic link or lies in a linked folder; "
+                             "copy the file instead")
     if path.stat().st_size > MAX_FILE_BYTES:
         raise CandidateError(f"candidate file {path} is larger than {MAX_FILE_BYTES // 2**20} MiB")
     return path.read_bytes()

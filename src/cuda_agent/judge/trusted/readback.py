@@ -79,8 +79,9 @@ def _leaf_tensor(leaf: dict[str, Any], limit: int, read: Reader) -> tuple[torch.
     if count == 0:
         return torch.empty(shape, dtype=dtype), (address, address)
     span = (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * size
-    if span > limit:
-        raise Unreadable(f"spans {span} bytes, more than the {limit} the judge reads")
+    if max(span, count * size) > limit:  # (a few bytes described as 2^40 elements by stride 0: a copy that large)
+        raise Unreadable(f"holds {count * size} bytes over {span}: more than the {limit} left of what the judge reads "
+                         "of a call's outputs")
     raw = read(leaf, span)
     flat = raw.view(dtype) if span % size == 0 else raw[:span - span % size].view(dtype)
     return flat.as_strided(shape, strides).clone(), (address, address + span)
@@ -116,6 +117,7 @@ def read_outputs(leaves: Any, limit_bytes: int, forbidden: list[tuple[int, int]]
             tensor, (lo, hi) = _leaf_tensor(leaf, limit_bytes, read)
         except Unreadable as exc:
             raise Unreadable(f"{path}: {exc}") from None
+        limit_bytes -= tensor.numel() * tensor.element_size()  # the limit holds for all of a call's outputs
         if hi > lo and any(lo < b and a < hi for a, b in forbidden):
             raise Unreadable(f"{path} aliases an input tensor's memory")
         found.append((path, tensor))
