@@ -345,3 +345,18 @@ def test_outputs_with_infinities_are_checked_like_any_others(cpu_judge, make_wor
         assert verdict.correct, verdict.error
     else:
         assert not verdict.correct and verdict.error.startswith("incorrect: timed call"), verdict.error
+
+
+def test_a_kernel_exact_only_on_the_calls_that_verify_fails_the_precision_rule_on_the_timed_ones(cpu_judge,
+                                                                                                 make_workspace):
+    """Held out (red team, 2026-12-04): the error against fp64 (the precision rule) was measured on the verification
+    sets only, which come first: a kernel exact there and 0.5% off on every later call (inside atol/rtol, so the
+    checked timed calls passed) was correct; the same kernel off from the first call fails. The checked timed calls
+    now bring their errors against fp64 to the rule too."""
+    ws = candidate(make_workspace, """
+        self.calls += 1
+        k = 1.0 if self.calls <= 7 else 1.005
+        return cuda_extension.affine_relu_forward(x, self.scale * k, self.shift * k, 0)
+        """, init="self.calls = 0")
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert not verdict.correct and verdict.error.startswith("precision: error vs fp64"), verdict.error

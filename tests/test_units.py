@@ -256,6 +256,33 @@ def get_init_inputs():
     assert extra_shape({"batch_size": 16, "width": 256}) == {"batch_size": 9, "width": 129}
 
 
+def test_sizes_in_tuples_and_keyword_sizes_can_change_too():
+    """Held out (red team, 2026-12-04): `randn(batch_size, *input_shape)` with `input_shape = (4096,)` (KernelBench's
+    usual layout) varied the batch only, and `randn(size=(64, 4096))` nothing: a kernel hard-coding 4096 passed."""
+    from types import ModuleType
+
+    from cuda_agent.judge.wire.tensors import make_inputs
+    from cuda_agent.task import enable_sizes, shape_constants
+
+    source = """import torch
+batch_size = 16
+input_shape = (4096, 2)
+def get_inputs():
+    return [torch.randn(batch_size, *input_shape), torch.rand(size=(64, 40))]
+def get_init_inputs():
+    return []
+"""
+    sizes = shape_constants(source)
+    assert {k: v for k, v in sizes.items() if not k.startswith("_cuda")} == {"batch_size": 16, "input_shape[0]": 4096}
+    assert sorted(v for k, v in sizes.items() if k.startswith("_cuda")) == [40, 64]
+    module = ModuleType("task")
+    exec(source, vars(module))
+    enable_sizes(module, source)
+    changed = make_inputs(module, 0, "cpu", {"input_shape[0]": 2049, **{k: 33 for k in sizes if k.startswith("_")}})
+    assert [list(x.shape) for x in changed] == [[16, 2049, 2], [33, 33]]
+    assert module.input_shape == (4096, 2)  # put back
+
+
 def test_torch_arch_list_spelling():
     from cuda_agent.backend import torch_arch_list
 

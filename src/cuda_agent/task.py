@@ -146,6 +146,17 @@ def _module_ints(tree: ast.Module) -> dict[str, int]:
     return values
 
 
+def _module_int_sequences(tree: ast.Module) -> dict[str, int]:
+    """The integers of module-level tuples and lists (`input_shape = (16, 4096)`), keyed `input_shape[1]`."""
+    found: dict[str, int] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List)):
+            for target in (t for t in node.targets if isinstance(t, ast.Name)):
+                found |= {f"{target.id}[{i}]": v for i, e in enumerate(node.value.elts)
+                          if (v := _int_value(e)) is not None}
+    return found
+
+
 def _size_literals(function: ast.FunctionDef) -> list[ast.Constant]:
     """Integer literals that size a tensor built in `function` (`torch.randn(16, 4096)`, `torch.rand((8, 64))`)."""
     found = []
@@ -154,10 +165,10 @@ def _size_literals(function: ast.FunctionDef) -> list[ast.Constant]:
             continue
         name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
         which = SIZED.get(name)
-        if which is None or not call.args:
+        if which is None:
             continue
         args = {"all": call.args, "first": call.args[:1], "last": call.args[-1:]}[which]
-        args += [kw.value for kw in call.keywords if kw.arg == "size"]
+        args = [*args, *(kw.value for kw in call.keywords if kw.arg == "size")]  # (a new list: the tree stays)
         for arg in args:
             for node in (arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]):
                 if isinstance(node, ast.Constant) and type(node.value) is int and node.value > 2:
@@ -175,8 +186,9 @@ def _slot(node: ast.Constant) -> str:
 
 def shape_constants(source: str) -> dict[str, int]:
     """The sizes of the task's inputs that can change without changing its weights or its computation: module-level
-    integers (also from tuple assignments) that only `get_inputs()` uses (not `Model`, not `get_init_inputs()`), and
-    integer literals sizing the tensors `get_inputs()` builds (named `SLOT...`; `enable_sizes` lets them change).
+    integers (also from tuple assignments) that only `get_inputs()` uses (not `Model`, not `get_init_inputs()`), the
+    integers of such tuples and lists (`input_shape = (4096,)`: `input_shape[0]`), and integer literals sizing the
+    tensors `get_inputs()` builds, keyword sizes too (named `SLOT...`; `enable_sizes` lets them change).
 
     The judge checks one extra shape with them changed, to catch candidates that hard-code the sizes (the reference
     worker keeps those at which the task itself still runs: `fit_sizes`).
@@ -189,6 +201,8 @@ def shape_constants(source: str) -> dict[str, int]:
             used[node.name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
     only_inputs = used.get("get_inputs", set()) - used.get("get_init_inputs", set()) - used.get("Model", set())
     named = {name: value for name, value in values.items() if name in only_inputs and value > 2}
+    named |= {key: value for key, value in _module_int_sequences(tree).items()
+              if key.split("[")[0] in only_inputs and value > 2}
     function = _get_inputs(tree)
     literals = {_slot(node): node.value for node in _size_literals(function)} if function else {}
     return {**named, **literals}

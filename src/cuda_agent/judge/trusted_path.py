@@ -51,6 +51,7 @@ class TrustedPath(Verification):
         scaled values run after the timing (`finish`) and only add to `strict_findings`."""
         verdict = self.verdict
         errors: Errors = {"candidate": [], "eager": []}
+        self.errors = errors  # the timed calls' checks add theirs (`time_candidate`, then `finish`)
         verdict.max_abs_error = verdict.max_rel_error = 0.0
         lenient = self.cfg.policy == "kernelbench"
         plan = [(f"input set {k}", seed, None, self._scale() if self.scales and k and not lenient else None)
@@ -109,6 +110,8 @@ class TrustedPath(Verification):
                 self.verdict.correct = False
                 raise TimingFailed(self.call_failure(reply.failed, reply.reason))
             record["checked_calls"] += reply.stats.pop("checked_calls")
+            self.errors["candidate"] += reply.stats.pop("rel64", [])  # the checked timed calls' (held out: a kernel
+            self.errors["eager"] += reply.stats.pop("eager_rel64", [])  # exact on the first calls only)
             self.verdict.strict_findings += reply.stats.pop("findings", [])
             record["candidate_memory_peak"] = reply.stats.pop("memory_peak")  # the kernel's, for scheduling
             return reply.stats
@@ -116,6 +119,8 @@ class TrustedPath(Verification):
         return time_candidate
 
     def finish(self) -> None:
+        if not self.precision(self.errors):  # again, over the checked timed calls' errors too
+            raise TimingFailed(self.verdict.error)
         if not self.strict_extras():  # (kernelbench) the audits' answer went with the process: findings only
             self.verdict.strict_findings.append("the in-process audits' results were lost with the process")
             return

@@ -73,9 +73,12 @@ class Verification:
         return f"scaled inputs (x{scale:.3f})", secrets.randbelow(2**31), scale
 
     def precision(self, errors: Errors) -> bool:
-        """Every check passed: correct, unless its error against fp64 is too far beyond fp32 eager's own."""
+        """Every check passed: correct, unless its error against fp64 is too far beyond fp32 eager's own (over every
+        compared call so far: asked again after the timing, what it said before is replaced)."""
         verdict = self.verdict
         verdict.correct = True
+        verdict.warnings = [w for w in verdict.warnings if not w.startswith("precision: ")]
+        verdict.strict_findings = [f for f in verdict.strict_findings if not f.startswith("precision: ")]
         if errors["candidate"] and errors["eager"]:
             c, e = max(errors["candidate"]), max(errors["eager"])
             ratio = (c + 1e-12) / (e + 1e-12)

@@ -256,6 +256,7 @@ class Reference:
         findings: list[str] = []
         flush = self.backend.make_cache_flusher()
         forced: list[str] = []  # calls checked because their window may have been cut (`Calls.must_check`)
+        errors64: dict[str, list[float]] = {"rel64": [], "eager_rel64": []}  # the checked calls' errors vs fp64
         clock = self.baseline_calls() if isinstance(calls, GpuCalls) else None  # its empty calls: the GPU clock's
         empty: list[float] = []  # constant part, measured just before and after the timed calls (it drifts)
 
@@ -271,11 +272,13 @@ class Reference:
             if not picked and calls.must_check(call):
                 picked = True
                 forced.append(label)
-            expected = self.reference_outputs(inputs, fp64=False) if picked else None
-            if expected is not None and unfit(expected[0], lambda: self._fp64(inputs)):
+            expected = self.reference_outputs(inputs, fp64=not fn) if picked else None  # (fp64: the precision)
+            if expected is not None and unfit(expected[0], lambda: expected[1] or self._fp64(inputs)):
                 expected = None  # the task does not hold at this scale: nothing to compare
             result = self._judge_call(calls, call, *expected, label) if expected is not None else \
                 self._inputs_kept(calls, label) if inputs_checked else {"ok": True}
+            for key, found in errors64.items():
+                found += result.get(key, [])
             # what strict would say (KernelBench checks no timed call); a call whose window may have been cut must
             # be correct under any policy: its time is believed only then
             if not result["ok"] and lenient and result["reason"].startswith("incorrect") and label not in forced:
@@ -306,7 +309,7 @@ class Reference:
                    "host_us_median": statistics.median(call.host_us for call in timed)}
         return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
                 "cpu_outside_calls_us": calls.outside_ns / 1e3, "memory_peak": calls.memory_peak(),
-                "checked_calls": sorted(picked), "calls_checked_for_their_length": len(forced), **gpu,
+                "checked_calls": sorted(picked), "calls_checked_for_their_length": len(forced), **gpu, **errors64,
                 **({"findings": findings[:1] + ([f"and {len(findings) - 1} more timed calls"] if findings[1:] else [])}
                    if lenient else {})}
 

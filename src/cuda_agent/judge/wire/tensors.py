@@ -67,13 +67,19 @@ def tensor_bytes(obj: Any) -> int:
 def make_inputs(module: Any, seed: int, device: str, shapes: dict[str, int] | None = None,
                 scale: float | None = None) -> list:
     """The task's inputs for one seed, created directly on the device (deterministic for seed and device).
-    `shapes` temporarily overrides module-level size constants (the extra-shape check); `scale` multiplies every
+    `shapes` temporarily overrides module-level size constants, `name[i]` an element of a tuple of them (the
+    extra-shape check); `scale` multiplies every
     floating-point input (the scaled-inputs check: a closed form for the task's input distribution breaks)."""
     import torch
 
-    saved = {name: getattr(module, name) for name in shapes or {}}
+    saved = {key.split("[")[0]: getattr(module, key.split("[")[0]) for key in shapes or {}}
     try:
-        for name, value in (shapes or {}).items():
+        for key, value in (shapes or {}).items():
+            name, _, index = key.partition("[")
+            if index:  # an element of a tuple or list of sizes (`input_shape[0]`)
+                sequence = list(getattr(module, name))
+                sequence[int(index.rstrip("]"))] = value
+                value = type(saved[name])(sequence)
             setattr(module, name, value)
         torch.manual_seed(seed)
         with torch.device(device):
