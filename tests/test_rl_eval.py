@@ -311,3 +311,21 @@ def test_train_audit_lays_out_the_best_verified_kernel_of_each_task(tmp_path):
     (empty / "episodes.jsonl").write_text(json.dumps({"task": "t", "shape": "direct"}) + "\n")  # the expert's
     other = runner.invoke(app, ["train", "audit", str(empty), "--out", str(tmp_path / "none.md")])
     assert other.exit_code == 2 and "not an evaluation's" in other.output
+
+
+def test_the_audit_page_shows_every_file_whole_whatever_it_holds(tmp_path):
+    """Held out (red team, 2026-12-04): a kernel that put ``` and `<!--` in a comment closed the page's fixed fence
+    and hid its next lines in an HTML comment, and an included `.inl` file was not on the page at all."""
+    from cuda_agent.rl.audit import entry
+
+    run = tmp_path / "run"
+    (run / "best" / "kernels").mkdir(parents=True)
+    (run / "best" / "kernels" / "k.cpp").write_text('#include "helpers.inl"\n/* ```\n<!-- */\nint hidden_trick;\n')
+    (run / "best" / "kernels" / "helpers.inl").write_text("int table_lookup_cheat;\n")
+    (run / "best_verdict.json").write_text(json.dumps({"warnings": ["`` <!-- x"]}))
+    page = entry(1, EpisodeRecord(str(TASKS / "affine_relu.py"), 0, 3, 1.2, 3, 3, 0, "finish", str(run)), tmp_path)
+    assert "table_lookup_cheat" in page and "hidden_trick" in page
+    body = page[page.index("k.cpp"):]
+    fence = body.split("\n")[2][:4]
+    assert fence == "````" and body.count(fence) == 2, body  # longer than the file's own ``` run
+    assert "``` ['`` <!-- x'] ```" in page  # the verdict's strings as code

@@ -211,12 +211,13 @@ class Judge:
                              self._candidate_sandbox(run_dir))
 
     def _candidate_sandbox(self, run_dir: Path) -> sandbox.Sandbox | None:
-        """The candidate sees its build, the public inputs and the task file; writes only its own folders."""
+        """The candidate sees its build, the public inputs and the task file; writes only its own folders (where its
+        `load_inline` libraries are copied: the published ones, every candidate's, stay hidden)."""
         if not self.sandboxed:
             return None
         compute = compute_packages() if self._blocks_compute_packages() else []  # numpy & co. cannot be imported
         view = sandbox.View(writable=[run_dir / "candidate"],
-                            readable=[run_dir / "build", run_dir / "public", run_dir / "task", self.inline.root],
+                            readable=[run_dir / "build", run_dir / "public", run_dir / "task"],
                             hidden=[self.cache_dir, *map(Path, compute)])
         return sandbox.Sandbox(view, self.limits, cwd=run_dir / "candidate")
 

@@ -263,7 +263,7 @@ def _clipped(value: Any) -> str:
 def _verdict_line(v: dict) -> str:
     css = "good" if v.get("correct") else "bad"
     parts = [f'<span class="{css}">{"correct" if v.get("correct") else "not correct"}</span>',
-             f"reward {v.get('reward')}"]
+             f"reward {esc(str(v.get('reward')))}"]
     for key, label in (("speedup_vs_eager", "x eager"), ("speedup_vs_compile", "x compile")):
         if v.get(key):
             parts.append(f"{v[key]:.2f} {label}")

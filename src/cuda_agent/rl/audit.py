@@ -13,6 +13,7 @@ where it now lies (the recorded paths' tails, under the evaluation's parent fold
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .scores import EpisodeRecord
@@ -51,8 +52,19 @@ def _here(path: str, root: Path) -> Path:
 
 
 def _fenced(path: Path) -> str:
+    """A file, whole, in a fence longer than any run of backticks in it (a kernel that closed a fixed ``` fence in
+    a comment could hide its next lines in an HTML comment of the page: held out, 2026-12-04)."""
     language = {".py": "python", ".cu": "cuda", ".cpp": "cpp", ".h": "cpp", ".cuh": "cuda"}.get(path.suffix, "")
-    return f"`{path.name}`\n\n```{language}\n{path.read_text(errors='replace').rstrip()}\n```\n"
+    text = path.read_text(errors="replace").rstrip()
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return f"{_code(path.name)}\n\n{fence}{language}\n{text}\n{fence}\n"
+
+
+def _code(value: object) -> str:
+    """Any text as one inline code span of the page (a verdict's strings come from the candidate's process)."""
+    text = str(value).replace("\n", " ")
+    ticks = "`" * (1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return f"{ticks} {text} {ticks}"
 
 
 def entry(rank: int, record: EpisodeRecord, root: Path) -> str:
@@ -61,15 +73,14 @@ def entry(rank: int, record: EpisodeRecord, root: Path) -> str:
     speed = f"{record.speedup_vs_compile:.2f}x torch.compile" if record.speedup_vs_compile else "no speedup"
     files = sorted(p for p in (run / "best").rglob("*") if p.is_file()) if (run / "best").is_dir() else []
     lines = [f"## {rank}. {Path(record.task).stem}: reward {record.reward:g}, {speed}", "",
-             f"Run: `{run}` (sample {record.sample}, {record.turns} turns). Verdict: correct "
-             f"{verdict.get('correct')}, times (us) {verdict.get('times_us')}, max abs error "
-             f"{verdict.get('max_abs_error')}, policy violations {verdict.get('policy_violations') or 'none'}, "
-             f"warnings {verdict.get('warnings') or 'none'}.", "",
+             f"Run: {_code(run)} (sample {record.sample}, {record.turns} turns). Verdict: correct "
+             f"{verdict.get('correct')}, times (us) {_code(verdict.get('times_us'))}, max abs error "
+             f"{verdict.get('max_abs_error')}, policy violations {_code(verdict.get('policy_violations') or 'none')}, "
+             f"warnings {_code(verdict.get('warnings') or 'none')}.", "",
              "Audit (fill in):", *(f"- [ ] {q}" for q in QUESTIONS), "- finding: ", "",
              "### The task", "", _fenced(task) if task.is_file() else f"(the task file {record.task} is not here)",
              "", "### The kernel", ""]
-    lines += [_fenced(p) for p in files if p.suffix in (".py", ".cu", ".cpp", ".h", ".cuh")] or \
-        ["(no best/ folder: the episode's files were not kept)"]
+    lines += [_fenced(p) for p in files] or ["(no best/ folder: the episode's files were not kept)"]  # every one
     return "\n".join(lines) + "\n"
 
 

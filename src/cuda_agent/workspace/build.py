@@ -2,11 +2,12 @@
 
 Design (numbers in docs/build-speed.md):
 - every translation unit compiles on its own, in parallel, and its object is cached by a content hash of
-  (backend identity, command line, source, the workspace's file names) and of every file its last compile read
-  (the compiler's `-MD` list: a workspace file by content, any other by size and time), so editing one `.cu`
-  recompiles just that file and relinks, and an object never outlives a change to anything it included (held
-  out: a kernel that included `../model_new.py`, a C++/Python polyglot, kept its first object when only the
-  Python file changed, within an episode and in the next one);
+  (backend identity, command line, source, every file of the candidate's workspace) and of every other file its
+  last compile read (the compiler's `-MD` list, by size and time: the toolchain's headers), so an object never
+  outlives a change to anything the candidate wrote (held out: a kernel including `../model_new.py`, a C++/Python
+  polyglot, kept its first object when only the Python file changed, within an episode and in the next one; a
+  list of the files a compile read misses `.incbin` and names it escapes). Editing one file recompiles the
+  candidate's units, not the judge's `binding.cpp` nor the precompiled header;
 - torch-facing files (`*_binding.cpp`, the fixed `binding.cpp`) share one precompiled header of
   `torch/types.h` + pybind, built once per toolchain and cached;
 - `.cu` kernels are pure CUDA and go through bare `nvcc` (no torch headers), about a second each.
@@ -100,14 +101,14 @@ class Builder:
         if not kernel_srcs and not binding_srcs:
             return fail("workspace has no kernel sources under kernels/")
 
-        names = "\0".join(sorted(str(f.relative_to(build_dir)) for f in build_dir.rglob("*")))
+        workspace = _contents(build_dir, candidate)
         pch_flags, pch_note, pch_dir = self._pch_flags()
         jobs = [(src, self.backend.kernel_command(src, "{obj}")) for src in kernel_srcs]
         binding_cmd = [self.backend.cxx, *self.backend.binding_flags(), *pch_flags]
         jobs += [(src, [*binding_cmd, "-c", src, "-o", "{obj}"]) for src in ["binding.cpp", *binding_srcs]]
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            results = list(pool.map(lambda job: self._compile(build_dir, job[0], job[1], names, pch_dir),
-                                    jobs))
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:  # the judge's binding.cpp reads none of the candidate's
+            results = list(pool.map(lambda job: self._compile(build_dir, job[0], job[1], pch_dir,
+                                                              "" if job[0] == "binding.cpp" else workspace), jobs))
         steps = [step for step, _ in results]
         log = "\n".join(filter(None, [pch_note] + [f"[{s.source}] {s.output}" for s in steps if s.output]))
         failed = [s for s in steps if not s.ok]
@@ -140,9 +141,9 @@ class Builder:
                                  f"{self.backend.kernel_suffix} and kernels/*_binding.cpp only")
         return kernels, bindings
 
-    def _compile(self, build_dir: Path, src: str, cmd: list[str], names: str,
-                 pch_dir: Path) -> tuple[CompileStep, Path]:
-        key = hashlib.sha256("\0".join([self.backend.identity(), *cmd, names]).encode())
+    def _compile(self, build_dir: Path, src: str, cmd: list[str], pch_dir: Path,
+                 workspace: str) -> tuple[CompileStep, Path]:
+        key = hashlib.sha256("\0".join([self.backend.identity(), *cmd, workspace]).encode())
         key.update((build_dir / src).read_bytes())
         manifest = self.objects / f"{key.hexdigest()}.deps"
         try:
@@ -208,12 +209,21 @@ class Builder:
             return use, note, pch_dir
 
 
+def _contents(build_dir: Path, candidate: Candidate) -> str:
+    """A hash of every file of the candidate's workspace: part of each of its units' keys, whatever they include
+    (held out: an `-MD` list misses files read by `.incbin` and names it escapes, `half$.h` as `half$$.h`)."""
+    h = hashlib.sha256()
+    for name in sorted(candidate.files):
+        h.update(name.encode() + b"\0" + hashlib.sha256((build_dir / name).read_bytes()).digest())
+    return h.hexdigest()
+
+
 def _dependencies(build_dir: Path, make_rule: str) -> list[str]:
     """The files a compile read, from its `-MD` rule: workspace files relative to it, any other absolute."""
     body = make_rule.replace("\\\n", " ").split(":", 1)[-1]
     found = []
     for part in re.split(r"(?<!\\)\s+", body.strip()):
-        path = (build_dir / part.replace("\\ ", " ")).resolve()
+        path = (build_dir / part.replace("\\ ", " ").replace("\\#", "#").replace("$$", "$")).resolve()
         inside = path.is_relative_to(build_dir.resolve())
         found.append(str(path.relative_to(build_dir.resolve())) if inside else str(path))
     return sorted(set(found))
