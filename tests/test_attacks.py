@@ -298,30 +298,8 @@ def test_a_task_with_no_size_to_change_says_so_in_the_verdict(cache_dir, tmp_pat
     assert any(w.startswith("extra shape not checked") for w in verdict.warnings), verdict.warnings
 
 
-MASKED = '''import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self, scale: float, shift: float):
-        super().__init__()
-        self.scale = scale
-        self.shift = shift
-
-    def forward(self, x):
-        return torch.relu(x * self.scale + self.shift) * 0.5, torch.full((16,), float("-inf"))
-
-
-N = 1 << 21
-
-
-def get_inputs():
-    return [torch.randn(N)]
-
-
-def get_init_inputs():
-    return [2.0, 0.1]
-'''
+MASKED = AFFINE.read_text().replace("return torch.relu(x * self.scale + self.shift) * 0.5",
+                                   'return torch.relu(x * self.scale + self.shift) * 0.5, torch.full((16,), -math.inf)')
 
 
 @pytest.mark.parametrize("honest_calls", [None, 7])
@@ -332,7 +310,7 @@ def test_outputs_with_infinities_are_checked_like_any_others(cpu_judge, make_wor
     a 7x speedup, reward 3. An infinity the float64 run shares is part of the answer (compare.unfit); only NaN and
     fp32 overflow leave a check out."""
     task = tmp_path / "affine_masked.py"
-    task.write_text(MASKED)
+    task.write_text("import math\n" + MASKED)
     limit = "True" if honest_calls is None else f"self.calls <= {honest_calls}"
     ws = candidate(make_workspace, f"""
         self.calls += 1

@@ -10,6 +10,7 @@ is verified on every input set and timed beside eager and torch.compile along on
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import time
@@ -324,5 +325,7 @@ class Evaluation:
         # imported another's from the shared folder and was correct at 9x eager)
         own = self.slot.run_dir / "candidate" / "extensions" / built.module / built.path.name
         own.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(built.path, own)
+        fresh = own.with_name(f".{own.name}.{secrets.token_hex(4)}")
+        shutil.copyfile(built.path, fresh)
+        os.replace(fresh, own)  # a new file: the same call made again must not rewrite a library already loaded
         return {"path": str(own), "module": built.module, "sha256": built.sha256}

@@ -47,7 +47,7 @@ def _program(arch: int, calls: dict[str, int], refused: tuple[int, ...]) -> byte
     op(_JEQ_K, arch, 1, 0)
     op(_RET_K, _RET_KILL_PROCESS)  # another ABI
     op(_LD_W_ABS, 0)
-    if "fork" in calls:  # x86-64
+    if arch == _ARCH["x86_64"][0]:
         op(_JGE_K, _X32_BIT, 0, 1)
         op(_RET_K, _RET_KILL_PROCESS)
     op(_JEQ_K, calls["clone3"], 0, 1)
