@@ -1,6 +1,6 @@
 """Incremental build of a workspace candidate into the `cuda_extension` module.
 
-Design (numbers in docs/build-speed.md):
+Design (numbers in docs/measurements.md, "Build speed"):
 - every translation unit compiles on its own, in parallel, and its object is cached by a content hash of
   (backend identity, command line, source, every file of the candidate's workspace) and of every other file its
   last compile read (the compiler's `-MD` list, by size and time: the toolchain's headers), so an object never
