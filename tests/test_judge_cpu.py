@@ -131,6 +131,16 @@ def test_an_object_is_compiled_again_when_any_file_it_included_changes(cpu_judge
     assert again["kernels/affine_relu.cpp"] is False and again["binding.cpp"] is True, again
     verdict = cpu_judge.evaluate(AFFINE, ws)
     assert not verdict.correct and "outside atol" in verdict.error, verdict.error
+    # a fourth pass: a header whose name the compiler's dependency list escapes (`half$.h` as `half$$.h`)
+    (ws / "model_new.py").write_text(POLYGLOT.format(factor="0.5f"))
+    (ws / "kernels" / "half$.h").write_text("#define HALF 0.5f\n")
+    kernel = ws / "kernels" / "affine_relu.cpp"
+    kernel.write_text(kernel.read_text().replace('#include "../model_new.py"', '#include "half$.h"')
+                      .replace("* FACTOR;", "* HALF;"))
+    assert cpu_judge.compile(load_candidate(ws)).ok
+    (ws / "kernels" / "half$.h").write_text("#define HALF 0.25f\n")
+    again = {s.source: s.cached for s in cpu_judge.compile(load_candidate(ws)).steps}
+    assert again["kernels/affine_relu.cpp"] is False, again
 
 
 def test_a_baseline_cached_in_a_noisy_moment_is_timed_again(cache_dir, cpu_judge):
