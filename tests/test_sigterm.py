@@ -57,8 +57,10 @@ def cmdline(pid: int) -> str:
 
 def terminate_in_flight(args: list[str], env: dict[str, str],
                         times: int = 1) -> tuple[subprocess.CompletedProcess, list[int]]:
-    """Run the CLI, send it SIGTERM once its reference worker runs (`times` times, a second apart), and return the
-    result and the processes it started that still run after it ended (killed then: a failure leaves none behind)."""
+    """Run the CLI, send it SIGTERM once its reference worker runs (`times` times, 3 s apart: two signals that land
+    before the CLI's main thread runs Python again make one call of its handler, as a loaded CI machine showed), and
+    return the result and the processes it started that still run after it ended (killed then: a failure leaves
+    none behind)."""
     proc = subprocess.Popen([sys.executable, "-m", "cuda_agent", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen: dict[int, tuple[str, str]] = {}
@@ -67,7 +69,7 @@ def terminate_in_flight(args: list[str], env: dict[str, str],
         while proc.poll() is None and time.monotonic() < deadline:
             for pid in descendants(proc.pid) - set(seen):
                 seen[pid] = started(pid)
-            if sent < times and time.monotonic() - last > 1 and \
+            if sent < times and time.monotonic() - last > 3 and \
                     any("reference_worker" in cmdline(pid) for pid in seen):  # (once it has exec'd)
                 proc.send_signal(signal.SIGTERM)
                 sent, last = sent + 1, time.monotonic()
