@@ -68,6 +68,8 @@ def main() -> None:
     build("cold build of a new one-kernel workspace (nothing cached but the header)")
     (ws / kernel).write_text((ws / kernel).read_text() + "\n// edited\n")
     build(f"rebuild after editing {kernel}")
+    (ws / "model_new.py").write_text((ws / "model_new.py").read_text() + "\n# edited\n")
+    build("rebuild after editing model_new.py")
     build("rebuild with nothing changed")
 
     obj = str(tmp / "k.o")

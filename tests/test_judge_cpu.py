@@ -129,6 +129,7 @@ def test_an_object_is_compiled_again_when_any_file_it_included_changes(cpu_judge
     (ws / "model_new.py").write_text(POLYGLOT.format(factor="0.25f"))
     again = {s.source: s.cached for s in cpu_judge.compile(load_candidate(ws)).steps}
     assert again["kernels/affine_relu.cpp"] is False and again["binding.cpp"] is True, again
+    assert again["kernels/affine_relu_binding.cpp"] is True, again  # it never read model_new.py
     verdict = cpu_judge.evaluate(AFFINE, ws)
     assert not verdict.correct and "outside atol" in verdict.error, verdict.error
     # a fourth pass: a header whose name the compiler's dependency list escapes (`half$.h` as `half$$.h`)
@@ -141,6 +142,28 @@ def test_an_object_is_compiled_again_when_any_file_it_included_changes(cpu_judge
     (ws / "kernels" / "half$.h").write_text("#define HALF 0.25f\n")
     again = {s.source: s.cached for s in cpu_judge.compile(load_candidate(ws)).steps}
     assert again["kernels/affine_relu.cpp"] is False, again
+
+
+INCBIN = """asm(".section .rodata\\n.global factor_bytes\\nfactor_bytes:\\n.incbin \\"kernels/factor.h\\"\\n.text\\n");
+extern "C" const char factor_bytes[];
+#include <algorithm>"""
+
+
+def test_a_file_read_only_by_the_assembler_recompiles_its_reader_and_nothing_else(cpu_judge, make_workspace):
+    """A kernel that `.incbin`s a workspace file (no `#include`: the compiler's `-MD` list never names it) is compiled
+    again when that file changes, as the kernel reports the file opened; the units that never opened it (the
+    candidate's binding, the judge's) keep their objects, so an edit costs its own unit only."""
+    ws = make_workspace(edits={"kernels/affine_relu.cpp": [("#include <algorithm>", INCBIN),
+                                                           ("* 0.5f;", "* ((factor_bytes[0] - '0') / 10.0f);")]})
+    (ws / "kernels" / "factor.h").write_text("5")
+    assert cpu_judge.compile(load_candidate(ws)).ok
+    assert cpu_judge.evaluate(AFFINE, ws).correct
+    (ws / "kernels" / "factor.h").write_text("2")
+    again = {s.source: s.cached for s in cpu_judge.compile(load_candidate(ws)).steps}
+    assert again == {"kernels/affine_relu.cpp": False, "binding.cpp": True, "kernels/affine_relu_binding.cpp": True,
+                     "<link>": False}, again
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert not verdict.correct and "outside atol" in verdict.error, verdict.error
 
 
 def test_a_baseline_cached_in_a_noisy_moment_is_timed_again(cache_dir, cpu_judge):
@@ -631,6 +654,26 @@ def test_the_kernelbench_policy_allows_torch_ops_and_reports_what_strict_would_f
                                 "torch.relu(x.mul_(self.scale).add_(self.shift)) * 0.5")
     mutated = kernelbench.evaluate(AFFINE, mutating)  # KernelBench's rule passes it; the strict judge would not
     assert mutated.correct and any("modified in place" in f for f in mutated.strict_findings), mutated.strict_findings
+
+
+def test_the_kernelbench_policy_reports_weights_ignored_after_construction(cache_dir, tmp_path):
+    """Held out (red team, 2026-12-04): a transposed copy of the weight made in `__init__` and used instead of the
+    parameter is right under KernelBench's seeded construction and wrong under strict (which loads Model's state
+    dict after construction): the kernelbench verdict passes it and now says what strict would."""
+    body = "self.linear = torch.nn.Linear(features, features)\n        {}"
+    forward = "torch.nn.functional.gelu(x @ {} + self.linear.bias)"
+    relaid = python_candidate(tmp_path, "features", body.format("self.wt = self.linear.weight.detach().t().clone()"),
+                              forward.format("self.wt"))
+    task = TASKS / "linear_gelu.py"
+    kernelbench = Judge("cpu", fast_config(cache_dir, policy="kernelbench"))
+    verdict = kernelbench.evaluate(task, relaid)
+    assert verdict.correct, verdict.error
+    assert any("weights loaded after construction" in f and "outside atol" in f for f in verdict.strict_findings), \
+        verdict.strict_findings
+    assert Judge("cpu", fast_config(cache_dir)).evaluate(task, relaid).reward == -1
+    honest = python_candidate(tmp_path, "features", body.format("pass"), forward.format("self.linear.weight.t()"))
+    verdict = kernelbench.evaluate(task, honest)
+    assert verdict.correct and not verdict.strict_findings, verdict.strict_findings
 
 
 def test_reference_workers_stay_warm_with_fresh_weights_per_evaluation(cache_dir, tmp_path):

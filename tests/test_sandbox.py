@@ -17,6 +17,7 @@ from conftest import TASKS, fast_config, kept_processes
 from cuda_agent import sandbox
 from cuda_agent.judge import Judge
 from cuda_agent.sandbox.cgroup import Cgroup, members
+from cuda_agent.workspace.candidate import load_candidate
 
 AFFINE = TASKS / "affine_relu.py"
 pytestmark = pytest.mark.skipif(sandbox.probe() is not None, reason=f"sandbox unavailable: {sandbox.probe()}")
@@ -285,3 +286,16 @@ def test_the_compiler_cannot_read_the_judges_files_into_its_errors(judges, make_
     assert "SECRET_TOKEN_4242" not in json.dumps(confined.to_dict())
     plain = judges["none"].evaluate(AFFINE, ws)  # the same build outside the sandbox leaks it
     assert "SECRET_TOKEN_4242" in plain.error, plain.error
+
+
+def test_a_compile_sees_its_own_copy_of_the_workspace_and_no_other(judges, make_workspace):
+    """Each unit compiles in a folder of its own and the kernel's open events say what it read: a read of the build
+    folder's copy or of another unit's would go unseen, so those are hidden from the compiler."""
+    ws = make_workspace()
+    kernel = ws / "kernels" / "affine_relu.cpp"
+    for path in ("../../model_new.py", "../1/kernels/affine_relu_binding.cpp"):
+        kernel.write_text(f'asm(".section .rodata\\n.incbin \\"{path}\\"\\n.text\\n");\n' + kernel.read_text())
+        build = judges["required"].compile(load_candidate(ws))
+        assert not build.ok and "file not found" in build.log, build.log
+        kernel.write_text(kernel.read_text().split("\n", 1)[1])
+    assert judges["required"].compile(load_candidate(ws)).ok

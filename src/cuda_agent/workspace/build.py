@@ -1,20 +1,23 @@
 """Incremental build of a workspace candidate into the `cuda_extension` module.
 
 Design (numbers in docs/measurements.md, "Build speed"):
-- every translation unit compiles on its own, in parallel, and its object is cached by a content hash of
-  (backend identity, command line, source, every file of the candidate's workspace) and of every other file its
-  last compile read (the compiler's `-MD` list, by size and time: the toolchain's headers), so an object never
-  outlives a change to anything the candidate wrote (held out: a kernel including `../model_new.py`, a C++/Python
-  polyglot, kept its first object when only the Python file changed, within an episode and in the next one; a
-  list of the files a compile read misses `.incbin` and names it escapes). Editing one file recompiles the
-  candidate's units, not the judge's `binding.cpp` nor the precompiled header;
+- every translation unit compiles on its own, in parallel, in a folder of its own holding a copy of the workspace
+  (the judge's `binding.cpp`: the judge's two template files only), and its object is cached under the backend's
+  identity, the command line, the unit's source, the names of the files beside it, and the content of every one of
+  them the compile opened, as the kernel reports the opens (`reads.Opened`): an assembler `.incbin` and names the
+  compiler escapes are seen (held out: a kernel including or `.incbin`-ing `../model_new.py`, a C++/Python
+  polyglot, kept its first object when only the Python changed; the compiler's own `-MD` list misses both). Files
+  outside the folder (the toolchain's headers) count by size and time, from the `-MD` list. Editing a kernel
+  recompiles the units that read it, not the others nor the precompiled header;
 - torch-facing files (`*_binding.cpp`, the fixed `binding.cpp`) share one precompiled header of
   `torch/types.h` + pybind, built once per toolchain and cached;
 - `.cu` kernels are pure CUDA and go through bare `nvcc` (no torch headers), about a second each.
 
 The judge builds from its own copies of the candidate's files, plus its own `binding.cpp`/`binding_registry.h`.
-With `confined`, every compiler run on candidate sources runs in the sandbox: an `#include "/root/.ssh/id_rsa"`
-would otherwise print the host's secrets into the build log the agent reads.
+With `confined`, every compiler run on candidate sources runs in the sandbox seeing its unit's folder and the
+precompiled header only: an `#include "/root/.ssh/id_rsa"` would otherwise print the host's secrets into the build
+log the agent reads, and a read of the other copies would go unseen. Without it (no sandbox) nothing confines a
+compile, and every file of the workspace counts as read.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import sandbox
+from . import reads
 from ..backend import EXTENSION_NAME, Backend
 from .candidate import Candidate
 
@@ -101,14 +105,15 @@ class Builder:
         if not kernel_srcs and not binding_srcs:
             return fail("workspace has no kernel sources under kernels/")
 
-        workspace = _contents(build_dir, candidate)
+        judge_files = {name: (TEMPLATE_DIR / name).read_bytes() for name in TEMPLATE_FILES}
+        workspace = {**candidate.files, **judge_files}
         pch_flags, pch_note, pch_dir = self._pch_flags()
-        jobs = [(src, self.backend.kernel_command(src, "{obj}")) for src in kernel_srcs]
+        jobs = [(src, self.backend.kernel_command(src, "{obj}"), workspace) for src in kernel_srcs]
         binding_cmd = [self.backend.cxx, *self.backend.binding_flags(), *pch_flags]
-        jobs += [(src, [*binding_cmd, "-c", src, "-o", "{obj}"]) for src in ["binding.cpp", *binding_srcs]]
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:  # the judge's binding.cpp reads none of the candidate's
-            results = list(pool.map(lambda job: self._compile(build_dir, job[0], job[1], pch_dir,
-                                                              "" if job[0] == "binding.cpp" else workspace), jobs))
+        jobs += [(src, [*binding_cmd, "-c", src, "-o", "{obj}"], judge_files if src == "binding.cpp" else workspace)
+                 for src in ["binding.cpp", *binding_srcs]]
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            results = list(pool.map(lambda job: self._compile(build_dir, job, pch_dir), enumerate(jobs)))
         steps = [step for step, _ in results]
         log = "\n".join(filter(None, [pch_note] + [f"[{s.source}] {s.output}" for s in steps if s.output]))
         failed = [s for s in steps if not s.ok]
@@ -120,7 +125,7 @@ class Builder:
         objs = [str(obj) for _, obj in results]
         link = self.backend.link_command(objs, f"{EXTENSION_NAME}.so", libraries)
         t0 = time.perf_counter()
-        proc = self._run(link, build_dir, [])
+        proc = self._run(link, sandbox.View(writable=[build_dir], readable=[self.objects]))
         steps.append(CompileStep("<link>", False, time.perf_counter() - t0, proc.returncode == 0, proc.stdout))
         if proc.returncode != 0:
             return fail(f"link error: {_first_error(proc.stdout) or 'see log'}", log + "\n" + proc.stdout, steps)
@@ -141,42 +146,52 @@ class Builder:
                                  f"{self.backend.kernel_suffix} and kernels/*_binding.cpp only")
         return kernels, bindings
 
-    def _compile(self, build_dir: Path, src: str, cmd: list[str], pch_dir: Path,
-                 workspace: str) -> tuple[CompileStep, Path]:
-        key = hashlib.sha256("\0".join([self.backend.identity(), *cmd, workspace]).encode())
-        key.update((build_dir / src).read_bytes())
+    def _compile(self, build_dir: Path, job: tuple[int, tuple[str, list[str], dict[str, bytes]]],
+                 pch_dir: Path) -> tuple[CompileStep, Path]:
+        """Compile `src` in a folder of its own holding `files`, unless an object of the same inputs is cached."""
+        index, (src, cmd, files) = job
+        key = hashlib.sha256("\0".join([self.backend.identity(), *cmd, *sorted(files)]).encode())
+        key.update(files[src])
         manifest = self.objects / f"{key.hexdigest()}.deps"
         try:
-            cached = self.objects / f"{key.hexdigest()}-{_state(build_dir, json.loads(manifest.read_text()))}.o"
+            cached = self.objects / f"{key.hexdigest()}-{_state(files, json.loads(manifest.read_text()))}.o"
             if cached.exists():
                 return CompileStep(src, True, 0.0), cached
         except (OSError, ValueError):
             pass
+        unit = build_dir / ".units" / str(index)
+        shutil.rmtree(unit, ignore_errors=True)
+        for rel, data in files.items():
+            (unit / rel).parent.mkdir(parents=True, exist_ok=True)
+            (unit / rel).write_bytes(data)
         t0 = time.perf_counter()
-        fd, tmp = tempfile.mkstemp(suffix=".o", dir=self.objects)
-        os.close(fd)
-        deps = tmp[:-2] + ".d"
-        proc = self._run([part.replace("{obj}", tmp) for part in cmd] + ["-MD", "-MF", deps], build_dir, [pch_dir])
+        obj, deps = unit / ".object.o", unit / ".object.d"
+        with reads.Opened(unit) as opened:
+            proc = self._run([part.replace("{obj}", str(obj)) for part in cmd] + ["-MD", "-MF", str(deps)],
+                             sandbox.View(writable=[unit], readable=[pch_dir], hidden=[build_dir]))
         step = CompileStep(src, False, time.perf_counter() - t0, proc.returncode == 0, proc.stdout.strip())
-        cached = Path(tmp)
+        cached = Path(os.devnull)
         if proc.returncode == 0:
-            read = _dependencies(build_dir, Path(deps).read_text())
+            seen = opened.files if self.confined is not None and opened.files is not None else set(files)
+            read = sorted({*_dependencies(unit, deps.read_text()), *(seen & set(files))})
             _replace_text(manifest, json.dumps(read))
-            cached = self.objects / f"{key.hexdigest()}-{_state(build_dir, read)}.o"
+            cached = self.objects / f"{key.hexdigest()}-{_state(files, read)}.o"
+            fd, tmp = tempfile.mkstemp(suffix=".o", dir=self.objects)
+            os.close(fd)
+            shutil.copyfile(obj, tmp)
             os.replace(tmp, cached)
-        else:
-            os.unlink(tmp)
-        Path(deps).unlink(missing_ok=True)
+        shutil.rmtree(unit, ignore_errors=True)
         return step, cached
 
-    def _run(self, cmd: list[str], build_dir: Path, readable: list[Path]) -> subprocess.CompletedProcess:
-        """A compiler or linker run over candidate sources: confined when asked (writes: the build folder and the
-        object cache; reads: the precompiled header; the rest of the judge's cache hidden)."""
+    def _run(self, cmd: list[str], view: sandbox.View) -> subprocess.CompletedProcess:
+        """A compiler or linker run over candidate sources in the view's first writable folder: confined when asked
+        (the rest of the judge's cache hidden too)."""
+        cwd = view.writable[0]
         if self.confined is None:
-            return _run(cmd, build_dir)
-        view = sandbox.View(writable=[build_dir, self.objects], readable=readable, hidden=self.confined)
+            return _run(cmd, cwd)
+        view.hidden += self.confined
         try:
-            return sandbox.run(cmd, view, build_dir, COMPILE_TIMEOUT_S)
+            return sandbox.run(cmd, view, cwd, COMPILE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(cmd, 124, f"error: compiler timed out after {COMPILE_TIMEOUT_S}s")
 
@@ -209,15 +224,6 @@ class Builder:
             return use, note, pch_dir
 
 
-def _contents(build_dir: Path, candidate: Candidate) -> str:
-    """A hash of every file of the candidate's workspace: part of each of its units' keys, whatever they include
-    (held out: an `-MD` list misses files read by `.incbin` and names it escapes, `half$.h` as `half$$.h`)."""
-    h = hashlib.sha256()
-    for name in sorted(candidate.files):
-        h.update(name.encode() + b"\0" + hashlib.sha256((build_dir / name).read_bytes()).digest())
-    return h.hexdigest()
-
-
 def _dependencies(build_dir: Path, make_rule: str) -> list[str]:
     """The files a compile read, from its `-MD` rule: workspace files relative to it, any other absolute."""
     body = make_rule.replace("\\\n", " ").split(":", 1)[-1]
@@ -229,17 +235,18 @@ def _dependencies(build_dir: Path, make_rule: str) -> list[str]:
     return sorted(set(found))
 
 
-def _state(build_dir: Path, files: list[str]) -> str:
-    """A hash of what those files hold now: a workspace file by its content, any other by size and modification
-    time (toolchain headers: thousands, unchanged), a missing one as missing."""
+def _state(files: dict[str, bytes], read: list[str]) -> str:
+    """A hash of what the files a compile read hold now: a unit's file by its content, any other by size and
+    modification time (toolchain headers: thousands, unchanged), a missing one as missing."""
     h = hashlib.sha256()
-    for name in files:
-        path = Path(name) if os.path.isabs(name) else build_dir / name
-        try:
-            seen = path.read_bytes() if not os.path.isabs(name) else \
-                f"{path.stat().st_size}:{path.stat().st_mtime_ns}".encode()
-        except OSError:
-            seen = b"<missing>"
+    for name in read:
+        if not os.path.isabs(name):
+            seen = files[name] if name in files else b"<missing>"
+        else:
+            try:
+                seen = f"{os.stat(name).st_size}:{os.stat(name).st_mtime_ns}".encode()
+            except OSError:
+                seen = b"<missing>"
         h.update(name.encode() + b"\0" + hashlib.sha256(seen).digest())
     return h.hexdigest()[:32]
 
