@@ -122,6 +122,8 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     # the same folder with another setting: refused at the first step it changes, nothing mixed
     other = runner.invoke(app, [*args, "--ppo-steps", "2"])
     assert other.exit_code == 2 and "ppo holds a result of other settings or inputs" in other.output, other.output
+    colder = runner.invoke(app, [*args, "--temperature", "0.5"])  # every sampled step changes
+    assert colder.exit_code == 2 and "holds a result of other settings or inputs" in colder.output, colder.output
     _another_arm_takes_the_steps_it_shares(args, tmp_path, report)
     _a_run_brought_back_with_its_adapters_only_is_rebuilt(args, tmp_path)
 

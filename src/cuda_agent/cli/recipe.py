@@ -42,6 +42,8 @@ def train_recipe_cmd(
     samples: int = typer.Option(DEFAULTS.eval.samples, min=1, help="held-out episodes per task at each evaluation"),
     max_turns: int = typer.Option(DEFAULTS.stage.max_turns, min=1, help="model turns per episode"),
     max_new_tokens: int = typer.Option(DEFAULTS.stage.max_new_tokens, min=1, help="tokens per model turn"),
+    temperature: float = typer.Option(DEFAULTS.stage.temperature, min=0.01, help="sampling temperature of every "
+                                      "episode (rollouts, held-out evaluations, controls)"),
     shapes: str = typer.Option(",".join(DEFAULTS.expert_shapes), help="the expert's episode shapes"),
     actor_lr: ActorLr = DEFAULTS.stage.train.actor_lr,
     sft_lr: Optional[float] = typer.Option(DEFAULTS.sft_lr, min=0, help="learning rate of the supervised stages (SFT, "
@@ -77,7 +79,7 @@ def train_recipe_cmd(
             model = fetch(log=lambda m: err.print(m, highlight=False, soft_wrap=True))
         if not (model / "config.json").is_file():
             fail(f"{model} is not an HF model folder (no config.json)")
-        limits = dict(max_turns=max_turns, max_new_tokens=max_new_tokens)
+        limits = dict(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)
         config = RecipeConfig(arm=arm, seed=seed, expert_shapes=tuple(s.strip() for s in shapes.split(",")),
                               sft_steps=sft_steps, sft_lr=sft_lr, rft_samples=rft_samples, rft_steps=rft_steps,
                               value_steps=value_steps, ppo_steps=ppo_steps, time_limit_s=time_limit,

@@ -65,6 +65,7 @@ class Evaluation:
         self.ref: ReferenceWorker
         self.worker: WorkerProcess | None = None
         self.build: BuildResult | None = None
+        self.weights = 0  # tensors in Model's state dict (the reference's `begun`)
 
     def run(self) -> None:
         """The evaluation under the judge's memory budget: what this task is known to need is held throughout; a
@@ -178,6 +179,7 @@ class Evaluation:
                                    "public_dir": str(self.slot.run_dir / "public")}, "begun",
                                   self.cfg.reference_timeout_s, ReferenceFailed if self.ref.begun else TaskError)
             self.ref.begun += 1
+            self.weights = begun["weights"]
             self.phases.mark("reference_begin")
         self.worker.send({"command": "init", "public_dir": str(self.slot.run_dir / "public")})
         initialised = self._candidate_step("initialised")

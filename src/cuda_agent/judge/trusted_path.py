@@ -18,6 +18,7 @@ from .timekeeper import TimingFailed
 from .trusted.freezer import split_worker
 from .trusted.reference_worker import SCALE_MAX
 from .verification import Errors, Verification
+from .wire.call_protocol import STATE_DICT_FINDING
 from .wire.process import WorkerDied
 from .wire.trusted_commands import Attach, CandidateChecked, Check, Detach, TimeCandidate
 
@@ -54,18 +55,23 @@ class TrustedPath(Verification):
         self.errors = errors  # the timed calls' checks add theirs (`time_candidate`, then `finish`)
         verdict.max_abs_error = verdict.max_rel_error = 0.0
         lenient = self.cfg.policy == "kernelbench"
-        plan = [(f"input set {k}", seed, None, self._scale() if self.scales and k and not lenient else None)
+        plan = [(f"input set {k}", seed, None, self._scale() if self.scales and k and not lenient else None, False)
                 for k, seed in enumerate(self.ev.seeds)]
         extras = []
         shapes = self.extra_shape()
         if shapes:
-            extras.append((self.extra_label(shapes), secrets.randbelow(2**31), shapes, None))
+            extras.append((self.extra_label(shapes), secrets.randbelow(2**31), shapes, None, False))
         if self.cfg.scaled_inputs:
             label, seed, scale = self.scaled_check()
-            extras.append((label, seed, None, scale))
+            extras.append((label, seed, None, scale, False))
+        if lenient and self.ev.weights and not any(f.startswith(STATE_DICT_FINDING) for f in verdict.strict_findings):
+            # strict loads Model's state dict into ModelNew: weights ignored after construction fail there (last:
+            # the candidate's weights change)
+            extras.append(("weights loaded after construction (strict's state dict)", secrets.randbelow(2**31),
+                           None, None, True))
         self.extras = extras if lenient else []
-        for label, seed, sizes, scale in plan + ([] if lenient else extras):
-            reply = self._check(label, seed, sizes, scale, deadline)
+        for label, seed, sizes, scale, reload in plan + ([] if lenient else extras):
+            reply = self._check(label, seed, sizes, scale, deadline, reload)
             if reply is None:
                 continue
             if not reply.ok:
@@ -78,9 +84,9 @@ class TrustedPath(Verification):
         return self.precision(errors)
 
     def _check(self, label: str, seed: int, sizes: dict[str, int] | None, scale: float | None,
-               deadline: float) -> CandidateChecked | None:
+               deadline: float, reload: bool = False) -> CandidateChecked | None:
         """One input set checked (None: the reference does not hold there; the verdict warns)."""
-        reply = self.ev.ref.ask(Check(seed, sizes, scale, label, max(0.0, deadline - time.monotonic())),
+        reply = self.ev.ref.ask(Check(seed, sizes, scale, label, max(0.0, deadline - time.monotonic()), reload),
                                 self.cfg.reference_timeout_s)
         if reply.skipped is not None:
             self.verdict.warnings.append(f"{label} skipped: the reference fails there ({reply.skipped})")
@@ -94,8 +100,8 @@ class TrustedPath(Verification):
         """The kernelbench policy's extra checks, after the timing: each failure a finding. False when one ended the
         candidate's process (nothing more can be asked of it)."""
         deadline = time.monotonic() + self.cfg.run_timeout_s
-        for label, seed, sizes, scale in self.extras:
-            reply = self._check(label, seed, sizes, scale, deadline)
+        for label, seed, sizes, scale, reload in self.extras:
+            reply = self._check(label, seed, sizes, scale, deadline, reload)
             if reply is not None and not reply.ok:
                 self.verdict.strict_findings.append(self.call_failure(reply.failed, reply.reason))
                 if reply.failed:

@@ -40,6 +40,7 @@ from ...task import enable_sizes, import_file
 from ...workspace.inline import load_published, request_from_call
 from .. import kernelbench
 from ..checks.symbols import NativeAudit
+from ..wire.call_protocol import RELOADED, RELOADED_WEIGHTS, STATE_DICT_FINDING
 from ..wire.process import Channel, Handler, WorkerFailure, one_line, raised_at, run_worker
 from ..wire.tensors import checksum, leaves, make_inputs, refill
 from ..wire.timing import Hooks, time_callable
@@ -324,6 +325,7 @@ class LoadedCandidate:
         """Build ModelNew with the reference's constructor arguments and weights: its state dict (strict), or under
         the kernelbench policy KernelBench's seeded construction, where a state dict it would not take is a finding
         (what strict would say); then no more processes. Returns warnings and findings."""
+        self.public = public
         init_inputs = torch.load(public / "init_inputs.pt", weights_only=True)
         state = torch.load(public / "state_dict.pt", weights_only=True)
         seeded = self.req.get("policy") == "kernelbench"
@@ -341,13 +343,13 @@ class LoadedCandidate:
         try:
             if seeded:
                 unloaded = state_dict_mismatch(self.model, state)
-                findings += [f"ModelNew does not take Model's state dict (strict would fail): {unloaded}"] \
+                findings += [f"{STATE_DICT_FINDING} (strict would fail): {unloaded}"] \
                     if unloaded else []
             else:
                 self.model.load_state_dict(state, strict=True)
         except Exception as exc:
             raise WorkerFailure("verify_error",
-                                f"ModelNew does not take Model's state dict (strict): {one_line(exc)}") from exc
+                                f"{STATE_DICT_FINDING} (strict): {one_line(exc)}") from exc
         self.building = False
         try:
             forbid_new_processes()
@@ -420,8 +422,12 @@ class LoadedCandidate:
         """The trusted path: the reference worker drives every call (`callee.py`); inputs come from it, outputs are
         read by it. Timed and verified calls are one and the same kind of call, all under the same audits."""
         audited = self.audit is not None
-        callee = Callee(sock, lambda inputs, fn: self.audited(inputs, sync=callee.order is None),
-                        pool_library=self.req.get("output_pool"))
+        def call(inputs: list, fn: str) -> Any:
+            if fn == RELOADED:  # (kernelbench policy) strict's state dict, drawn afresh: the last call
+                self.model.load_state_dict(torch.load(self.public / RELOADED_WEIGHTS, weights_only=True))
+            return self.audited(inputs, sync=callee.order is None)
+
+        callee = Callee(sock, call, pool_library=self.req.get("output_pool"))
         with ThreadAudit(self.allowed_ops, enabled=audited, harness_too=True) as threads:
             calls, canary = callee.serve()
             threads.challenge(canary)

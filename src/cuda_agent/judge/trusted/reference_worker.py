@@ -30,6 +30,7 @@ from ...backend import get_backend
 from ...task import enable_sizes, import_file
 from .. import kernelbench
 from ..scoring.speed_of_light import count_work
+from ..wire.call_protocol import RELOADED, RELOADED_WEIGHTS
 from ..wire.process import Channel, WorkerFailure, close_fds, one_line, run_worker
 from ..wire.tensors import checksum, clone, make_inputs, refill, tensor_bytes, to_double
 from ..wire.timing import Hooks, summarize, time_callable
@@ -116,20 +117,30 @@ class Reference:
     def begin(self, init_seed: int, public: Path) -> None:
         """A new evaluation: weights drawn afresh (into the same module, so torch.compile stays warm), published;
         under the kernelbench policy, KernelBench's (`kernelbench.construct`: the same every evaluation)."""
+        self.init_seed, self.public = init_seed, public
         if self.req.get("policy") == "kernelbench":
             self.init_inputs = [x.cpu() if isinstance(x, torch.Tensor) else x for x in _step(
                 "get_init_inputs()", kernelbench.init_inputs, self.module.get_init_inputs, "cpu")]
             fresh = _step("building Model(*get_init_inputs())", kernelbench.construct, self.module.Model,
                           [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in self.init_inputs],
                           self.device)
+            self._load(fresh, public / "state_dict.pt")
         else:
-            torch.manual_seed(init_seed)
-            with torch.device(self.device):
-                fresh = _step("building Model(*get_init_inputs())", lambda: self.module.Model(*self.init_inputs))
+            self.reload(public / "state_dict.pt")
+        torch.save(self.init_inputs, public / "init_inputs.pt")
+
+    def reload(self, path: Path) -> None:
+        """Weights drawn afresh from the evaluation's seed into Model, published at `path` (also, under the
+        kernelbench policy, the last of its strict extras: ModelNew loads them, as strict has it do)."""
+        torch.manual_seed(self.init_seed)
+        with torch.device(self.device):
+            fresh = _step("building Model(*get_init_inputs())", lambda: self.module.Model(*self.init_inputs))
+        self._load(fresh, path)
+
+    def _load(self, fresh: torch.nn.Module, path: Path) -> None:
         self.model.load_state_dict(fresh.state_dict())
         self.model64 = None  # the fp64 copy follows the new weights
-        torch.save(self.init_inputs, public / "init_inputs.pt")
-        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, public / "state_dict.pt")
+        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, path)
 
     def run_trial(self, seed: int, shapes: dict[str, int] | None = None, scale: float | None = None,
                   fp64: bool = True) -> dict:
@@ -194,13 +205,14 @@ class Reference:
         return out, out64
 
     def check_call(self, calls: Calls, inputs: list, label: str, deadline: float, fp64: bool,
-                   out: Any = None, out64: Any = None, kernelbench_rule: bool = False) -> dict:
-        """One call of the candidate on `inputs`, its outputs read and compared here (`call_us`: its window)."""
+                   out: Any = None, out64: Any = None, kernelbench_rule: bool = False, fn: str = "") -> dict:
+        """One call of the candidate (`fn`: call_protocol.Call's) on `inputs`, its outputs read and compared here
+        (`call_us`: its window)."""
         if out is None:
             out, out64 = self.reference_outputs(inputs, fp64)
         calls.load(inputs)
         try:
-            call = calls.call(deadline)
+            call = calls.call(deadline, fn)
         except CallFailed as exc:
             raise CallFailed(f"{label}: {exc}", exc.how) from None
         return {**self._judge_call(calls, call, out, out64, label, kernelbench_rule), "call_us": call.window_us}
@@ -227,11 +239,16 @@ class Reference:
         return result
 
     def check_candidate(self, calls: Calls, seed: int, shapes: dict[str, int] | None,
-                        scale: float | None, label: str, deadline: float) -> dict:
+                        scale: float | None, label: str, deadline: float, reload: bool = False) -> dict:
         """A verification call: the reference on this input set (where extra shapes or scales do not hold for the
         task itself there is nothing to check: `skipped`), then the candidate's call, compared. Under the
         kernelbench policy its own input sets (no extra shape, no scale) are KernelBench's trials: inputs made as
-        it makes them, its rule deciding."""
+        it makes them, its rule deciding; with `reload` (its strict extra, the last call) both sides compute with
+        weights drawn afresh."""
+        if reload:
+            self.reload(self.public / RELOADED_WEIGHTS)
+            inputs = _step("get_inputs()", make_inputs, self.module, seed, self.device)
+            return self.check_call(calls, inputs, label, deadline, fp64=True, fn=RELOADED)
         if shapes or scale is not None:
             probe = self.run_trial(seed, shapes, scale, fp64=False)
             self.trial = {}
@@ -541,7 +558,7 @@ def start(req: dict, chan: Channel) -> dict:
     def begin(cmd: dict) -> tuple[str, dict]:
         work = ref.count_work()
         ref.begin(int(cmd["init_seed"]), Path(cmd["public_dir"]))
-        return "begun", {"work": work}
+        return "begun", {"work": work, "weights": len(ref.model.state_dict())}
 
     def compare(cmd: dict) -> tuple[str, dict]:
         fds = chan.receive_fds(int(cmd["fds"]))
@@ -593,7 +610,7 @@ def start(req: dict, chan: Channel) -> dict:
     return {
         "attach": typed(Attach, attach),
         "check": typed(Check, on_candidate(lambda calls, cmd, deadline: ref.check_candidate(
-            calls, cmd.seed, cmd.shapes, cmd.scale, cmd.label, deadline))),
+            calls, cmd.seed, cmd.shapes, cmd.scale, cmd.label, deadline, cmd.reload))),
         "time_candidate": typed(TimeCandidate, on_candidate(lambda calls, cmd, deadline: {
             "ok": True, "stats": ref.time_calls(calls, cmd.timing, deadline, checks=cmd.checks, inputs_checked=True)})),
         "detach": typed(Detach, detach),

@@ -39,10 +39,15 @@ class Order:
 
 @dataclass
 class Call:
-    """Run `fn` (where the callee serves several) on the inputs `inputs`: call number `k`."""
+    """Run `fn` (where the callee serves several) on the inputs `inputs`: call number `k`. The candidate serves one,
+    `fn` empty, or `RELOADED`: first load the weights the trusted side published in `RELOADED_WEIGHTS`."""
     k: int
     inputs: int
     fn: str = ""
+
+
+RELOADED, RELOADED_WEIGHTS = "reloaded", "reloaded_state_dict.pt"  # (kernelbench policy: what strict would say)
+STATE_DICT_FINDING = "ModelNew does not take Model's state dict"  # (then nothing is reloaded)
 
 
 @dataclass

@@ -43,12 +43,15 @@ class Sizes:
 
 @dataclass
 class Check:
-    """One verification call: inputs drawn from `seed` (at `shapes`, scaled by `scale`), compared with fp64."""
+    """One verification call: inputs drawn from `seed` (at `shapes`, scaled by `scale`), compared with fp64. With
+    `reload`, Model's weights are drawn afresh first and the candidate loads them too (kernelbench policy: does
+    ModelNew compute with the weights it is given, as strict requires, or with what it made of its own at init?)."""
     seed: int
     shapes: dict[str, int] | None
     scale: float | None
     label: str
     budget_s: float
+    reload: bool = False
     COMMAND: ClassVar[str] = "check"
 
 
