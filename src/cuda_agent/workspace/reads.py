@@ -35,7 +35,8 @@ class Opened:
         self._dirs: dict[int, str] = {}
 
     def __enter__(self) -> "Opened":
-        self._fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        init = getattr(_libc, "inotify_init1", None)  # (Linux only)
+        self._fd = init(IN_NONBLOCK | IN_CLOEXEC) if init else -1
         if self._fd < 0:
             return self
         for folder, _, _ in os.walk(self.root):
