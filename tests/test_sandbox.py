@@ -288,14 +288,54 @@ def test_the_compiler_cannot_read_the_judges_files_into_its_errors(judges, make_
     assert "SECRET_TOKEN_4242" in plain.error, plain.error
 
 
-def test_a_compile_sees_its_own_copy_of_the_workspace_and_no_other(judges, make_workspace):
+def test_a_compile_sees_its_own_copy_of_the_workspace_and_no_other(judges, make_workspace, visible_dir):
     """Each unit compiles in a folder of its own and the kernel's open events say what it read: a read of the build
-    folder's copy or of another unit's would go unseen, so those are hidden from the compiler."""
-    ws = make_workspace()
+    folder's copy, of another unit's, or of the candidate's own folder by its absolute path (held out, red team
+    2026-12-05: `.incbin` of the workspace's own file kept a first object when only that file changed) would go
+    unseen, so those are hidden from the compiler, and so is a folder the judge was told to conceal (the episodes
+    played beside it)."""
+    ws = Path(shutil.copytree(make_workspace(), visible_dir / "ws"))
+    neighbour = visible_dir / "episodes" / "00"
+    neighbour.mkdir(parents=True)
+    (neighbour / "kernel.h").write_text("#define NEIGHBOUR 1\n")
+    judges["required"].conceal(neighbour.parent)
     kernel = ws / "kernels" / "affine_relu.cpp"
-    for path in ("../../model_new.py", "../1/kernels/affine_relu_binding.cpp"):
+    for path in ("../../model_new.py", "../1/kernels/affine_relu_binding.cpp", ws / "model_new.py",
+                 neighbour / "kernel.h"):
         kernel.write_text(f'asm(".section .rodata\\n.incbin \\"{path}\\"\\n.text\\n");\n' + kernel.read_text())
         build = judges["required"].compile(load_candidate(ws))
-        assert not build.ok and "file not found" in build.log, build.log
+        assert not build.ok and "file not found" in build.log, (path, build.log)
         kernel.write_text(kernel.read_text().split("\n", 1)[1])
     assert judges["required"].compile(load_candidate(ws)).ok
+
+
+def test_a_candidate_gets_no_credentials_and_no_concealed_folder(judges, visible_dir, tmp_path, monkeypatch):
+    """Held out (red team, 2026-12-05): a candidate's worker inherited the judge's environment, API keys included,
+    and raised them into the verdict the agent reads; and read the episodes played beside it."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-NOT-FOR-CANDIDATES")
+    neighbour = visible_dir / "runs" / "01"
+    neighbour.mkdir(parents=True)
+    (neighbour / "model_new.py").write_text("secret kernel\n")
+    judge = Judge("cpu", fast_config(judges["required"].cache_dir, sandbox="required"))
+    judge.conceal(neighbour.parent)
+    probe = candidate(tmp_path, "raise RuntimeError(repr(os.environ.get('OPENAI_API_KEY')) + ' ' + repr("
+                                f"os.path.exists({str(neighbour / 'model_new.py')!r})))", "return x")
+    verdict = judge.evaluate(AFFINE, probe)
+    judge.close()
+    assert "RuntimeError: None False" in verdict.error, verdict.error
+
+
+def test_a_compiler_reads_nothing_from_the_judges_stdin(judges, make_workspace):
+    """Held out (red team, 2026-12-05): compilers inherited the judge's stdin: `#include "/dev/stdin"` printed what
+    the judge was given into the build log (or waited on it for the compile's whole timeout)."""
+    ws = make_workspace()
+    kernel = ws / "kernels" / "affine_relu.cpp"
+    kernel.write_text('#include "/dev/stdin"\n' + kernel.read_text())
+    script = ("import sys; from pathlib import Path; from cuda_agent.judge import Judge; "
+              "from cuda_agent.workspace.candidate import load_candidate; from conftest import fast_config; "
+              f"judge = Judge('cpu', fast_config(Path({str(judges['required'].cache_dir)!r}), sandbox='required')); "
+              f"print(judge.compile(load_candidate({str(ws)!r})).log)")
+    proc = subprocess.run([sys.executable, "-c", script], input="JUDGES_STDIN_4242 = 1;\n", capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "JUDGES_STDIN_4242" not in proc.stdout, proc.stdout

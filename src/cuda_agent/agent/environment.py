@@ -95,7 +95,7 @@ class Environment:
                  compact: bool = False, episodes_root: Path | None = None):
         """`compact`: for small contexts, the compact tool set and SKILL.md left in the workspace. `episodes_root`:
         the folder holding the run folders of episodes played side by side, hidden from the agent's bash (its own
-        workspace stays writable) so that no episode copies another's kernels."""
+        workspace stays writable) and from the judge's candidates so that no episode copies another's kernels."""
         if judge.config.policy != "strict":  # rewards (and what the agent is told) follow CUDA Agent's rules only
             raise ValueError(f"the agent needs a judge with the strict policy, not {judge.config.policy!r}")
         if use_sandbox and not judge.sandboxed:
@@ -103,6 +103,8 @@ class Environment:
         self.judge, self.run_dir = judge, Path(run_dir)
         self.use_sandbox, self.bash_timeout, self.compact = use_sandbox, bash_timeout, compact
         self.hidden = (hideable(episodes_root),) if episodes_root else ()
+        for path in self.hidden:  # from the candidates' processes and compilers too
+            judge.conceal(path)
         self.workspace = self.run_dir / "workspace"
         self.snapshots: list[Snapshot] = []
         self.tools: Tools | None = None

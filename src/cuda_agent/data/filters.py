@@ -285,8 +285,9 @@ def check_task_sandboxed(source: str, cfg: FilterConfig, workdir: Path, timeout_
         return failed(f"sandbox unavailable: LLM-written code is not run outside it ({sandbox.probe()})")
     workdir.mkdir(parents=True, exist_ok=True)
     box = sandbox.Sandbox(sandbox.View(writable=[workdir]), sandbox.Limits(cpu_seconds=3600), cwd=workdir)
-    env = {"HOME": "/tmp", "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor", "OPENAI_API_KEY": ""}
-    worker = WorkerProcess("cuda_agent.data.filters", {"source": source, "config": asdict(cfg)}, workdir, env, box)
+    env = {"HOME": "/tmp", "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor"}
+    worker = WorkerProcess("cuda_agent.data.filters", {"source": source, "config": asdict(cfg)}, workdir, env, box,
+                           trusted=False)
     try:
         msg = worker.receive(time.monotonic() + timeout_s)
     except WorkerDied as exc:

@@ -313,7 +313,7 @@ class Evaluation:
         try:
             origin = cand.origin.name if cand.kind == "single_file" else "model_new.py"
             built = self.judge.inline.build(request, (origin, cand.text().get("model_new.py", "")),
-                                            timeout=min(self.cfg.build_timeout_s, left))
+                                            timeout=min(self.cfg.build_timeout_s, left), hidden=[cand.origin])
         except (InlineError, RuntimeError) as exc:
             inline.append({"error": str(exc), "seconds": round(time.monotonic() - began, 3)})
             return {"error": str(exc)}

@@ -73,6 +73,7 @@ class Judge:
             self.sandboxed = sandbox.resolve(self.config.sandbox)
         except (ValueError, RuntimeError) as exc:
             raise BackendError(str(exc)) from exc
+        # hidden from every candidate's process and compilers: the cache, and the folders `conceal` adds (one list)
         confined = [self.cache_dir] if self.sandboxed else None
         self.builder = Builder(self.backend, self.cache_dir / "build", confined=confined)
         self.inline = InlineBuilder(self.cache_dir / "extensions", self.backend.identity(), self.worker_env(),
@@ -158,6 +159,16 @@ class Judge:
         with tempfile.TemporaryDirectory(dir=self.cache_dir / "runs") as tmp:
             return self.builder.build(candidate, Path(tmp))
 
+    def conceal(self, path: Path) -> None:
+        """Hide `path` from every candidate judged from now on (its process, its compilers, its `load_inline`
+        builds): the run folders of episodes played side by side, whose kernels are not another's to read or copy
+        (each candidate's own folder is hidden from its compilers anyway). Spares started before are replaced."""
+        path = Path(path).resolve()
+        if self.builder.confined is None or any(path.is_relative_to(p) for p in self.builder.confined):
+            return
+        self.builder.confined.append(path)  # (the inline builder's list too)
+        self.spares.discard()
+
     @property
     def private_paths(self) -> list[Path]:
         """What a candidate's own commands (the agent's shell) must not see: the judge's cache (baselines, builds)."""
@@ -208,7 +219,7 @@ class Judge:
         return WorkerProcess("cuda_agent.judge.candidate.candidate_worker",
                              {"spare": True, "backend": self.backend.name},
                              run_dir / "candidate", self._candidate_env(run_dir),
-                             self._candidate_sandbox(run_dir))
+                             self._candidate_sandbox(run_dir), trusted=False)
 
     def _candidate_sandbox(self, run_dir: Path) -> sandbox.Sandbox | None:
         """The candidate sees its build, the public inputs and the task file; writes only its own folders (where its
@@ -218,7 +229,7 @@ class Judge:
         compute = compute_packages() if self._blocks_compute_packages() else []  # numpy & co. cannot be imported
         view = sandbox.View(writable=[run_dir / "candidate"],
                             readable=[run_dir / "build", run_dir / "public", run_dir / "task"],
-                            hidden=[self.cache_dir, *map(Path, compute)])
+                            hidden=[*self.builder.confined, *map(Path, compute)])
         return sandbox.Sandbox(view, self.limits, cwd=run_dir / "candidate")
 
     def _blocks_compute_packages(self) -> bool:

@@ -95,6 +95,10 @@ class JudgePool:
     def compile(self, candidate: Candidate) -> BuildResult:
         return self.judges[0].compile(candidate)
 
+    def conceal(self, path: Path) -> None:
+        for judge in self.judges:
+            judge.conceal(path)
+
     @property
     def private_paths(self) -> list[Path]:
         return self.judges[0].private_paths

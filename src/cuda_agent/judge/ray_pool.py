@@ -58,6 +58,9 @@ class JudgeActor:
     def compile(self, candidate: Candidate) -> BuildResult:
         return self.judge.compile(candidate)
 
+    def conceal(self, path: Path) -> None:
+        self.judge.conceal(path)
+
     def describe(self) -> dict[str, Any]:
         return {"backend": self.judge.backend.name, "sandboxed": self.judge.sandboxed}
 
@@ -129,6 +132,10 @@ class RayJudgePool:
         finally:
             with self._lock:
                 self._in_flight[index] -= 1
+
+    def conceal(self, path: Path) -> None:
+        """Hide `path` from the candidates of every actor (`Judge.conceal`: a path of the node they share)."""
+        self._ray.get([actor.conceal.remote(path) for actor in self.actors])
 
     @property
     def private_paths(self) -> list[Path]:

@@ -63,9 +63,14 @@ class Spares:
             while not self._closed and len(self._ready) < self.count:
                 self._ready.append(self._new())
 
-    def close(self) -> None:
+    def discard(self) -> None:
+        """Stop the spares waiting (their sandbox's view changed): the next ones start with the new view."""
         with self._lock:
-            self._closed = True
             slots, self._ready = self._ready, []
         for slot in slots:
             slot.close(keep=False)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.discard()

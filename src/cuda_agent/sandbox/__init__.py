@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,14 @@ class Limits:
 
 
 SECRETS = ("/root", "/home", "/etc/shadow", "/etc/gshadow")  # hidden from every sandboxed command
+# names of environment variables that hold credentials (OPENAI_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY...)
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 REPLACED = ("/tmp", "/dev")  # fresh inside (init.py): an interpreter living there (a venv in /tmp) is bound back
+
+
+def public_environ() -> dict[str, str]:
+    """This process's environment without its credentials: what candidate code (its workers, its compilers) gets."""
+    return {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
 
 
 @dataclass
@@ -165,11 +173,13 @@ class Sandbox:
 def run(command: list[str], view: View, cwd: Path, timeout: float, limits: Limits | None = None,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run a command to completion in a fresh sandbox, stdout and stderr together (compilers of candidate code:
-    what they read ends up in their diagnostics, so they must not see the judge's data or the host's secrets)."""
+    what they read ends up in their diagnostics, so they must not see the judge's data, the host's secrets, its
+    environment's (`env` defaults to `public_environ()`) or its stdin)."""
     box = Sandbox(view, limits or Limits(cpu_seconds=None), cwd=cwd)
     try:
-        return subprocess.run([*box.prefix(), *command], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, errors="replace", timeout=timeout, env=env)
+        return subprocess.run([*box.prefix(), *command], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace", timeout=timeout,
+                              env=public_environ() if env is None else env)
     finally:
         box.close()
 

@@ -113,7 +113,8 @@ class Builder:
         jobs += [(src, [*binding_cmd, "-c", src, "-o", "{obj}"], judge_files if src == "binding.cpp" else workspace)
                  for src in ["binding.cpp", *binding_srcs]]
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            results = list(pool.map(lambda job: self._compile(build_dir, job, pch_dir), enumerate(jobs)))
+            results = list(pool.map(lambda job: self._compile(build_dir, candidate.origin, job, pch_dir),
+                                    enumerate(jobs)))
         steps = [step for step, _ in results]
         log = "\n".join(filter(None, [pch_note] + [f"[{s.source}] {s.output}" for s in steps if s.output]))
         failed = [s for s in steps if not s.ok]
@@ -125,7 +126,7 @@ class Builder:
         objs = [str(obj) for _, obj in results]
         link = self.backend.link_command(objs, f"{EXTENSION_NAME}.so", libraries)
         t0 = time.perf_counter()
-        proc = self._run(link, sandbox.View(writable=[build_dir], readable=[self.objects]))
+        proc = self._run(link, sandbox.View(writable=[build_dir], readable=[self.objects], hidden=[candidate.origin]))
         steps.append(CompileStep("<link>", False, time.perf_counter() - t0, proc.returncode == 0, proc.stdout))
         if proc.returncode != 0:
             return fail(f"link error: {_first_error(proc.stdout) or 'see log'}", log + "\n" + proc.stdout, steps)
@@ -146,9 +147,11 @@ class Builder:
                                  f"{self.backend.kernel_suffix} and kernels/*_binding.cpp only")
         return kernels, bindings
 
-    def _compile(self, build_dir: Path, job: tuple[int, tuple[str, list[str], dict[str, bytes]]],
+    def _compile(self, build_dir: Path, origin: Path, job: tuple[int, tuple[str, list[str], dict[str, bytes]]],
                  pch_dir: Path) -> tuple[CompileStep, Path]:
-        """Compile `src` in a folder of its own holding `files`, unless an object of the same inputs is cached."""
+        """Compile `src` in a folder of its own holding `files`, unless an object of the same inputs is cached. Its
+        compiler sees neither the build folder nor the candidate's `origin` (read by an absolute path, a file there
+        would be in no key)."""
         index, (src, cmd, files) = job
         key = hashlib.sha256("\0".join([self.backend.identity(), *cmd, *sorted(files)]).encode())
         key.update(files[src])
@@ -168,7 +171,7 @@ class Builder:
         obj, deps = unit / ".object.o", unit / ".object.d"
         with reads.Opened(unit) as opened:
             proc = self._run([part.replace("{obj}", str(obj)) for part in cmd] + ["-MD", "-MF", str(deps)],
-                             sandbox.View(writable=[unit], readable=[pch_dir], hidden=[build_dir]))
+                             sandbox.View(writable=[unit], readable=[pch_dir], hidden=[build_dir, origin]))
         step = CompileStep(src, False, time.perf_counter() - t0, proc.returncode == 0, proc.stdout.strip())
         cached = Path(os.devnull)
         if proc.returncode == 0:
@@ -185,7 +188,7 @@ class Builder:
 
     def _run(self, cmd: list[str], view: sandbox.View) -> subprocess.CompletedProcess:
         """A compiler or linker run over candidate sources in the view's first writable folder: confined when asked
-        (the rest of the judge's cache hidden too)."""
+        (`confined` hidden too: the judge's cache, the folders of the episodes it judges: `Judge.conceal`)."""
         cwd = view.writable[0]
         if self.confined is None:
             return _run(cmd, cwd)
@@ -237,14 +240,15 @@ def _dependencies(build_dir: Path, make_rule: str) -> list[str]:
 
 def _state(files: dict[str, bytes], read: list[str]) -> str:
     """A hash of what the files a compile read hold now: a unit's file by its content, any other by size and
-    modification time (toolchain headers: thousands, unchanged), a missing one as missing."""
+    modification and change times (toolchain headers: thousands, unchanged), a missing one as missing."""
     h = hashlib.sha256()
     for name in read:
         if not os.path.isabs(name):
             seen = files[name] if name in files else b"<missing>"
         else:
-            try:
-                seen = f"{os.stat(name).st_size}:{os.stat(name).st_mtime_ns}".encode()
+            try:  # (the change time too: a modification time can be set back, `touch -r`, the change time not)
+                st = os.stat(name)
+                seen = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}".encode()
             except OSError:
                 seen = b"<missing>"
         h.update(name.encode() + b"\0" + hashlib.sha256(seen).digest())
@@ -260,8 +264,8 @@ def _replace_text(path: Path, text: str) -> None:
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              errors="replace", timeout=COMPILE_TIMEOUT_S)
+        return subprocess.run(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace", timeout=COMPILE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(cmd, 124, f"error: compiler timed out after {COMPILE_TIMEOUT_S}s")
     except OSError as exc:

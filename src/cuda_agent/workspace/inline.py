@@ -210,10 +210,12 @@ class InlineBuilder:
     def key(self, req: dict[str, Any]) -> str:
         return hashlib.sha256((self.identity + "\0" + json.dumps(req, sort_keys=True)).encode()).hexdigest()
 
-    def build(self, raw: Any, origin: tuple[str, str] = ("", ""), timeout: float | None = None) -> Built:
+    def build(self, raw: Any, origin: tuple[str, str] = ("", ""), timeout: float | None = None,
+              hidden: list[Path] = ()) -> Built:
         """Raises InlineError (bad request) or RuntimeError (the compiler's error, with its log). `origin`: the
         candidate's file (name, text), to place the compiler's errors on its lines. `timeout`: seconds the build may
-        take (default: the builder's)."""
+        take (default: the builder's). `hidden`: more paths its compiler must not see (the candidate's own folder:
+        the published library is keyed by the request alone, so nothing a candidate wrote may reach it)."""
         start = time.perf_counter()
         req = normalise(raw)
         if self.arch and req["cuda_sources"]:
@@ -231,7 +233,7 @@ class InlineBuilder:
             try:
                 (work / "out").mkdir()
                 (work / "request.json").write_text(json.dumps({**req, "name": module}))
-                proc = self._run(work, self.timeout if timeout is None else timeout)
+                proc = self._run(work, self.timeout if timeout is None else timeout, hidden)
                 built = work / "out" / f"{module}.so"
                 if proc.returncode != 0 or not built.is_file():
                     failed = self.root / "failed" / f"{module}.log"
@@ -250,19 +252,18 @@ class InlineBuilder:
             finally:
                 shutil.rmtree(work, ignore_errors=True)
 
-    def _run(self, work: Path, timeout: float) -> subprocess.CompletedProcess:
+    def _run(self, work: Path, timeout: float, hidden: list[Path]) -> subprocess.CompletedProcess:
         from .. import sandbox
 
         cmd = [sys.executable, "-m", "cuda_agent.workspace.inline", str(work / "request.json"), str(work / "out")]
-        env = {**os.environ, **self.env, "HOME": "/tmp", "TMPDIR": "/tmp",
+        env = {**sandbox.public_environ(), **self.env, "HOME": "/tmp", "TMPDIR": "/tmp",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                           os.environ.get("PYTHONPATH")]))}
-        env.pop("OPENAI_API_KEY", None)
         try:
             if self.confined is None:
-                return subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, errors="replace", timeout=timeout)
-            view = sandbox.View(writable=[work], hidden=self.confined)
+                return subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, errors="replace", timeout=timeout)
+            view = sandbox.View(writable=[work], hidden=[*self.confined, *hidden])
             return sandbox.run(cmd, view, work, timeout, env=env)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(cmd, 124, f"error: the build timed out after {timeout:.0f}s")

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from ...sandbox import Sandbox
+from ...sandbox import Sandbox, public_environ
 
 SIGNAL_HINTS = {
     signal.SIGSEGV: "segmentation fault",
@@ -127,12 +127,14 @@ class WorkerDied(RuntimeError):
 
 class WorkerProcess:
     def __init__(self, module: str, request: dict, run_dir: Path, env: dict[str, str] | None = None,
-                 sandbox: Sandbox | None = None):
+                 sandbox: Sandbox | None = None, trusted: bool = True):
+        """`trusted`: the judge's own worker, which inherits this process's environment; an untrusted one (the
+        candidate's, a dataset filter's) gets it without credentials (`sandbox.public_environ`)."""
         self.log_path = run_dir / f"{module.rsplit('.', 1)[-1]}.log"
         run_dir.mkdir(parents=True, exist_ok=True)
         request_path = run_dir / f"{module.rsplit('.', 1)[-1]}.request.json"
         request_path.write_text(json.dumps(request))
-        full_env = {**os.environ, **(env or {})}
+        full_env = {**(os.environ if trusted else public_environ()), **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full_env.get("PYTHONPATH")]))
         full_env["PYTHONUNBUFFERED"] = "1"
         self.fd_socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
