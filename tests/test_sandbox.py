@@ -17,6 +17,7 @@ from conftest import TASKS, fast_config, kept_processes
 from cuda_agent import sandbox
 from cuda_agent.judge import Judge
 from cuda_agent.sandbox.cgroup import Cgroup, members
+from cuda_agent.workspace import build
 from cuda_agent.workspace.candidate import load_candidate
 
 AFFINE = TASKS / "affine_relu.py"
@@ -339,3 +340,14 @@ def test_a_compiler_reads_nothing_from_the_judges_stdin(judges, make_workspace):
                           text=True, timeout=300, cwd=Path(__file__).parent)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "JUDGES_STDIN_4242" not in proc.stdout, proc.stdout
+
+
+def test_a_compiler_that_reads_without_end_is_stopped_by_its_memory_cap(judges, make_workspace, monkeypatch):
+    """Held out (red team, 2026-12-05): `#include "/dev/zero"` read until memory ran out, each parallel compile
+    allowed 80% of the machine's. Each compiler run has its own cap now (8 GiB; 1 GiB here)."""
+    monkeypatch.setattr(build, "COMPILE_MEMORY_BYTES", 1 << 30)
+    ws = make_workspace()
+    kernel = ws / "kernels" / "affine_relu.cpp"
+    kernel.write_text('#include "/dev/zero"\n' + kernel.read_text())
+    result = judges["required"].compile(load_candidate(ws))
+    assert not result.ok and ("out of memory" in result.log or "Killed" in result.log), result.log

@@ -44,6 +44,7 @@ from .candidate import Candidate
 TEMPLATE_DIR = Path(__file__).parent / "template"
 TEMPLATE_FILES = ("binding.cpp", "binding_registry.h")
 COMPILE_TIMEOUT_S = 600
+COMPILE_MEMORY_BYTES = 8 << 30  # each compiler run's (`#include "/dev/zero"` reads until memory runs out)
 PCH_NAME = "cuda_agent_pch.h"
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ class Builder:
             return _run(cmd, cwd)
         view.hidden += self.confined
         try:
-            return sandbox.run(cmd, view, cwd, COMPILE_TIMEOUT_S)
+            return sandbox.run(cmd, view, cwd, COMPILE_TIMEOUT_S, compile_limits())
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(cmd, 124, f"error: compiler timed out after {COMPILE_TIMEOUT_S}s")
 
@@ -253,6 +254,12 @@ def _state(files: dict[str, bytes], read: list[str]) -> str:
                 seen = b"<missing>"
         h.update(name.encode() + b"\0" + hashlib.sha256(seen).digest())
     return h.hexdigest()[:32]
+
+
+def compile_limits(address_space: bool = True) -> sandbox.Limits:
+    """A compiler run's limits: its memory capped (the cgroup's, and with `address_space` its address space's, the
+    one cap where no cgroup is; not for a run that imports torch, whose libraries reserve more than they use)."""
+    return sandbox.Limits(memory_bytes=COMPILE_MEMORY_BYTES, cpu_seconds=None, address_space=address_space)
 
 
 def _replace_text(path: Path, text: str) -> None:

@@ -254,6 +254,7 @@ class InlineBuilder:
 
     def _run(self, work: Path, timeout: float, hidden: list[Path]) -> subprocess.CompletedProcess:
         from .. import sandbox
+        from .build import compile_limits
 
         cmd = [sys.executable, "-m", "cuda_agent.workspace.inline", str(work / "request.json"), str(work / "out")]
         env = {**sandbox.public_environ(), **self.env, "HOME": "/tmp", "TMPDIR": "/tmp",
@@ -264,7 +265,7 @@ class InlineBuilder:
                 return subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, errors="replace", timeout=timeout)
             view = sandbox.View(writable=[work], hidden=[*self.confined, *hidden])
-            return sandbox.run(cmd, view, work, timeout, env=env)
+            return sandbox.run(cmd, view, work, timeout, compile_limits(address_space=False), env=env)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(cmd, 124, f"error: the build timed out after {timeout:.0f}s")
 
