@@ -1,6 +1,7 @@
 """The candidate's sandbox: each barrier holds inside, and (where it makes sense) the same probe gets through from
 a plain process, so the test would fail without the barrier."""
 
+import errno
 import json
 import os
 import socket
@@ -351,3 +352,17 @@ def test_a_compiler_that_reads_without_end_is_stopped_by_its_memory_cap(judges, 
     kernel.write_text('#include "/dev/zero"\n' + kernel.read_text())
     result = judges["required"].compile(load_candidate(ws))
     assert not result.ok and ("out of memory" in result.log or "Killed" in result.log), result.log
+
+
+def test_the_sandboxs_init_process_is_out_of_the_candidates_reach(judges, tmp_path):
+    """Held out (red team, 2026-12-05): the sandbox's PID 1 (a waiting shell, never stopped nor counted) shared the
+    candidate's user namespace: ptrace or a write of `/proc/1/mem` turned it into a helper that ran torch for a
+    kernel-less candidate (strict: correct, no finding) and computed the timed calls' outputs before the clock
+    started (reward 1 -> 3). The candidate now runs in a user namespace below PID 1's."""
+    probe = candidate(tmp_path, "libc = ctypes.CDLL(None, use_errno=True)\n"
+                                "        seized = libc.ptrace(0x4206, 1, 0, 0), ctypes.get_errno()\n"
+                                "        try:\n            open('/proc/1/mem', 'r+b')\n            mem = 'opened'\n"
+                                "        except OSError as exc:\n            mem = exc.errno\n"
+                                "        raise RuntimeError(f'seized={seized} mem={mem}')", "return x")
+    verdict = judges["required"].evaluate(AFFINE, probe)
+    assert f"seized=(-1, {errno.EPERM}) mem={errno.EACCES}" in verdict.error, verdict.error

@@ -2,6 +2,7 @@
 what it reads of the callee's memory. The callee's forward is scripted in each test (`CALLEE`); nothing here builds a
 kernel."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -138,6 +139,23 @@ def test_the_window_holds_the_callees_work_whatever_clock_it_fakes(callee):
                    "return inputs[0]")
     calls.load([torch.zeros(4)])
     assert calls.call(time.monotonic() + 30).window_us >= 50_000
+
+
+def test_descriptors_a_callee_sends_with_its_answers_are_closed(callee):
+    """Held out (red team, 2026-12-05): 16 descriptors on every `done`, kept by the warm reference worker that later
+    evaluations share, until it could open no more."""
+    calls = callee("import os, cuda_agent.judge.candidate.callee as c\n"
+                   "if not state:\n"
+                   "    real = c.send\n"
+                   "    c.send = lambda sock, msg, fds=(): real(sock, msg, [os.open('/dev/null', os.O_RDONLY)\n"
+                   "                                                        for _ in range(16)])\n"
+                   "    state['sent'] = 1\n"
+                   "return inputs[0] * 2")
+    held = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        calls.load([torch.randn(100)])
+        read(calls, calls.call(time.monotonic() + 30))
+    assert len(os.listdir("/proc/self/fd")) - held < 16
 
 
 def test_an_input_changed_in_place_is_seen_by_the_trusted_side(callee):

@@ -32,6 +32,10 @@ OUTER = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--
          "--mount-proc"]
 LOCK = ["unshare", "--user", "--map-root-user", "--mount"]
 INIT_SHIM = ["sh", "-c", '"$@"; exit $?', "cuda-agent-init"]  # PID 1 ignores unhandled signals: keep it a shell
+# The command runs in a user namespace below PID 1's, so it holds no capability over it: in PID 1's own namespace
+# it could ptrace it or write its memory (`/proc/1/mem`) and run code there that is never stopped nor counted
+# (held out, red team 2026-12-05).
+BELOW_INIT = ["unshare", "--user", "--map-root-user", "--"]
 JOIN_CGROUP = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
 MODES = ("auto", "required", "none")
 
@@ -132,7 +136,7 @@ class Sandbox:
         join = ["sh", "-c", JOIN_CGROUP, "cuda-agent-cgroup", str(len(self.cgroup.procs)),
                 *map(str, self.cgroup.procs)] if self.cgroup else []
         return [*join, *OUTER, sys.executable, "-I", str(INIT), json.dumps(spec), *LOCK, "prlimit",
-                *self._rlimits(), "--", *INIT_SHIM]
+                *self._rlimits(), "--", *INIT_SHIM, *BELOW_INIT]
 
     def _rlimits(self) -> list[str]:
         lim = self.limits

@@ -23,6 +23,7 @@ from typing import Any
 from ...sandbox.cgroup import members
 from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, ProtocolError, receive, send
 from ..wire.input_buffers import NAME, InputBuffer, layout_of
+from ..wire.process import close_fds
 from .compare import Leaf
 from .freezer import CandidateGone, Freezer, thread_states
 from .readback import mapped_files, process_reader, read_outputs
@@ -97,7 +98,9 @@ class Calls:
         t0 = time.perf_counter_ns()
         self._resume(f"call {k}")
         try:
-            reply, _ = self._ask(k, Call(k, ident, fn), deadline - time.monotonic(), f"call {k} did not return in time")
+            reply, fds = self._ask(k, Call(k, ident, fn), deadline - time.monotonic(),
+                                   f"call {k} did not return in time")
+            close_fds(fds)  # (none belong to an answer here: kept, a candidate's would pile up in this process)
         finally:
             try:
                 self.freezer.signal_stop()
@@ -191,7 +194,8 @@ class Calls:
         try:
             send(self.sock, Prepare(fn, ident))
             self.sock.settimeout(timeout_s)
-            reply, _ = receive(self.sock)
+            reply, fds = receive(self.sock)
+            close_fds(fds)
         except (OSError, ConnectionError, ProtocolError) as exc:
             raise CallFailed(f"preparing {fn} failed ({exc})", "ended") from None
         finally:
@@ -234,7 +238,8 @@ class Calls:
             self._resume("the end of its calls")
             send(self.sock, End(secrets.randbelow(32) + 1))
             self.sock.settimeout(timeout_s)
-            reply, _ = receive(self.sock)
+            reply, fds = receive(self.sock)
+            close_fds(fds)
         except (OSError, ConnectionError, ProtocolError) as exc:
             raise CallFailed(f"the process did not end its calls ({exc})", "ended") from None
         finally:
