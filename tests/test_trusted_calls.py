@@ -207,6 +207,17 @@ def test_a_few_bytes_described_as_a_huge_tensor_are_not_copied_out():
         read_outputs(two + [{**two[0], "path": "output[2]"}], 1 << 20, [], process_reader(subprocess.os.getpid()))
 
 
+def test_outputs_are_read_no_larger_than_the_references(callee):
+    """Held out (red team, 2026-12-05): a wrong shape described as 2 GiB (4 bytes expanded) was copied, and cloned,
+    before its shape was compared: the warm reference worker's memory grew by gigabytes (16 GiB allowed a call)."""
+    calls = callee("return torch.zeros(1).expand(1 << 24)")  # 64 MiB described
+    calls.load([torch.randn(1000)])
+    call = calls.call(time.monotonic() + 30)
+    with pytest.raises(Unreadable, match="more than"):
+        calls.outputs(call, expected_bytes=4000 + (1 << 20))
+    assert len(calls.outputs(call)[0]) == 1  # (under the call's own limit alone it is read)
+
+
 def test_a_call_that_does_not_return_in_time_fails_and_one_that_raises_says_why(callee):
     slow = callee("time.sleep(5)")
     slow.load([torch.zeros(1)])

@@ -222,8 +222,9 @@ class GpuCalls(Calls):
         except Unreadable as exc:
             self.read = exc
 
-    def outputs(self, call: CallRecord) -> tuple[list[Leaf], str]:
-        """The last call's outputs as copied right after its window (Unreadable for a bad description)."""
+    def outputs(self, call: CallRecord, expected_bytes: int | None = None) -> tuple[list[Leaf], str]:
+        """The last call's outputs as copied right after its window (Unreadable for a bad description; copied
+        then, under the call's own limit, so `expected_bytes` changes nothing here)."""
         if isinstance(self.read, Unreadable):
             raise self.read
         kinds = {item.get("path"): item.get("kind") for item in call.outputs if isinstance(item, dict)}

@@ -209,11 +209,14 @@ class Calls:
     def _new_processes(self) -> list[int]:
         return [pid for pid in members(Path(self.cgroup)) if pid not in self.known] if self.cgroup else []
 
-    def outputs(self, call: CallRecord) -> tuple[list[Leaf], str]:
+    def outputs(self, call: CallRecord, expected_bytes: int | None = None) -> tuple[list[Leaf], str]:
         """The call's outputs as leaves to compare (read from the stopped candidate's memory when compared), and a
-        short description of their structure. Raises ValueError (`readback.Unreadable`) for a bad description."""
+        short description of their structure; at most `expected_bytes` read (the reference's outputs' size: a
+        wrong shape described as gigabytes is not copied). Raises ValueError (`readback.Unreadable`) for a bad
+        description."""
         inputs = mapped_files(self.worker_pid, NAME)
-        found = read_outputs(call.outputs, self.read_limit, inputs, process_reader(self.worker_pid))
+        limit = self.read_limit if expected_bytes is None else min(self.read_limit, expected_bytes)
+        found = read_outputs(call.outputs, limit, inputs, process_reader(self.worker_pid))
         kinds = {item.get("path"): item.get("kind") for item in call.outputs}
         leaves = [(path, "tensor" if kinds.get(path) == "tensor" else "value", lambda v=value: v)
                   for path, value in found]
