@@ -676,6 +676,14 @@ def test_the_kernelbench_policy_reports_weights_ignored_after_construction(cache
     assert verdict.correct and not verdict.strict_findings, verdict.strict_findings
 
 
+def test_a_wrong_shape_described_as_a_large_tensor_is_not_read(cpu_judge, tmp_path):
+    """Held out (red team, 2026-12-05): 4 bytes described as a huge tensor of the wrong shape were copied out (and
+    cloned) before the shapes were compared; the reference worker reads no more than 4x its own outputs' size now."""
+    huge = python_candidate(tmp_path, "scale, shift", "pass", "torch.zeros(1).expand(1 << 24)")
+    verdict = cpu_judge.evaluate(AFFINE, huge)
+    assert verdict.reward == -1 and "more than" in verdict.error, verdict.error
+
+
 def test_reference_workers_stay_warm_with_fresh_weights_per_evaluation(cache_dir, tmp_path):
     weights = python_candidate(tmp_path, "features", "self.linear = torch.nn.Linear(features, features)",
                                "(_ for _ in ()).throw(RuntimeError('W=%.6f' % float(self.linear.weight.sum())))")
