@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import ROOT, TASKS
 
-SLEEPY = "import time\n\ntime.sleep(6)  # in the reference worker: the evaluation stays in flight meanwhile\n\n"
+SLEEPY = "import time\n\ntime.sleep({})  # in the reference worker: the evaluation stays in flight meanwhile\n\n"
 RAISES = '''import torch
 
 
@@ -90,15 +90,15 @@ def terminate_in_flight(args: list[str], env: dict[str, str],
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), left
 
 
-def sleepy_task(folder: Path) -> Path:
+def sleepy_task(folder: Path, seconds: int = 6) -> Path:
     folder.mkdir(parents=True)
-    (folder / "1_Sleepy.py").write_text(SLEEPY + (TASKS / "affine_relu.py").read_text())
+    (folder / "1_Sleepy.py").write_text(SLEEPY.format(seconds) + (TASKS / "affine_relu.py").read_text())
     return folder / "1_Sleepy.py"
 
 
-def suite_args(tmp_path: Path) -> list[str]:
+def suite_args(tmp_path: Path, sleep: int = 6) -> list[str]:
     suite, solutions = tmp_path / "suite", tmp_path / "solutions"
-    sleepy_task(suite / "level1")
+    sleepy_task(suite / "level1", sleep)
     (solutions / "level1").mkdir(parents=True)
     (solutions / "level1" / "1_Sleepy.py").write_text(RAISES)
     return ["eval-suite", str(suite), "--solutions", str(solutions), "--backend", "cpu", "--cache-dir",
@@ -125,8 +125,10 @@ def test_sigterm_finishes_the_evaluation_in_flight_and_exits_143(tmp_path):
 
 
 def test_a_second_sigterm_abandons_the_evaluation_in_flight(tmp_path):
-    """As a second Ctrl-C does: the judge stops at once, nothing is stored, nothing is left running; exit 143."""
-    args, cache = suite_args(tmp_path), tmp_path / "cache"
+    """As a second Ctrl-C does: the judge stops at once, nothing is stored, nothing is left running; exit 143. (The
+    reference sleeps 60 s, so the second signal, 3 s after the first, lands while it is in flight even on a loaded
+    machine; a 6 s sleep once ended first in CI.)"""
+    args, cache = suite_args(tmp_path, sleep=60), tmp_path / "cache"
     result, left = terminate_in_flight(args, dict(os.environ), times=2)
     assert result.returncode == 143, result.stderr
     assert "SIGTERM again" in result.stderr and "1_Sleepy.py: reward" not in result.stderr
