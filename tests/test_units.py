@@ -379,9 +379,10 @@ def test_libraries_built_for_older_gpus_get_machine_code_for_the_judge_s_gpu():
     assert machine_code_flags(["-arch=sm_100"], "90a") == []  # only newer GPUs: nothing to compile for this one
 
 
-def test_baselines_timed_just_now_stand_for_the_eager_check_before_the_candidate(tmp_path):
-    """A cold task's eager baseline is timed moments before the candidate, in the same hold of the device: it is the
-    check before the candidate (one timed run less); a cached baseline gets an eager check before and after."""
+def test_baselines_timed_just_now_are_followed_by_the_eager_check_before_the_candidate(tmp_path):
+    """A cold task's baselines are followed at once by an eager check (it tells whether the machine held still while
+    torch.compile was timed), which is also the check before the candidate; a cached baseline gets an eager check
+    before and after the candidate."""
     from cuda_agent.judge.config import JudgeConfig
     from cuda_agent.judge.store import Store
     from cuda_agent.judge.timekeeper import Timekeeper
@@ -399,12 +400,66 @@ def test_baselines_timed_just_now_stand_for_the_eager_check_before_the_candidate
 
     keeper = Timekeeper(JudgeConfig(cache_dir=tmp_path), Store(tmp_path / "judge.sqlite"))
     cold = keeper.run("key", ref, lambda record: stats(50.0))
-    assert commands == ["time", "time_eager"] and cold.record["eager_checks_us"] == [[100.0, 101.0]], commands
+    assert commands == ["time", "time_eager", "time_eager"], commands
+    assert cold.record["eager_checks_us"] == [[101.0, 101.0]] and "unsettled" not in cold.record
     assert cold.record["status"] == "ok" and cold.record["source"] == "measured now"
     assert set(cold.record["seconds"]) == {"baselines", "candidate", "call_checks", "eager_checks"}
     commands.clear()
     warm = keeper.run("key", ref, lambda record: stats(50.0))
     assert commands == ["time_eager", "time_eager"] and warm.record["source"] == "cache", commands
+
+
+def test_baselines_measured_while_the_machine_changed_are_not_cached_and_timed_again_when_it_matters(tmp_path):
+    """torch.compile's baseline was cached whatever happened while it was timed, and only eager was ever checked
+    again: a machine slowed during torch.compile's timing (another evaluation's compile starting, say) inflated
+    every later candidate's speedup over it. Eager is now timed right after the baselines: when it is slower than
+    their eager, they are not cached, and when torch.compile's time too long by that much could change the reward,
+    they are timed again (after the attempts: too noisy). A machine that got faster is only harsher: cached."""
+    from cuda_agent.judge.config import JudgeConfig
+    from cuda_agent.judge.store import Store
+    from cuda_agent.judge.timekeeper import Timekeeper
+
+    def stats(us):
+        return {"median_us": us, "p20_us": us, "p80_us": us}
+
+    def machine(slow_measurements: int):
+        """eager 100 us, torch.compile 80 us; the first `slow_measurements` baseline timings were slowed from the
+        moment torch.compile's began (eager after them 200 us; the checks after that 100 us again)."""
+        log = []
+
+        def ref(command, event):
+            log.append(command["command"])
+            measured = log.count("time")
+            if command["command"] == "time":
+                return {"eager": stats(100.0), "compile": stats(160.0 if measured <= slow_measurements else 80.0),
+                        "compile_error": None}
+            slowed = log[-2:] == ["time", "time_eager"] and measured <= slow_measurements
+            return {"stats": stats(200.0 if slowed else 100.0)}
+        return ref, log
+
+    store = Store(tmp_path / "judge.sqlite")
+    keeper = Timekeeper(JudgeConfig(cache_dir=tmp_path), store)
+    ref, log = machine(1)
+    outcome = keeper.run("key", ref, lambda record: stats(60.0))  # 1.33x compile at 80 us, 2.67x at 160: 3 either way
+    assert not outcome.noisy and outcome.record["attempts"] == 1 and log.count("time") == 1, outcome.record
+    assert "torch.compile's baseline timing and 200.0 us after" in outcome.record["unsettled"]
+    assert store.get("baselines", "key") is None  # measured again by the next evaluation
+    ref, log = machine(1)
+    outcome = keeper.run("key", ref, lambda record: stats(90.0))  # 0.89x compile at 80 us, 1.78x at 160: 2 or 3
+    assert not outcome.noisy and outcome.record["attempts"] == 2 and log.count("time") == 2, outcome.record
+    assert outcome.baselines["compile"]["median_us"] == 80.0 and store.get("baselines", "key") is not None
+    assert "200.0 us after it" in outcome.record["remeasured_because"]
+    store = Store(tmp_path / "again.sqlite")
+    ref, log = machine(5)
+    outcome = Timekeeper(JudgeConfig(cache_dir=tmp_path), store).run("key", ref, lambda record: stats(90.0))
+    assert outcome.noisy and "enough, in torch.compile's timing, to change the reward" in outcome.record["problems"][0]
+    assert store.get("baselines", "key") is None
+
+    def faster(command, event):  # the machine sped up as torch.compile was timed
+        return {"eager": stats(200.0), "compile": stats(80.0), "compile_error": None} \
+            if command["command"] == "time" else {"stats": stats(100.0)}
+    outcome = Timekeeper(JudgeConfig(cache_dir=tmp_path), store).run("key", faster, lambda record: stats(90.0))
+    assert "unsettled" not in outcome.record and store.get("baselines", "key") is not None
 
 
 def test_a_timing_on_a_shared_gpu_credits_no_speed_and_its_baselines_are_not_cached(tmp_path):

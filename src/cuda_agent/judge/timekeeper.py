@@ -7,11 +7,14 @@ checked on a sample of the timed calls.
 - After a timed call the judge may ask for its outputs (which calls is decided here, after they ran, so the
   candidate cannot behave only on checked calls); the reference recomputes them from the same seed and compares.
 - Eager and torch.compile timings are cached per (task, device, torch version, settings), but each evaluation
-  times eager briefly just before (unless the baselines were timed just now) and just after the candidate. When
-  both disagree with the cached eager the same way, the baselines were taken in other conditions: both are timed
-  again (and the cache mended). When the eager timings of this evaluation would give the candidate different
-  rewards, or its own timings spread too widely, the candidate is timed again, and after `timing_attempts` the
-  result is "too noisy" rather than a speed claim.
+  times eager briefly just before and just after the candidate. When both disagree with the cached eager the same
+  way, the baselines were taken in other conditions: both are timed again (and the cache mended). Baselines timed
+  now are followed at once by that check before the candidate: when it is slower than the eager timed before
+  torch.compile, the machine slowed while torch.compile was timed (which the checks around the candidate would
+  never see), so they are not cached, and when torch.compile's time too long by that much could move the reward,
+  they are timed again at the next attempt. When the eager timings of this evaluation would give the candidate
+  different rewards, or its own timings spread too widely, the candidate is timed again, and after
+  `timing_attempts` the result is "too noisy" rather than a speed claim.
   (Noise that cannot change the reward, common for launch-bound eager, is recorded but not held against it.)
 - On the GPU's trusted clock, a timing whose empty calls show another context's work on the GPU (`gpu_shared`: work
   the candidate left running would slow the baselines timed beside it; so would another evaluation's process that
@@ -77,6 +80,17 @@ def seconds_in(record: dict[str, Any], part: str):
         record["seconds"][part] += time.perf_counter() - began
 
 
+def unsettled(baselines: dict[str, Any], after: dict[str, Any] | None, tolerance: float) -> str | None:
+    """Why baselines measured just now may be off: eager timed right after them (`after`) is slower than their own
+    eager, timed before torch.compile's, beyond `tolerance` (a machine slowed while torch.compile was timed makes it
+    look slow, and every candidate faster than it; the other way round is only harsher); None otherwise."""
+    if after is None or baselines["compile"] is None or after["median_us"] < baselines["eager"]["median_us"] or \
+            agree(after, baselines["eager"], tolerance):
+        return None
+    return (f"eager took {baselines['eager']['median_us']:.1f} us before torch.compile's baseline timing and "
+            f"{after['median_us']:.1f} us after it")
+
+
 def shared(baselines: dict[str, Any]) -> bool:
     """Whether the GPU clock saw another context's work while eager or torch.compile was timed."""
     return any((stats or {}).get("gpu_shared") for stats in (baselines["eager"], baselines["compile"]))
@@ -115,18 +129,21 @@ class Timekeeper:
                                   "attempts": 0, "checked_calls": [], "status": "ok",
                                   "seconds": dict.fromkeys(("baselines", "candidate", "call_checks", "eager_checks"),
                                                            0.0)}
-        baselines = cached or self._measure(baseline_key, ref, record)
-        fresh = cached is None
+        # `settle`: eager timed right after the baselines were measured (None for cached ones)
+        baselines, settle = (cached, None) if cached else self._measure(baseline_key, ref, record)
+        fresh, unused = cached is None, settle
         candidate: dict[str, Any] = {}
         for attempt in range(1, cfg.timing_attempts + 1):
             record["attempts"] = attempt
-            if attempt > 1 and shared(baselines):  # another evaluation's work, or work left running, is gone by now?
+            moved = unsettled(baselines, settle, cfg.baseline_tolerance)
+            if attempt > 1 and (shared(baselines) or moved):  # another evaluation's work (...) is gone by now?
                 record["source"] = "measured now"
-                record["remeasured_because"] = "the GPU was shared while the baselines were timed"
-                baselines, fresh = self._measure(baseline_key, ref, record), True
-            # Baselines timed just now, in this hold of the device: their eager timing is the one before the
-            # candidate (a timed run less for every cold task).
-            before = baselines["eager"] if attempt == 1 and cached is None else self._eager_check(ref, record)
+                record["remeasured_because"] = moved or "the GPU was shared while the baselines were timed"
+                (baselines, settle), fresh = self._measure(baseline_key, ref, record), True
+                unused = settle
+            # Baselines timed just now, in this hold of the device: the eager check that followed them is the one
+            # before the candidate.
+            before, unused = unused or self._eager_check(ref, record), None
             with seconds_in(record, "candidate"):
                 candidate = time_candidate(record)
             after = self._eager_check(ref, record)
@@ -137,13 +154,19 @@ class Timekeeper:
                 record["remeasured_because"] = (f"eager took {before['median_us']:.1f} and {after['median_us']:.1f} us "
                                                 f"around the candidate, {base['median_us']:.1f} us in the cached "
                                                 "baseline timing")
-                baselines, fresh = self._measure(baseline_key, ref, record), True
+                (baselines, settle), fresh = self._measure(baseline_key, ref, record), True
             problems = []
             rewards = self._rewards(candidate, baselines, [before, after])
             if len(rewards) > 1:
                 problems.append(f"eager took {before['median_us']:.1f} us before the candidate, "
                                 f"{after['median_us']:.1f} us after and {baselines['eager']['median_us']:.1f} us in "
                                 f"the baseline timing: enough to change the reward ({sorted(rewards)})")
+            moved = unsettled(baselines, settle, cfg.baseline_tolerance)
+            if moved:  # torch.compile's time may be too long by as much as eager slowed meanwhile
+                slowed = settle["median_us"] / baselines["eager"]["median_us"]
+                record["unsettled"] = moved
+                if len(self._rewards(candidate, baselines, [], (1 / slowed,))) > 1:
+                    problems.append(f"{moved}: enough, in torch.compile's timing, to change the reward")
             problems += [f"{name}: the GPU was shared ({stats['gpu_shared']})" for name, stats in
                          (("the candidate's timing", candidate), ("eager before it", before), ("eager after it", after),
                           ("eager's baseline timing", baselines["eager"]),
@@ -165,21 +188,25 @@ class Timekeeper:
         with seconds_in(record, "eager_checks"):
             return ref({"command": "time_eager", "timing": self.check_timing()}, "eager_timed")["stats"]
 
-    def _rewards(self, candidate: dict[str, Any], baselines: dict[str, Any], checks: list[dict]) -> set[int]:
-        """The rewards the candidate would get with each eager timing of this evaluation: one value when the
-        machine's noise cannot change the outcome."""
+    def _rewards(self, candidate: dict[str, Any], baselines: dict[str, Any], checks: list[dict],
+                 compile_scales: tuple[float, ...] = ()) -> set[int]:
+        """The rewards the candidate would get with each eager timing of this evaluation (and torch.compile's time
+        scaled by each of `compile_scales`): one value when the machine's noise cannot change the outcome."""
         t = candidate["median_us"]
         t_compile = (baselines["compile"] or baselines["eager"])["median_us"]
-        return {milestone_reward(True, t, e["median_us"], t_compile, self.config.speedup_threshold)
-                for e in [baselines["eager"], *checks]}
+        return {milestone_reward(True, t, e["median_us"], t_compile * scale, self.config.speedup_threshold)
+                for e in [baselines["eager"], *checks] for scale in (1.0, *compile_scales)}
 
-    def _measure(self, key: str, ref: RefCall, record: dict[str, Any]) -> dict[str, Any]:
+    def _measure(self, key: str, ref: RefCall, record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The baselines, and eager timed again right after them; they are cached when the GPU was not shared and
+        both eager timings agree."""
         with seconds_in(record, "baselines"):
             msg = ref({"command": "time"}, "baselines")
         baselines = {"eager": msg["eager"], "compile": msg["compile"], "compile_error": msg["compile_error"]}
-        if not shared(baselines):
+        after = self._eager_check(ref, record)
+        if not shared(baselines) and not unsettled(baselines, after, self.config.baseline_tolerance):
             self.store.put("baselines", key, baselines)
-        return baselines
+        return baselines, after
 
     def time_in_worker(self, worker: WorkerProcess, deadline: float, check_call: CheckCall,
                        record: dict[str, Any]) -> dict[str, Any]:
