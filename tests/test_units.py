@@ -283,6 +283,42 @@ def get_init_inputs():
     assert module.input_shape == (4096, 2)  # put back
 
 
+def test_sizes_computed_from_others_and_local_sizes_change_too():
+    """Held out (red team, 2026-12-05): `N = H * W` read by get_inputs, and `n = 4096` local to it, never changed
+    at the extra shape: a kernel hard-coding them passed without a warning. The roots change now and what is computed
+    from them follows; a size a Model also reads stays (and so does what is computed from it)."""
+    from types import ModuleType
+
+    from cuda_agent.judge.wire.tensors import make_inputs
+    from cuda_agent.task import enable_sizes, extra_shape, shape_constants
+
+    source = """import torch
+C = 8
+H, W = 64, 32
+N = H * W
+CH = C * 2
+def get_inputs():
+    n = 40
+    seed = 7
+    return [torch.randn(N, CH), torch.rand(n, 3), torch.randint(0, seed, (5,))]
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = C
+def get_init_inputs():
+    return []
+"""
+    sizes = shape_constants(source)
+    assert {k: v for k, v in sizes.items() if not k.startswith("_cuda")} == {"H": 64, "W": 32}, sizes
+    assert sorted(v for k, v in sizes.items() if k.startswith("_cuda")) == [3, 5, 40]  # (not the 7 of randint's high)
+    module = ModuleType("task")
+    exec(source, vars(module))
+    enable_sizes(module, source)
+    changed = make_inputs(module, 0, "cpu", extra_shape(sizes))
+    assert [list(x.shape) for x in changed] == [[33 * 17, 16], [21, 1], [3]]
+    assert module.N == 2048 and [list(x.shape) for x in make_inputs(module, 0, "cpu")] == [[2048, 16], [40, 3], [5]]
+
+
 def test_torch_arch_list_spelling():
     from cuda_agent.backend import torch_arch_list
 

@@ -8,12 +8,14 @@ error, not the candidate's).
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 from .pyparse import parse as parse_python
 
@@ -110,12 +112,15 @@ def _write_row(path: Path, row: int, code: str, folder: Path) -> Path:
     return dest
 
 
-def _int_value(node: ast.AST) -> int | None:
-    """The value of an integer literal or constant arithmetic on literals (`1 << 21`, `16 * 1024`), else None."""
+def _int_value(node: ast.AST, names: dict[str, int] | None = None) -> int | None:
+    """The value of an integer literal or constant arithmetic on literals (`1 << 21`, `16 * 1024`) and on `names`
+    (`H * W`), else None."""
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value
+    if isinstance(node, ast.Name) and names is not None:
+        return names.get(node.id)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.LShift)):
-        left, right = _int_value(node.left), _int_value(node.right)
+        left, right = _int_value(node.left, names), _int_value(node.right, names)
         if left is None or right is None or (isinstance(node.op, ast.LShift) and not 0 <= right < 63):
             return None
         ops = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.FloorDiv: int.__floordiv__,
@@ -129,21 +134,64 @@ SIZED = {"randn": "all", "rand": "all", "zeros": "all", "ones": "all", "empty": 
          "randint": "last"}  # torch's constructors: which positional arguments are sizes
 
 
-def _module_ints(tree: ast.Module) -> dict[str, int]:
-    """Module-level names bound to integers: `N = 1 << 21`, `B, D = 16, 4096`, `M = K = 512`."""
-    values: dict[str, int] = {}
+def _module_bindings(tree: ast.Module) -> Iterator[tuple[str, ast.expr]]:
+    """(name, expression) of each module-level assignment to a name, in order (`B, D = 16, 4096`: two)."""
     for node in tree.body:
         if not isinstance(node, ast.Assign):
             continue
         for target in node.targets:
-            if isinstance(target, ast.Name) and (v := _int_value(node.value)) is not None:
-                values[target.id] = v
+            if isinstance(target, ast.Name):
+                yield target.id, node.value
             elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
                     and len(target.elts) == len(node.value.elts):
-                for name, value in zip(target.elts, node.value.elts):
-                    if isinstance(name, ast.Name) and (v := _int_value(value)) is not None:
-                        values[name.id] = v
+                yield from ((name.id, value) for name, value in zip(target.elts, node.value.elts)
+                            if isinstance(name, ast.Name))
+
+
+def _module_ints(tree: ast.Module) -> dict[str, int]:
+    """Module-level names bound to integers: `N = 1 << 21`, `B, D = 16, 4096`, `M = K = 512`, `N = H * W`."""
+    values: dict[str, int] = {}
+    for name, expression in _module_bindings(tree):
+        if (value := _int_value(expression, values)) is not None:
+            values[name] = value
     return values
+
+
+def _module_derived(tree: ast.Module) -> dict[str, ast.expr]:
+    """Module-level integers computed from other ones (`N = H * W`): their expressions, which `get_inputs` reads in
+    their place (`enable_sizes`), so that a size changed by the extra shape changes what is computed from it."""
+    values: dict[str, int] = {}
+    derived: dict[str, ast.expr] = {}
+    for name, expression in _module_bindings(tree):
+        derived.pop(name, None)
+        if (value := _int_value(expression, values)) is not None:
+            values[name] = value
+            if any(isinstance(n, ast.Name) for n in ast.walk(expression)):
+                derived[name] = expression
+    return derived
+
+
+def _inline(node: ast.AST, derived: dict[str, ast.expr]) -> ast.AST:
+    """`node` with every read of a derived module-level integer replaced by its expression (recursively)."""
+    local = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+    class Inline(ast.NodeTransformer):
+        def visit_Name(self, name: ast.Name) -> ast.AST:
+            if isinstance(name.ctx, ast.Load) and name.id in derived and name.id not in local:
+                return ast.copy_location(self.visit(copy.deepcopy(derived[name.id])), name)
+            return name
+
+    return Inline().visit(copy.deepcopy(node))
+
+
+def _local_sizes(function: ast.FunctionDef) -> list[ast.Constant]:
+    """Integer literals bound to local names of `function` that size a tensor it builds (`n = 4096` then
+    `torch.randn(n)`)."""
+    sizing = {node.id for call in _sized_calls(function) for arg in _size_args(call)
+              for node in (arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]) if isinstance(node, ast.Name)}
+    return [node.value for node in ast.walk(function) if isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name) and node.targets[0].id in sizing
+            and isinstance(node.value, ast.Constant) and type(node.value.value) is int and node.value.value > 2]
 
 
 def _module_int_sequences(tree: ast.Module) -> dict[str, int]:
@@ -157,23 +205,25 @@ def _module_int_sequences(tree: ast.Module) -> dict[str, int]:
     return found
 
 
+def _sized_calls(function: ast.FunctionDef) -> list[ast.Call]:
+    return [call for call in ast.walk(function) if isinstance(call, ast.Call) and SIZED.get(
+        call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", ""))]
+
+
+def _size_args(call: ast.Call) -> list[ast.expr]:
+    """The arguments of one of torch's constructors that are sizes (a new list: the tree stays)."""
+    which = SIZED[call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id]
+    args = {"all": call.args, "first": call.args[:1], "last": call.args[-1:]}[which]
+    return [*args, *(kw.value for kw in call.keywords if kw.arg == "size")]
+
+
 def _size_literals(function: ast.FunctionDef) -> list[ast.Constant]:
-    """Integer literals that size a tensor built in `function` (`torch.randn(16, 4096)`, `torch.rand((8, 64))`)."""
-    found = []
-    for call in ast.walk(function):
-        if not isinstance(call, ast.Call):
-            continue
-        name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
-        which = SIZED.get(name)
-        if which is None:
-            continue
-        args = {"all": call.args, "first": call.args[:1], "last": call.args[-1:]}[which]
-        args = [*args, *(kw.value for kw in call.keywords if kw.arg == "size")]  # (a new list: the tree stays)
-        for arg in args:
-            for node in (arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]):
-                if isinstance(node, ast.Constant) and type(node.value) is int and node.value > 2:
-                    found.append(node)
-    return found
+    """Integer literals that size a tensor built in `function` (`torch.randn(16, 4096)`, `torch.rand((8, 64))`),
+    directly or through a local name (`_local_sizes`)."""
+    found = [node for call in _sized_calls(function) for arg in _size_args(call)
+             for node in (arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg])
+             if isinstance(node, ast.Constant) and type(node.value) is int and node.value > 2]
+    return found + _local_sizes(function)
 
 
 def _get_inputs(tree: ast.Module) -> ast.FunctionDef | None:
@@ -194,13 +244,14 @@ def shape_constants(source: str) -> dict[str, int]:
     worker keeps those at which the task itself still runs: `fit_sizes`).
     """
     tree = parse_python(source)
-    values = _module_ints(tree)
+    values, derived = _module_ints(tree), _module_derived(tree)
     used: dict[str, set[str]] = {}
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            used[node.name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):  # (a derived integer read: the names it is made of)
+            used[node.name] = {n.id for n in ast.walk(_inline(node, derived)) if isinstance(n, ast.Name)}
     only_inputs = used.get("get_inputs", set()) - used.get("get_init_inputs", set()) - used.get("Model", set())
-    named = {name: value for name, value in values.items() if name in only_inputs and value > 2}
+    named = {name: value for name, value in values.items() if name in only_inputs and value > 2
+             and name not in derived}
     named |= {key: value for key, value in _module_int_sequences(tree).items()
               if key.split("[")[0] in only_inputs and value > 2}
     function = _get_inputs(tree)
@@ -210,13 +261,15 @@ def shape_constants(source: str) -> dict[str, int]:
 
 def enable_sizes(module: ModuleType, source: str) -> None:
     """Rewrite the imported task's `get_inputs` so that each size literal reads a module attribute of its own (with
-    its literal value): the extra-shape check can then change it like a named constant. Nothing else changes."""
+    its literal value), and each module-level integer computed from others (`N = H * W`) is computed again from
+    them: the extra-shape check can then change them like named constants. Nothing else changes."""
     tree = parse_python(source)
     function = _get_inputs(tree)
     if function is None:
         return
+    derived = _module_derived(tree)
     literals = {id(node): node for node in _size_literals(function)}
-    if not literals:
+    if not literals and not derived:
         return
 
     class Named(ast.NodeTransformer):
@@ -226,7 +279,8 @@ def enable_sizes(module: ModuleType, source: str) -> None:
             setattr(module, _slot(node), node.value)
             return ast.copy_location(ast.Name(id=_slot(node), ctx=ast.Load()), node)
 
-    rewritten = ast.fix_missing_locations(ast.Module(body=[Named().visit(function)], type_ignores=[]))
+    function = _inline(Named().visit(function), derived)
+    rewritten = ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[]))
     exec(compile(rewritten, getattr(module, "__file__", None) or "<task>", "exec"), vars(module))
 
 
