@@ -266,6 +266,28 @@ def test_a_candidate_sees_no_published_extension_but_its_own(cache_dir, tmp_path
     (root / "pwned").unlink()
 
 
+def test_the_output_pool_library_stays_readable_to_a_sandboxed_candidate(visible_dir, tmp_path):
+    """The GPU candidate's process loads the output pool's allocator from the judge's folder of published libraries.
+    Once that folder was hidden (2026-12-04), every GPU candidate died at its first call (the H200, 2026-12-05: "the
+    process ended during call 0", every verdict -1): the pool's own folder is bound back, readable, and nothing
+    else of the published folder shows."""
+    judge = Judge("cpu", fast_config(visible_dir / "pool-cache", sandbox="required"))
+    pool = judge.inline.root / "output-pool" / "output_pool-test.so"
+    pool.parent.mkdir(parents=True, exist_ok=True)
+    pool.write_text("the allocator")
+    (judge.inline.root / "published-other").mkdir(exist_ok=True)
+    judge.output_pool = str(pool)
+    body = ("r = {}\n        for what, act in [('pool', lambda: open(%r).read()), "
+            "('published', lambda: os.listdir(%r)), ('write', lambda: open(%r, 'a').write('x'))]:\n"
+            "            try:\n                r[what] = act()\n"
+            "            except OSError as exc:\n                r[what] = errno.errorcode[exc.errno]\n"
+            "        raise RuntimeError('W=' + json.dumps(r))") % (str(pool), str(judge.inline.root), str(pool))
+    verdict = judge.evaluate(AFFINE, candidate(tmp_path, "pass", body))
+    found = json.JSONDecoder().raw_decode(verdict.error.split("W=", 1)[1])[0]
+    assert found["pool"] == "the allocator" and found["write"] == "EROFS", verdict.error
+    assert "published-other" not in found["published"], found
+
+
 @pytest.mark.skipif(Cgroup.layout() is None, reason="no writable cgroup here: host memory is bounded by rlimits only")
 def test_host_memory_is_bounded_by_the_cgroup_alone(visible_dir, tmp_path):
     """On the GPU backend the cgroup is the only bound on host memory (an address-space limit breaks CUDA)."""

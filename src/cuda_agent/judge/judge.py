@@ -222,13 +222,15 @@ class Judge:
                              self._candidate_sandbox(run_dir), trusted=False)
 
     def _candidate_sandbox(self, run_dir: Path) -> sandbox.Sandbox | None:
-        """The candidate sees its build, the public inputs and the task file; writes only its own folders (where its
-        `load_inline` libraries are copied: the published ones, every candidate's, stay hidden)."""
+        """The candidate sees its build, the public inputs, the task file and the output pool's library; writes only
+        its own folders (where its `load_inline` libraries are copied: the published ones, every candidate's, stay
+        hidden, and the output pool's folder among them is bound back)."""
         if not self.sandboxed:
             return None
         compute = compute_packages() if self._blocks_compute_packages() else []  # numpy & co. cannot be imported
+        pool = [Path(self.output_pool).parent] if self.output_pool else []
         view = sandbox.View(writable=[run_dir / "candidate"],
-                            readable=[run_dir / "build", run_dir / "public", run_dir / "task"],
+                            readable=[run_dir / "build", run_dir / "public", run_dir / "task", *pool],
                             hidden=[*self.builder.confined, *map(Path, compute)])
         return sandbox.Sandbox(view, self.limits, cwd=run_dir / "candidate")
 
