@@ -23,7 +23,7 @@ from cuda_agent.judge.trusted.trusted_calls import CallFailed, Calls
 
 TASK = TASKS / "affine_relu.py"
 CALLEE = """
-import socket, sys, threading, time, torch
+import os, socket, sys, threading, time, torch
 from cuda_agent.judge.wire.call_protocol import Ready, send
 from cuda_agent.judge.candidate.callee import Callee
 sock = socket.socket(fileno=int(sys.argv[1]))
@@ -130,6 +130,34 @@ def test_a_callee_that_runs_between_calls_fails_the_next_call(callee):
         calls.call(time.monotonic() + 30)
     # where it went: in which gaps, which process, its threads' states (all stopped again: T)
     assert re.search(r"in 1 of 1 gaps; its worker \d+ us, thread states T+\b", str(failed.value)), failed.value
+
+
+def test_a_copy_the_kernel_goes_on_with_after_the_stop_is_inside_the_call(callee):
+    """Held out (red team, 2026-12-05): a thread inside a system call that only a fatal signal interrupts (here a
+    `pread` of 512 MiB from a memfd) keeps working in the kernel after SIGSTOP was sent; the clock stopped at the
+    send, the outputs were read once it had finished: a 32 ms copy credited 17 ms, reward 1 -> 3. The call now ends
+    when every thread shows stopped."""
+    size = 512 << 20
+    fd = os.memfd_create("probe")
+    os.ftruncate(fd, size)
+    buffer = bytearray(size)
+    os.preadv(fd, [buffer], 0)  # (the pages exist: the timing below is the copy's)
+    began = time.perf_counter()
+    os.preadv(fd, [buffer], 0)
+    copy_s = time.perf_counter() - began
+    os.close(fd)
+    del buffer
+    calls = callee("if not state:\n"
+                   f"    state['fd'] = os.memfd_create('probe'); os.ftruncate(state['fd'], {size})\n"
+                   f"    state['buffer'] = bytearray({size}); os.preadv(state['fd'], [state['buffer']], 0)\n"
+                   "    return inputs[0] + 1\n"
+                   "threading.Thread(target=os.preadv, args=(state['fd'], [state['buffer']], 0)).start()\n"
+                   "time.sleep(0.002)  # (inside the read by now)\n"
+                   "return inputs[0] + 1")
+    calls.load([torch.zeros(4)])
+    calls.call(time.monotonic() + 60)  # (the memfd made and read once)
+    call = calls.call(time.monotonic() + 60)
+    assert call.window_us >= 0.5 * copy_s * 1e6, (call.window_us, copy_s)
 
 
 def test_the_window_holds_the_callees_work_whatever_clock_it_fakes(callee):

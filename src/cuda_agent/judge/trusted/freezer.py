@@ -148,11 +148,10 @@ class Freezer:
         self._signal(signal.SIGSTOP)
         self.frozen = True
 
-    def settle(self) -> None:
-        """Wait until every thread shows stopped and then until their CPU clocks hold still: a thread shows `T` as
-        soon as it takes the stop, before it leaves its CPU, and the kernel adds the time it ran since its last
-        tick (up to a tick, ~4 ms) only when it leaves; a clock read in between moves later, while stopped (the
-        likely cause of the H200's rare "ran while stopped" on honest kernels: 3,050 us in one gap of ~2,700)."""
+    def wait_stopped(self) -> None:
+        """Wait until every thread shows stopped. A thread inside a system call that only a fatal signal interrupts
+        (a long `pread`, `process_vm_readv`) goes on working in the kernel after the stop was sent: until it shows
+        stopped, the call has not ended."""
         deadline = time.monotonic() + self.timeout_s
         for pid in self.pids:
             while True:
@@ -165,6 +164,14 @@ class Freezer:
                 if time.monotonic() > deadline:
                     raise CandidateGone(f"process {pid} did not stop within {self.timeout_s:.0f} s")
                 time.sleep(0.00002)
+
+    def settle(self) -> None:
+        """Wait until every thread shows stopped and then until their CPU clocks hold still: a thread shows `T` as
+        soon as it takes the stop, before it leaves its CPU, and the kernel adds the time it ran since its last
+        tick (up to a tick, ~4 ms) only when it leaves; a clock read in between moves later, while stopped (the
+        likely cause of the H200's rare "ran while stopped" on honest kernels: 3,050 us in one gap of ~2,700)."""
+        self.wait_stopped()
+        deadline = time.monotonic() + self.timeout_s
         cpu = self.cpu_by_pid()
         while time.monotonic() < deadline:  # (past it, whatever moves is the candidate's to explain)
             time.sleep(HOLD_S)

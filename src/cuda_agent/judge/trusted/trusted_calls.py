@@ -106,8 +106,9 @@ class Calls:
                 self.freezer.signal_stop()
             except CandidateGone:
                 pass
-        t1 = time.perf_counter_ns()
         try:
+            self.freezer.wait_stopped()  # (the call ends there: held out, red team 2026-12-05: a copy in the kernel
+            t1 = time.perf_counter_ns()  # after the stop was sent, outside the clock, its result read: reward 1 -> 3)
             self.freezer.settle()
             self.stopped_cpu = self.freezer.cpu_by_pid()
             cpu1 = sum(self.stopped_cpu.values())
