@@ -9,12 +9,12 @@ checked on a sample of the timed calls.
 - Eager and torch.compile timings are cached per (task, device, torch version, settings), but each evaluation
   times eager briefly just before and just after the candidate. When both disagree with the cached eager the same
   way, the baselines were taken in other conditions: both are timed again (and the cache mended). Baselines timed
-  now are followed at once by that check before the candidate: when it is slower than the eager timed before
-  torch.compile, the machine slowed while torch.compile was timed (which the checks around the candidate would
-  never see), so they are not cached, and when torch.compile's time too long by that much could move the reward,
-  they are timed again at the next attempt. When the eager timings of this evaluation would give the candidate
-  different rewards, or its own timings spread too widely, the candidate is timed again, and after
-  `timing_attempts` the result is "too noisy" rather than a speed claim.
+  now are followed at once by that check before the candidate: when it disagrees with the eager timed before
+  torch.compile, the machine changed while they were timed (torch.compile's time may be too long, which the checks
+  around the candidate would never see), so they are not cached, and when torch.compile's time too long by that
+  ratio could move the reward, they are timed again at the next attempt. When the eager timings of this
+  evaluation would give the candidate different rewards, or its own timings spread too widely, the candidate is
+  timed again, and after `timing_attempts` the result is "too noisy" rather than a speed claim.
   (Noise that cannot change the reward, common for launch-bound eager, is recorded but not held against it.)
 - On the GPU's trusted clock, a timing whose empty calls show another context's work on the GPU (`gpu_shared`: work
   the candidate left running would slow the baselines timed beside it; so would another evaluation's process that
@@ -81,11 +81,11 @@ def seconds_in(record: dict[str, Any], part: str):
 
 
 def unsettled(baselines: dict[str, Any], after: dict[str, Any] | None, tolerance: float) -> str | None:
-    """Why baselines measured just now may be off: eager timed right after them (`after`) is slower than their own
-    eager, timed before torch.compile's, beyond `tolerance` (a machine slowed while torch.compile was timed makes it
-    look slow, and every candidate faster than it; the other way round is only harsher); None otherwise."""
-    if after is None or baselines["compile"] is None or after["median_us"] < baselines["eager"]["median_us"] or \
-            agree(after, baselines["eager"], tolerance):
+    """Why baselines measured just now may be off: eager timed right after them (`after`) disagrees with their own
+    eager, timed before torch.compile's, beyond `tolerance`: the machine changed while they were timed, and
+    torch.compile may have been timed in its slow moment, whichever way eager moved (a slowdown over both baseline
+    timings that ended before the check, or one that began during torch.compile's); None otherwise."""
+    if after is None or baselines["compile"] is None or agree(after, baselines["eager"], tolerance):
         return None
     return (f"eager took {baselines['eager']['median_us']:.1f} us before torch.compile's baseline timing and "
             f"{after['median_us']:.1f} us after it")
@@ -162,10 +162,10 @@ class Timekeeper:
                                 f"{after['median_us']:.1f} us after and {baselines['eager']['median_us']:.1f} us in "
                                 f"the baseline timing: enough to change the reward ({sorted(rewards)})")
             moved = unsettled(baselines, settle, cfg.baseline_tolerance)
-            if moved:  # torch.compile's time may be too long by as much as eager slowed meanwhile
-                slowed = settle["median_us"] / baselines["eager"]["median_us"]
+            if moved:  # torch.compile's time may be too long by as much as eager moved
+                times = (settle["median_us"], baselines["eager"]["median_us"])
                 record["unsettled"] = moved
-                if len(self._rewards(candidate, baselines, [], (1 / slowed,))) > 1:
+                if len(self._rewards(candidate, baselines, [], (min(times) / max(times),))) > 1:
                     problems.append(f"{moved}: enough, in torch.compile's timing, to change the reward")
             problems += [f"{name}: the GPU was shared ({stats['gpu_shared']})" for name, stats in
                          (("the candidate's timing", candidate), ("eager before it", before), ("eager after it", after),
