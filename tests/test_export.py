@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
 from conftest import CANDIDATES, TASKS
+from cuda_agent import sandbox
 from cuda_agent.cli import app
 from cuda_agent.task import import_file
 
@@ -119,6 +120,35 @@ def test_the_package_s_drop_in_module_takes_the_user_s_state_dict_and_runs_a_pre
                          env={"TORCH_EXTENSIONS_DIR": str(empty), "PATH": "/usr/bin:/bin"}, timeout=300)
     assert ran.stdout.strip() == "ok", ran.stderr[-2000:]
     assert not any(empty.iterdir())  # nothing was compiled on import
+
+
+@pytest.mark.skipif(sandbox.probe() is not None, reason=f"sandbox unavailable: {sandbox.probe()}")
+def test_the_solution_s_code_runs_at_export_in_a_sandbox_not_in_this_process(tmp_path, visible_dir, cache_dir,
+                                                                               monkeypatch):
+    """Held out (red team, 2026-12-05): `optimize --module` exported its best kernel by importing it in the CLI's
+    process, where the policy's code rewrote the run's verdict files (reward 3 for RFT) and the judge's cached
+    baselines, with the user's API key in reach. Its import and the package's check now run sandboxed: no
+    credentials, nothing written outside the staging folder, the judge's cache unseen; the export still works."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
+    target, cache = visible_dir / "verdict.json", visible_dir / "judge-cache"
+    target.write_text("reward 1")
+    (cache / "judge.sqlite").parent.mkdir(parents=True)
+    (cache / "judge.sqlite").write_text("baselines")
+    payload = ("import os, pathlib\n"
+               "def _try(act):\n"
+               "    try:\n        return str(act())\n"
+               "    except OSError as exc:\n        return type(exc).__name__\n"
+               f"_found = [os.environ.get('OPENAI_API_KEY'), _try(lambda: open({str(target)!r}, 'w').write('3')),"
+               f" _try(lambda: pathlib.Path({str(cache / 'judge.sqlite')!r}).read_text())]\n"
+               "_try(lambda: pathlib.Path(__file__).with_name('found.txt').write_text(repr(_found)))\n")
+    solution = tmp_path / "solution.py"
+    solution.write_text(payload + (CANDIDATES / "affine_relu_single.py").read_text())
+    done = run("export", solution, "--task", TASKS / "affine_relu.py", "--name", "affine_relu", "--out",
+               tmp_path / "out", "--backend", "cpu", "--cache-dir", cache)
+    assert done.exit_code == 0, done.output
+    assert target.read_text() == "reward 1" and (cache / "judge.sqlite").read_text() == "baselines"
+    found = (tmp_path / "out" / "affine_relu" / "found.txt").read_text()  # (from the package's check)
+    assert found == repr([None, "OSError", "FileNotFoundError"]), found
 
 
 def test_a_solution_whose_parameters_are_named_otherwise_is_refused_and_names_must_be_packages(tmp_path, cache_dir):

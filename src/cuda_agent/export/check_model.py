@@ -5,8 +5,8 @@ what the kernel buys end to end, not only on the isolated task.
 
 A submodule is replaced by the export's drop-in class built as the export's task builds it (a task made by `task
 new --hf-model` builds it from the model's config, so it takes no arguments) with the submodule's own state dict,
-strictly: a kernel exported for another configuration is refused there. The model is the user's own: it runs in
-this process, with no trust boundary (that was the judge's work on the kernel).
+strictly: a kernel exported for another configuration is refused there. The model is the user's own, the kernel's
+code the agent's: the check runs in a sandboxed process of its own (`isolated.py`), never in this one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 import fnmatch
 import importlib.util
 import sys
-from dataclasses import dataclass, field
+import tempfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -72,12 +73,27 @@ def replace(model: torch.nn.Module, pattern: str, package) -> list[str]:
     return names
 
 
-def check(model_dir: Path, pattern: str, export_dir: Path, sample: torch.Tensor, backend: str) -> ModelCheck:
+def check(model_dir: Path, pattern: str, export_dir: Path, sample: torch.Tensor, backend: str,
+          hidden: list[Path] = ()) -> ModelCheck:
+    """The check, in a process of its own that sees neither `hidden` nor the judge's default cache."""
+    from ..judge.config import default_cache_dir
+    from . import isolated
+
+    with tempfile.TemporaryDirectory(prefix="cuda-agent-check-") as tmp:
+        found = isolated.run("check-model", {"model_dir": str(model_dir), "pattern": pattern,
+                                             "export_dir": str(export_dir), "sample": sample.tolist(),
+                                             "backend": backend},
+                             Path(tmp), [Path(model_dir), Path(export_dir)], [default_cache_dir(), *hidden])
+    return ModelCheck(**found["check"])
+
+
+def check_here(model_dir: str, pattern: str, export_dir: str, sample: list, backend: str) -> dict:
+    """(In the check's own process) the model as it is, then with the export swapped in: `ModelCheck`'s fields."""
     from transformers import AutoModelForCausalLM
 
     device = get_backend(backend).device
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-    ids = sample.to(device)
+    ids = torch.tensor(sample).to(device)
     cfg = JudgeConfig()
     with torch.no_grad():
         before = model(ids).logits
@@ -86,11 +102,11 @@ def check(model_dir: Path, pattern: str, export_dir: Path, sample: torch.Tensor,
         replaced = replace(model, pattern, load_export(export_dir))
         after = model(ids).logits
         replaced_time = _median_us(lambda: model(ids), backend, cfg)
-    return ModelCheck(replaced, float((after - before).abs().max()),
-                      bool(torch.allclose(after, before, atol=cfg.atol, rtol=cfg.rtol)),
-                      {"original": float((before.double() - exact).abs().max()),
-                       "replaced": float((after.double() - exact).abs().max())},
-                      {"original": original_time, "replaced": replaced_time})
+    return asdict(ModelCheck(replaced, float((after - before).abs().max()),
+                             bool(torch.allclose(after, before, atol=cfg.atol, rtol=cfg.rtol)),
+                             {"original": float((before.double() - exact).abs().max()),
+                              "replaced": float((after.double() - exact).abs().max())},
+                             {"original": original_time, "replaced": replaced_time}))
 
 
 def _median_us(fn, backend: str, cfg: JudgeConfig) -> float:

@@ -38,7 +38,8 @@ def finish(run_dir: Path, task: Path, best_dir: str | None, name: str, backend: 
         record["export"] = {"package": str(done.package), "kernels_build": str(done.hub), "namespace": done.namespace,
                             "class": done.class_name, "notes": done.notes}
         if hf_model is not None:
-            checked = check_model.check(hf_model, submodule, done.package, sample_ids(hf_model, sample), backend)
+            checked = check_model.check(hf_model, submodule, done.package, sample_ids(hf_model, sample), backend,
+                                        [cache_dir] if cache_dir else [])
             record["check"] = {**asdict(checked), "speedup": checked.speedup}
     (run_dir / "module.json").write_text(json.dumps(record, indent=2))
     return record

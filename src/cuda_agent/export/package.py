@@ -9,7 +9,8 @@ recorded as they return), `_runtime.py` (runtime.py) and `__init__.py`, which na
 `metadata.json` with the files' digests; the variant (`torch213-cxx11-cpu-x86_64-linux`, ...) is this machine's
 torch, ABI, backend, CPU and OS. Before anything is written the solution's `ModelNew` must hold the reference's
 parameter names (the user's state dict goes into the drop-in module unchanged), and after, the package is imported
-and its module must give the reference's outputs on the task's inputs.
+and its module must give the reference's outputs on the task's inputs. The solution's code (a single file's import,
+the package's check) runs only in a process of its own, sandboxed (`isolated.py`), never in this one.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..judge.config import default_cache_dir
 from ..task import import_file, load_task
 from ..workspace.build import EXTENSION_NAME, Builder
 from ..workspace.candidate import load_candidate
+from . import isolated
 
 RUNTIME = Path(__file__).with_name("runtime.py")
 
@@ -80,7 +82,8 @@ def export(solution: Path, task_path: Path, name: str, out: Path, backend: str, 
     with tempfile.TemporaryDirectory(prefix="cuda-agent-export-") as tmp:
         staged = Path(tmp) / name
         (staged / "_ext").mkdir(parents=True)
-        extensions = _build(cand, backend, staged / "_ext", Path(tmp), Path(cache_dir or default_cache_dir()))
+        cache = Path(cache_dir or default_cache_dir())
+        extensions = _build(cand, backend, staged / "_ext", Path(tmp), cache)
         (staged / "_model_new.py").write_text(cand.text()["model_new.py"] if cand.kind == "workspace"
                                               else cand.origin.read_text())
         (staged / "_task.py").write_text(task.source)
@@ -88,7 +91,9 @@ def export(solution: Path, task_path: Path, name: str, out: Path, backend: str, 
         (staged / "__init__.py").write_text(_init(name, task.name, namespace, names, _schema(inputs, expected),
                                                   extensions, class_name))
         exported = Exported(out / name, out / "build" / variant(backend), namespace, class_name)
-        _check(staged, name, init, inputs, names, get_backend(backend).device, exported.notes)
+        exported.notes += isolated.run("check", {"staged": str(staged), "name": name, "task": str(task.path),
+                                                 "names": names, "device": get_backend(backend).device},
+                                       Path(tmp), [task.path.parent], [cache])["notes"]
         out.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(exported.package, ignore_errors=True)
         shutil.copytree(staged, exported.package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -104,6 +109,14 @@ def _build(cand, backend: str, into: Path, tmp: Path, cache_dir: Path) -> list[s
             raise ExportError(f"the workspace does not build: {built.error}")
         shutil.copyfile(built.module_path, into / built.module_path.name)
         return [EXTENSION_NAME]
+    isolated.run("build-inline", {"origin": str(cand.origin), "digest": cand.hash[:10],
+                                  "extensions": str(tmp / "extensions"), "into": str(into)},
+                 tmp, [cand.origin.parent], [cache_dir])
+    return []
+
+
+def build_inline_here(origin: str, digest: str, extensions: str, into: str) -> list[str]:
+    """(In the solution's own process) a single file imported, its `load_inline` libraries copied into `into`."""
     import torch.utils.cpp_extension as cpp_extension
 
     real, made = cpp_extension.load_inline, []
@@ -113,22 +126,15 @@ def _build(cand, backend: str, into: Path, tmp: Path, cache_dir: Path) -> list[s
         made.append(Path(module.__file__))
         return module
 
-    previous = os.environ.get("TORCH_EXTENSIONS_DIR")
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(tmp / "extensions")
+    os.environ["TORCH_EXTENSIONS_DIR"] = extensions
     cpp_extension.load_inline = recording
     try:
-        import_file(cand.origin, f"cuda_agent_export_solution_{cand.hash[:10]}")
+        import_file(origin, f"cuda_agent_export_solution_{digest}")
     except Exception as exc:
         raise ExportError(f"the solution does not import: {type(exc).__name__}: {exc}") from exc
-    finally:
-        cpp_extension.load_inline = real
-        if previous is None:
-            os.environ.pop("TORCH_EXTENSIONS_DIR", None)
-        else:
-            os.environ["TORCH_EXTENSIONS_DIR"] = previous
     for path in made:
-        shutil.copyfile(path, into / path.name)
-    return []
+        shutil.copyfile(path, Path(into) / path.name)
+    return [path.name for path in made]
 
 
 def _schema(inputs: list, expected) -> str:
@@ -161,11 +167,13 @@ def _init(name: str, task: str, namespace: str, names: list[str], schema: str, e
         "forward = _export.op", f"{class_name} = _export.module", ""])
 
 
-def _check(staged: Path, name: str, init: list, inputs: list, names: list[str], device: str, notes: list[str]
-           ) -> None:
-    """The staged package imported: ModelNew holds the reference's parameter names, and the drop-in module with
-    the reference's weights gives the reference's outputs on the backend's device."""
-    package = import_file(staged / "__init__.py", f"cuda_agent_export_check_{name}")
+def check_here(staged: str, name: str, task: str, names: list[str], device: str) -> list[str]:
+    """(In the solution's own process) the staged package imported: ModelNew holds the reference's parameter names,
+    and the drop-in module with the reference's weights gives the reference's outputs on the task's inputs on the
+    backend's device. Its notes."""
+    reference_task = import_file(task, f"cuda_agent_export_check_task_{name}")
+    init, inputs = list(reference_task.get_init_inputs()), list(reference_task.get_inputs())
+    package = import_file(Path(staged) / "__init__.py", f"cuda_agent_export_check_{name}")
     export = package._export
     theirs = list(export.model_new(*init).state_dict())
     if sorted(theirs) != sorted(names):
@@ -186,8 +194,8 @@ def _check(staged: Path, name: str, init: list, inputs: list, names: list[str], 
     pairs = list(zip(got, want)) if isinstance(want, (tuple, list)) else [(got, want)]
     if not all(torch.allclose(g, w, atol=1e-2, rtol=1e-2) for g, w in pairs):
         raise ExportError("the exported module's outputs differ from the reference's on the task's inputs")
-    notes.append(f"the drop-in {export.module.__name__} takes the reference's state dict ({len(names)} tensors) and "
-                 f"gives its outputs on the task's inputs (atol = rtol = 1e-2)")
+    return [f"the drop-in {export.module.__name__} takes the reference's state dict ({len(names)} tensors) and "
+            f"gives its outputs on the task's inputs (atol = rtol = 1e-2)"]
 
 
 def _hub(exported: Exported, name: str, backend: str, digest: str) -> None:
