@@ -83,6 +83,29 @@ def test_file_tools_edit_exactly_and_refuse_what_they_must(env):
     assert "bad arguments" in env.step("read_file", {"file": "x"}).observation
 
 
+def test_wrongly_typed_arguments_are_answered_as_bad_arguments_and_limits_hold(env, judge, tmp_path):
+    """Held out (red team, 2026-12-05): a line number "x", `edits` as a string, a NUL in a path, a lone surrogate in
+    content, a timeout of Infinity raised out of the loop (the episode, a PPO step or a verl rollout ended there,
+    and RFT kept the call unrecorded); a bash timeout of 10**6 ran past the episode's limit; the file tools read a
+    file of any size into this process."""
+    bad = [("read_file", {"path": "model.py", "start_line": "x"}), ("multi_edit", {"path": "model_new.py",
+                                                                                   "edits": "oops"}),
+           ("multi_edit", {"path": "model_new.py", "edits": ["oops"]}), ("write_file", {"path": "a\0b", "content": ""}),
+           ("write_file", {"path": "a.py", "content": "\ud800"}), ("bash", {"command": "true", "timeout": "soon"}),
+           ("bash", {"command": "true", "timeout": float("inf")}), ("bash", {"command": "true", "timeout": 1e9})]
+    for name, arguments in bad:
+        step = env.step(name, arguments)
+        assert step.info.get("error") and ("bad arguments" in step.observation or "edit 0" in step.observation), \
+            (name, arguments, step.observation)
+    short = Environment(judge, tmp_path / "short", use_sandbox=SANDBOX, bash_timeout=2)
+    short.reset(AFFINE)
+    assert "killed after 2 s" in short.step("bash", {"command": "sleep 20", "timeout": 10**6}).observation
+    with open(env.workspace / "big.txt", "wb") as big:
+        big.truncate(17 << 20)
+    assert "larger than 16 MiB" in env.step("read_file", {"path": "big.txt"}).observation
+    assert "big.txt: larger than 16 MiB, not searched" in env.step("grep", {"pattern": "x"}).observation
+
+
 def test_bash_output_is_clipped_and_a_hang_is_killed(env):
     long = env.step("bash", {"command": "python3 -c \"print('x' * 50000)\""}).observation
     assert "characters cut" in long and len(long) < 13_000
@@ -362,6 +385,28 @@ def test_a_malformed_tool_call_is_answered_with_its_parse_error_not_as_no_call(j
             if json.loads(line).get("type") == "user" and json.loads(line).get("turn")]
     assert told[0].startswith("Your tool call could not be read: <tool_call> block 1: invalid JSON"), told
     assert "Invalid control character" in told[0] and "No tool was called" not in told[0], told
+
+
+def test_an_unreadable_block_beside_a_call_that_parsed_is_told_counted_and_refused_by_rft(judge, tmp_path):
+    """Held out (red team, 2026-12-05): a reply with one good `<tool_call>` and one unreadable block dropped the
+    unreadable one unseen: the model was never told, `train eval` counted no malformed call and RFT kept the
+    trajectory."""
+    from cuda_agent.rl.evaluation import record_of
+    from cuda_agent.rl.rft import RFTFilter, read_trajectory, rejection
+
+    mixed = ('<tool_call>{"name": "read_file", "arguments": {"path": "model.py"}}</tool_call>\n'
+             '<tool_call>{"name": "write_file", "arguments": {"path": "a.py", "content": "x\ny"}}</tool_call>')
+    client = ScriptedClient([{"role": "assistant", "content": mixed},
+                             {"role": "assistant", "content": '<tool_call>{"name": "finish", "arguments": {}}'
+                                                              '</tool_call>'}])
+    run_dir = tmp_path / "mixed"
+    run_episode(Environment(judge, run_dir, use_sandbox=SANDBOX), client, AFFINE, run_dir, LoopConfig())
+    records = read_trajectory(run_dir / "trajectory.jsonl")
+    told = [r for r in records if r.get("type") == "user" and r.get("turn") == 1]
+    assert len(told) == 1 and told[0]["malformed"] == 1, told
+    assert told[0]["message"]["content"].startswith("Your tool call could not be read: <tool_call> block 2")
+    assert record_of(AFFINE, 0, run_dir).malformed == 1
+    assert rejection(records, RFTFilter(min_reward=-1)) == "an unreadable tool call"
 
 
 def test_a_compact_episode_offers_fewer_tools_leaves_the_skill_in_the_workspace_and_cuts_tool_output(judge, tmp_path):

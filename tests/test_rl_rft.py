@@ -45,6 +45,9 @@ CASES = {
     "malformed": (episode(([call("read_file", file="x")], [("error: read_file: bad arguments (...)",
                                                             {"error": True})]), *FIX_LOOP), "malformed arguments"),
     "looping": (episode(*[([call("glob", pattern="*")], [OK])] * 3, *FIX_LOOP), "the same call 3 times in a row"),
+    "unreadable": (episode(*FIX_LOOP)[:4] + [{"type": "user", "turn": 1, "malformed": 1, "message": {
+        "role": "user", "content": "Your tool call could not be read: <tool_call> block 2: invalid JSON"}}]
+        + episode(*FIX_LOOP)[4:], "an unreadable tool call"),
     "stubborn": (episode(([call("verify")], [("wrong", {"verdict": {"correct": False}})]),
                          ([call("verify")], [("wrong", {"verdict": {"correct": False}})]), *FIX_LOOP),
                  "a failing call sent again unchanged"),

@@ -125,7 +125,7 @@ def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: lis
                 state.stopped(Stop.NO_TOOL_CALL, f"{invalid} replies in a row without a tool call")
                 return
             messages.append({"role": "user", "content": malformed_call(reply.malformed) if reply.malformed else NUDGE})
-            traj.write("user", turn=state.turn, message=messages[-1])
+            traj.write("user", turn=state.turn, message=messages[-1], malformed=len(reply.malformed))
             continue
         finished = False
         for call in reply.tool_calls:
@@ -146,6 +146,9 @@ def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: lis
             _update_best(env, state)
             progress(replace(state))
             finished = finished or done
+        if reply.malformed:  # blocks beside the calls that parsed: told, not dropped unseen
+            messages.append({"role": "user", "content": malformed_call(reply.malformed)})
+            traj.write("user", turn=state.turn, message=messages[-1], malformed=len(reply.malformed))
         if finished:
             state.stopped(Stop.FINISH)
             return

@@ -29,6 +29,7 @@ from ..workspace.candidate import Candidate, CandidateError, load_candidate
 READ_ONLY = ("model.py", "SKILL.md", "binding.cpp", "binding_registry.h")
 OUTPUT_LIMIT = 12_000  # characters of tool output kept: head and tail halves
 MAX_READ_LINES = 2000
+MAX_FILE_BYTES = 16 << 20  # the file tools read no larger file (bash may write up to the sandbox's 32 GiB)
 
 
 class ToolError(Exception):
@@ -106,6 +107,20 @@ class ToolResult:
     candidate: Candidate | None = None
 
 
+def _check_types(name: str, method: Any, arguments: dict[str, Any]) -> None:
+    """Each argument of the type its parameter is annotated with (`int`, `str`, `list[...]`, `X | None`): a string
+    for a line number, or a float for a timeout, is answered as bad arguments, not raised in the loop."""
+    kinds = {"int": int, "str": str, "list": list, "dict": dict, "bool": bool, "None": type(None)}
+    hints = {k: v for k, v in getattr(method, "__annotations__", {}).items() if k != "return"}
+    for key, value in arguments.items():
+        if key not in hints:
+            continue  # (an unknown name: the call's TypeError says so)
+        allowed = tuple(kinds[part.strip().split("[")[0]] for part in str(hints[key]).split("|")
+                        if part.strip().split("[")[0] in kinds)
+        if allowed and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
+            raise ToolError(f"{name}: bad arguments ({key} must be {hints[key]}, not {type(value).__name__})")
+
+
 @dataclass
 class Tools:
     workspace: Path
@@ -122,10 +137,11 @@ class Tools:
         method = getattr(self, f"tool_{name}", None)
         if name not in self.names or method is None:
             raise ToolError(f"unknown tool {name!r}; the tools are: {', '.join(self.names)}")
+        _check_types(name, method, arguments)
         try:
             result = method(**arguments)
-        except TypeError as exc:
-            raise ToolError(f"{name}: bad arguments ({exc})") from exc
+        except (TypeError, ValueError, UnicodeError) as exc:  # (a NUL in a path, a lone surrogate in content)
+            raise ToolError(f"{name}: bad arguments ({type(exc).__name__}: {exc})") from exc
         return result if isinstance(result, ToolResult) else ToolResult(result)
 
     def _path(self, rel: str, writing: bool = False) -> Path:
@@ -153,12 +169,19 @@ class Tools:
         except (OSError, RuntimeError):  # a loop of links
             return False
 
+    @staticmethod
+    def _text(target: Path, rel: str) -> str:
+        """A workspace file's text, refused beyond MAX_FILE_BYTES (it is read in this process)."""
+        if target.stat().st_size > MAX_FILE_BYTES:
+            raise ToolError(f"{rel}: larger than {MAX_FILE_BYTES >> 20} MiB; the file tools do not read it")
+        return target.read_text(errors="replace")
+
     # ---- files ------------------------------------------------------------------------------------------
     def tool_read_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> str:
         target = self._path(path)
         if not target.is_file():
             raise ToolError(f"{path}: no such file")
-        lines = target.read_text(errors="replace").splitlines()
+        lines = self._text(target, path).splitlines()
         first = max(1, int(start_line))
         last = min(len(lines), int(end_line) if end_line else len(lines), first + MAX_READ_LINES - 1)
         body = "\n".join(f"{i:6d}  {lines[i - 1]}" for i in range(first, last + 1))
@@ -178,8 +201,10 @@ class Tools:
         target = self._path(path, writing=True)
         if not target.is_file():
             raise ToolError(f"{path}: no such file")
-        text = target.read_text()
+        text = self._text(target, path)
         for i, item in enumerate(edits):
+            if not isinstance(item, dict):
+                raise ToolError(f"edit {i}: an object with 'old' and 'new'")
             old, new = item.get("old"), item.get("new")
             if not isinstance(old, str) or not isinstance(new, str) or not old:
                 raise ToolError(f"edit {i}: 'old' (non-empty) and 'new' must be strings")
@@ -210,6 +235,9 @@ class Tools:
         files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file() and self._plain(p))
         hits = []
         for f in files:
+            if f.stat().st_size > MAX_FILE_BYTES:
+                hits.append(f"{f.relative_to(root)}: larger than {MAX_FILE_BYTES >> 20} MiB, not searched")
+                continue
             for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
                 if regex.search(line):
                     hits.append(f"{f.relative_to(root)}:{n}: {line}")
@@ -218,7 +246,7 @@ class Tools:
 
     # ---- shell ------------------------------------------------------------------------------------------
     def tool_bash(self, command: str, timeout: int | None = None) -> str:
-        limit = int(timeout or self.bash_timeout)
+        limit = min(timeout, self.bash_timeout) if timeout and timeout > 0 else self.bash_timeout
         box = None
         prefix: list[str] = []
         if self.use_sandbox:

@@ -16,23 +16,22 @@ from pathlib import Path
 from typing import Callable
 
 from ..agent.environment import Environment
-from ..agent.loop import MALFORMED, LoopConfig, run_episode
+from ..agent.loop import LoopConfig, run_episode
 from ..agent.summary import EpisodeSummary
 from ..judge.pool import JudgePool
 from . import rft
 from .config import EvalConfig
 from .scores import EpisodeRecord, per_task, summary
 
-UNREADABLE = MALFORMED.split(":")[0]  # how the loop answers a <tool_call> it cannot parse
-
-
 def record_of(task: Path, sample: int, run_dir: Path) -> EpisodeRecord:
     """An episode's record, read back from its run folder."""
     records = rft.read_trajectory(run_dir / "trajectory.jsonl")
     done = EpisodeSummary.from_dict(json.loads((run_dir / "summary.json").read_text()))
     malformed = sum(1 for r in records if r.get("type") == "tool" and (
-        (r["message"].get("content") or "").startswith(UNREADABLE)
+        (r["message"].get("content") or "").startswith(rft.UNREADABLE)
         or (r.get("error") and any(m in (r["message"].get("content") or "") for m in rft.MALFORMED))))
+    malformed += sum(r.get("malformed") or (r["message"].get("content") or "").startswith(rft.UNREADABLE)
+                     for r in records if r.get("type") == "user")  # unreadable <tool_call> blocks (text tools)
     return EpisodeRecord(str(task), sample, done.reward, (done.final_verdict or {}).get("speedup_vs_compile"),
                          done.turns, sum(1 for r in records if r.get("type") == "assistant"), malformed, done.stop,
                          str(run_dir))

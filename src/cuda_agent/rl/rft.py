@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..agent.loop import MALFORMED as LOOP_MALFORMED
 from ..agent.summary import EpisodeSummary
 
 TRAJECTORY = "trajectory.jsonl"
 HALLUCINATED = "error: unknown tool"
+UNREADABLE = LOOP_MALFORMED.split(":")[0]  # how the loop answers a <tool_call> block it cannot parse
 MALFORMED = ("bad arguments", "arguments are not valid JSON", "arguments must be a JSON object")
 
 
@@ -79,6 +81,9 @@ def rejection(records: list[dict[str, Any]], rule: RFTFilter, run: Path | None =
                 calls.append(call)
                 if calls[-rule.max_repeats:] == [call] * rule.max_repeats:
                     return f"the same call {rule.max_repeats} times in a row ({call[0]})"
+        elif kind == "user" and (record.get("malformed") or
+                                 (record["message"].get("content") or "").startswith(UNREADABLE)):
+            return "an unreadable tool call"
         elif kind == "tool":
             observation = record["message"].get("content") or ""
             if observation.startswith(HALLUCINATED):
