@@ -205,6 +205,28 @@ def test_a_writable_folder_inside_a_hidden_one_inside_a_readable_one_stays_writa
     assert (objects / "ok").exists() and not (tmp_path / "no").exists()
 
 
+def test_a_hidden_folder_inside_another_inside_a_readable_one_builds_a_view(tmp_path):
+    """Found by a red team (2026-12-05): `train eval --out` under a script's folder (on sys.path, bound back): the
+    episodes folder (concealed) and an episode's workspace inside it (a compile's candidate origin) were both
+    covered, the inner one inside the outer's empty cover, where its mount point does not exist: every view failed
+    ("No such file or directory") and every candidate got -1. Only hidden paths that would show are covered."""
+    workspace, unit = tmp_path / "out" / "episodes" / "a" / "workspace", tmp_path / "unit"
+    workspace.mkdir(parents=True)
+    (workspace / "model_new.py").write_text("secret")
+    (tmp_path / "out" / "episodes" / "note.txt").write_text("secret")
+    unit.mkdir()
+    hidden = [tmp_path / "out" / "episodes", workspace, workspace / "model_new.py", tmp_path / "out" / "episodes" /
+              "note.txt"]
+    box = sandbox.Sandbox(sandbox.View(writable=[unit], readable=[tmp_path], hidden=hidden),
+                          sandbox.Limits(max_processes=64), cwd=unit)
+    try:
+        script = f"ls -A {tmp_path / 'out' / 'episodes'} | wc -l; ls {tmp_path}"
+        run = subprocess.run([*box.prefix(), "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    finally:
+        box.close()
+    assert run.returncode == 0 and run.stdout.split() == ["0", "out", "unit"], (run.stdout, run.stderr)
+
+
 def shell_in_sandbox(script: str, writable: Path) -> subprocess.CompletedProcess:
     """`sh -c script` in a sandbox that may write only `writable`, then a check that Python imports there."""
     box = sandbox.Sandbox(sandbox.View(writable=[writable]), sandbox.Limits(max_processes=64), cwd=writable)

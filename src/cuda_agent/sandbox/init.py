@@ -80,6 +80,18 @@ def inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
+def depth(path: str) -> int:
+    return len(path.rstrip("/").split("/"))
+
+
+def showing(path: str, covers: list[str], targets: list[str]) -> bool:
+    """Whether `path` shows in the view: its nearest enclosing mount is the host's root or a bound-back folder,
+    not a cover or the fresh /tmp."""
+    enclosing = [(depth(m), kind) for kind, mounts in ((0, ["/tmp", *covers]), (1, targets)) for m in mounts
+                 if m != path and inside(path, m)]
+    return not enclosing or max(enclosing)[1] == 1
+
+
 def build_view(spec: dict) -> None:
     binds = [(p, False) for p in spec["writable"]] + [(p, True) for p in spec["readable"]]
     fds = [os.open(path, os.O_PATH) for path, _ in binds]  # before anything is covered
@@ -89,24 +101,26 @@ def build_view(spec: dict) -> None:
     set_readonly("/proc", False, recursive=False)  # the locking user namespace writes its uid map there
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     populate_dev(dev_fd)
-    outer = [h for h in every if not inside(h, "/tmp")]  # the fresh /tmp holds nothing of the host's
     targets = [os.path.realpath(path) for path, _ in binds]
-    # One tmpfs per outermost hidden folder (one inside another, the judge's cache in a hidden home, is covered
-    # already and would not be a mount point to lock), and again where a bound-back folder shows a hidden one
-    # (the judge's cache inside a visible tree, in /tmp too).
-    covers = [h for h in dict.fromkeys(every) if h in outer and not any(o != h and inside(h, o) for o in outer)
-              or any(inside(h, t) and h != t for t in targets)]
+    # A tmpfs over each hidden folder that would show otherwise: one whose nearest enclosing mount is the host's
+    # read-only root or a bound-back folder (the judge's cache inside a visible tree, in /tmp too), not one already
+    # inside a cover or the fresh /tmp, where it is gone and would not be a mount point (an episode's workspace
+    # inside its hidden episodes folder, both in a script's folder bound back: every view failed).
+    covers: list[str] = []
+    for h in sorted(dict.fromkeys(every), key=depth):
+        if showing(h, covers, targets):
+            covers.append(h)
     # Every mount in the order of its depth, so that none covers a deeper one made before it (a script's folder
     # on sys.path, bound back read-only, holding the judge's cache and the build's writable folders in it).
     steps = [(h, 0, None) for h in covers] + [(t, 1, i) for i, t in enumerate(targets)]
-    for path, _, i in sorted(steps, key=lambda step: (len(step[0].rstrip("/").split("/")), step[1])):
+    for path, _, i in sorted(steps, key=lambda step: (depth(step[0]), step[1])):
         if i is None:
             mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
         else:
             bind(fds[i], binds[i][0], binds[i][1])
             os.close(fds[i])
     for path in spec["hidden"]:  # a hidden file reads as empty
-        if os.path.isfile(path):
+        if os.path.isfile(path) and showing(os.path.realpath(path), covers, targets):
             mount("/dev/null", path, None, MS_BIND)
     for path in covers:
         set_readonly(path, True, recursive=False)
