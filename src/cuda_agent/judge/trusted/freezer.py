@@ -21,6 +21,7 @@ from pathlib import Path
 
 STOPPED = ("T", "t")  # stopped, or traced-stopped
 HOLD_S = 0.0002  # a stopped process's CPU clock is final once it holds this long (its threads are off their CPUs)
+SPIN_S = 0.005  # `wait_stopped` polls without sleeping this long
 
 
 class CandidateGone(RuntimeError):
@@ -151,8 +152,10 @@ class Freezer:
     def wait_stopped(self) -> None:
         """Wait until every thread shows stopped. A thread inside a system call that only a fatal signal interrupts
         (a long `pread`, `process_vm_readv`) goes on working in the kernel after the stop was sent: until it shows
-        stopped, the call has not ended."""
-        deadline = time.monotonic() + self.timeout_s
+        stopped, the call has not ended. It polls without sleeping for the first `SPIN_S` (a sleep would put off
+        this process's next look by up to a scheduler tick on a busy machine, and the call's end with it)."""
+        began = time.monotonic()
+        deadline = began + self.timeout_s
         for pid in self.pids:
             while True:
                 states = thread_states(pid)
@@ -161,9 +164,11 @@ class Freezer:
                 if all(s in STOPPED for s in states):
                     self._confirm()
                     break
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     raise CandidateGone(f"process {pid} did not stop within {self.timeout_s:.0f} s")
-                time.sleep(0.00002)
+                if now - began > SPIN_S:
+                    time.sleep(0.00002)
 
     def settle(self) -> None:
         """Wait until every thread shows stopped and then until their CPU clocks hold still: a thread shows `T` as
