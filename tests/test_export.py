@@ -130,9 +130,9 @@ def test_the_solution_s_code_runs_at_export_in_a_sandbox_not_in_this_process(tmp
     baselines, with the user's API key in reach. Its import and the package's check now run sandboxed: no
     credentials, nothing written outside the staging folder, the judge's cache unseen; the export still works."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
-    target, cache = visible_dir / "verdict.json", visible_dir / "judge-cache"
+    target, cache = visible_dir / "verdict.json", visible_dir / "export-judge-cache"  # (visible_dir is shared)
     target.write_text("reward 1")
-    (cache / "judge.sqlite").parent.mkdir(parents=True)
+    cache.mkdir(exist_ok=True)
     (cache / "judge.sqlite").write_text("baselines")
     payload = ("import os, pathlib\n"
                "def _try(act):\n"
