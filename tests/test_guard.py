@@ -46,10 +46,10 @@ def test_the_guard_charges_candidate_threads_alive_or_ended_and_never_the_harnes
         assert busy >= 25_000 and threads == {}, busy  # ended before anyone looked: still counted
 
         again = guard.mark()
-        done = threading.Event()
-        alive = threading.Thread(target=lambda: (burn(0.03), done.wait()), name="lingering")
+        burnt, done = threading.Event(), threading.Event()
+        alive = threading.Thread(target=lambda: (burn(0.03), burnt.set(), done.wait()), name="lingering")
         alive.start()
-        time.sleep(0.1)
+        assert burnt.wait(10)  # (a loaded machine may give it its 30 ms of CPU over much longer than that)
         busy, threads = guard.busy_us(again)
         assert busy >= 25_000 and list(threads) == [str(alive.native_id)], (busy, threads)
         failure = guard._fail("timed call 3", busy, "after forward returned (10 us)", threads)

@@ -169,7 +169,8 @@ def test_a_file_read_only_by_the_assembler_recompiles_its_reader_and_nothing_els
 def test_a_baseline_cached_in_a_noisy_moment_is_timed_again(cache_dir, cpu_judge):
     # The case: eager cached at 20x its real time would make any correct kernel look 20x faster (cached here at
     # 1000x: a check around the candidate slowed 20x by a loaded machine once agreed with 20x).
-    judge = Judge("cpu", fast_config(cache_dir, baseline_tolerance=1.0))  # (cached however loaded the machine is)
+    # A wide tolerance: the baselines are cached (and mended) however loaded the machine is, and 1000x stays stale.
+    judge = Judge("cpu", fast_config(cache_dir, baseline_tolerance=100.0))
     honest = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
     key = judge.baseline_key(load_task(AFFINE), honest)
     cached = judge.store.get("baselines", key)
@@ -703,8 +704,8 @@ def test_reference_workers_stay_warm_with_fresh_weights_per_evaluation(cache_dir
             judge.evaluate(TASKS / "broken" / "bad_inputs.py", weights)
         assert all(w.task.name != "bad_inputs" for w in judge.references.workers.values())
     assert not judge.references.workers
-    # baselines of these settings not cached (then cached however loaded the machine is: a tolerance of 100%)
-    with Judge("cpu", fast_config(cache_dir, min_iters=11, baseline_tolerance=1.0)) as judge:
+    # baselines of these settings not cached (then cached however loaded the machine is: a tolerance of 100x)
+    with Judge("cpu", fast_config(cache_dir, min_iters=11, baseline_tolerance=100.0)) as judge:
         first, second = (judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok") for _ in range(2))
         assert first.correct and second.correct, (first.error, second.error)
         assert "baseline_compile" in first.phases_s  # torch.compile compiled before the device was held
