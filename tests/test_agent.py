@@ -218,6 +218,24 @@ def test_bash_does_not_see_the_episodes_played_beside_it(judge, visible_dir):
             Environment(judge, root / "c" / "run", use_sandbox=True, episodes_root=Path(folder))
 
 
+
+@pytest.mark.skipif(not SANDBOX, reason="sandbox unavailable here")
+def test_a_lone_episode_s_candidate_does_not_see_the_agent_s_files_at_run_time(judge, visible_dir):
+    """Held out (thirty-fifth session, open row): a lone episode (`optimize`) named no episodes root, and its
+    candidate's process could read the agent's workspace at run time: a kernel whose factor came from a file there
+    was judged correct, though the judge's copy of the candidate (and `best/`) lacks that file. The episode's own
+    folder is hidden from its candidates now."""
+    env = Environment(judge, visible_dir / "lone" / "run", use_sandbox=True, bash_timeout=60)
+    env.reset(AFFINE)
+    factor = env.workspace / "kernels" / "factor.txt"
+    model = MODEL_NEW.replace("class ModelNew", f"FACTOR = open({str(factor)!r}).read()\n\n\nclass ModelNew", 1)
+    assert model != MODEL_NEW
+    for path, content in {"kernels/affine_relu.cpp": KERNEL, "kernels/affine_relu_binding.cpp": BINDING,
+                          "kernels/factor.txt": "0.5", "model_new.py": model}.items():
+        env.step("write_file", {"path": path, "content": content})
+    obs = env.step("verify", {}).observation
+    assert "factor.txt" in obs and "No such file" in obs, obs
+
 # ---- clients ----------------------------------------------------------------------------------------------
 def test_text_tool_calls_and_single_turn_files_are_parsed():
     calls = parse_text_tool_calls('Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": '

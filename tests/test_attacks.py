@@ -121,10 +121,10 @@ def test_no_two_calls_share_their_inputs_so_remembering_answers_never_pays(cpu_j
 
 def test_cheating_on_every_call_after_verification_is_caught_by_the_checked_timed_calls(cpu_judge, make_workspace):
     """Read from the judge's source: this task's verification is its first 7 calls (5 trials, a scaled set, an extra
-    shape), the rest are timing. Garbage from call 8 on is caught because 10 timed calls, which the candidate cannot
-    tell from the others, have their outputs read and compared. Without them (`timed_checks=0`) it scored reward 3
-    at 2.8x torch.compile; with 3 checks, a candidate wrong on half its timed calls (what moving the median takes)
-    escaped 1 time in 8, with 10 it escapes 1 in 1024."""
+    shape), the rest are timing. Garbage from call 8 on is caught because timed calls drawn one by one, which the
+    candidate cannot tell from the others beforehand, have their outputs read and compared. Without them
+    (`timed_check_bits=0`) it scored reward 3 at 2.8x torch.compile; a candidate wrong on half its timed calls (what
+    moving the median takes) escapes them 1 time in 2**timed_check_bits (1,024)."""
     ws = candidate(make_workspace, """
         self.calls += 1
         return torch.empty_like(x) if self.calls > 7 else """ + KERNEL, init="self.calls = 0")
@@ -338,3 +338,30 @@ def test_a_kernel_exact_only_on_the_calls_that_verify_fails_the_precision_rule_o
         """, init="self.calls = 0")
     verdict = cpu_judge.evaluate(AFFINE, ws)
     assert not verdict.correct and verdict.error.startswith("precision: error vs fp64"), verdict.error
+
+
+def test_an_output_written_again_by_the_next_call_fails_strict_and_is_a_kernelbench_finding(cpu_judge, make_workspace,
+                                                                                           cache_dir, tmp_path):
+    """Held out (red team, 2026-12-05): ModelNew returns one buffer that it fills again on every call. Each call's
+    outputs read right, but a caller that keeps an output (`a = m(x); b = m(y)`) sees `a` change. The harness keeps
+    a call's outputs alive through the next call and the trusted side reads them again after it."""
+    ws = make_workspace(edits={"kernels/affine_relu_binding.cpp": [(
+        "    auto out = torch::empty_like(x);",
+        "    static torch::Tensor out;\n"
+        "    if (!out.defined() || out.sizes() != x.sizes()) out = torch::empty_like(x);")]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert not verdict.correct and "of the call before changed during this call" in verdict.error, verdict.error
+    task = tmp_path / "double.py"
+    task.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                    "        return x * 2\n\n\ndef get_inputs():\n    return [torch.randn(64, 64)]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    reused = tmp_path / "reused.py"
+    reused.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self):\n"
+                      "        super().__init__()\n        self.out = None\n\n    def forward(self, x):\n"
+                      "        if self.out is None or self.out.shape != x.shape:\n"
+                      "            self.out = torch.empty_like(x)\n"
+                      "        return torch.mul(x, 2, out=self.out)\n")
+    verdict = Judge("cpu", fast_config(cache_dir, policy="kernelbench")).evaluate(task, reused)
+    assert verdict.correct, verdict.error  # (KernelBench never keeps an output across calls)
+    assert any("of the call before changed during this call" in f for f in verdict.strict_findings), \
+        verdict.strict_findings

@@ -1,6 +1,8 @@
 """Unit tests: reward, policy scan, comparison, timing-trace parsing, task and candidate loading."""
 
 import os
+import random
+import statistics
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from cuda_agent.gpu_timing import spans
 from cuda_agent.judge.checks.policy import scan_sources
 from cuda_agent.judge.scoring.reward import milestone_reward
 from cuda_agent.judge.wire.tensors import checksum
+from cuda_agent.judge.wire.timing import draw_checks
 from cuda_agent.judge.wire.transfer import export_outputs
 from cuda_agent.task import TaskError, load_task
 from cuda_agent.workspace.candidate import CandidateError, load_candidate
@@ -785,3 +788,21 @@ def test_a_worker_that_ends_on_its_command_pipe_says_why_in_its_log(tmp_path, re
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "request.json")], input=stdin,
                           capture_output=True, timeout=60)
     assert done.returncode == 0 and done.stderr.decode().strip().splitlines()[-1] == said, done.stderr
+
+
+def test_checked_timed_calls_are_drawn_one_by_one_so_past_checks_say_nothing_of_later_ones():
+    """Held out (red team, 2026-12-05): the pause after a checked call is longer (the reference's runs), so a candidate
+    can count the checks as they pass; with a fixed number of them it knew when the last had passed and could be
+    wrong on every call after it. Drawn one by one, the checks still to come do not depend on those seen."""
+    rng, iters, bits = random.Random(7), 40, 3
+    draws = [draw_checks(rng, 0, iters, bits) for _ in range(20_000)]
+    wrong = set(range(0, iters, 2))  # wrong on half the calls: escapes with probability 2**-bits
+    escaped = sum(not (d & wrong) for d in draws) / len(draws)
+    assert abs(escaped - 2 ** -bits) < 0.01, escaped
+    # however many checks the first half showed, the second half holds as many on average (a fixed count: fewer)
+    later = {}
+    for d in draws:
+        later.setdefault(sum(i < iters // 2 for i in d), []).append(sum(i >= iters // 2 for i in d))
+    means = {seen: statistics.mean(rest) for seen, rest in later.items() if len(rest) > 500}
+    assert len(means) >= 3 and max(means.values()) - min(means.values()) < 0.25, means
+    assert draw_checks(rng, 5, 10, 0) == set() and draw_checks(rng, 5, 1, 10) == {5}

@@ -95,7 +95,9 @@ class Environment:
                  compact: bool = False, episodes_root: Path | None = None):
         """`compact`: for small contexts, the compact tool set and SKILL.md left in the workspace. `episodes_root`:
         the folder holding the run folders of episodes played side by side, hidden from the agent's bash (its own
-        workspace stays writable) and from the judge's candidates so that no episode copies another's kernels."""
+        workspace stays writable) and from the judge's candidates so that no episode copies another's kernels.
+        Without one, `run_dir` is hidden from the candidates: the judge runs its own copy of a candidate, and a
+        file of the agent's read at run time would be missing from that copy and from `best/`."""
         if judge.config.policy != "strict":  # rewards (and what the agent is told) follow CUDA Agent's rules only
             raise ValueError(f"the agent needs a judge with the strict policy, not {judge.config.policy!r}")
         if use_sandbox and not judge.sandboxed:
@@ -103,7 +105,7 @@ class Environment:
         self.judge, self.run_dir = judge, Path(run_dir)
         self.use_sandbox, self.bash_timeout, self.compact = use_sandbox, bash_timeout, compact
         self.hidden = (hideable(episodes_root),) if episodes_root else ()
-        for path in self.hidden:  # from the candidates' processes and compilers too
+        for path in self.hidden or (self.run_dir.resolve(),):  # from the candidates' processes and compilers
             judge.conceal(path)
         self.workspace = self.run_dir / "workspace"
         self.snapshots: list[Snapshot] = []

@@ -96,9 +96,10 @@ class JudgeConfig:
     min_iters: int = 10
     max_iters: int = 100
     target_time_s: float = 0.3  # timed iterations aim for this much total time per model
-    # timed calls whose outputs are checked too, drawn by the trusted side: a candidate wrong on half its timed calls
-    # (what moving the median takes) escapes all of them with probability 2**-10
-    timed_checks: int = 10
+    # timed calls whose outputs are checked too: each on its own, drawn by the trusted side with the same probability
+    # whatever the candidate saw of earlier checks, so that one wrong on half its timed calls (what moving the median
+    # takes) escapes every check with probability 2**-timed_check_bits (about 13 of 100 calls checked; 0: none)
+    timed_check_bits: int = 10
     check_iters: int = 10  # calls of the short eager timings taken just before and after the candidate's
     baseline_tolerance: float = 0.10  # both beyond this (plus half the spreads) from the cached eager: re-time it
     max_spread: float = 0.5  # (p80 - p20) / median of the candidate's calls (less the clock's own spread) beyond

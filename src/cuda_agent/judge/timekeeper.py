@@ -35,7 +35,7 @@ from .config import JudgeConfig
 from .scoring.reward import milestone_reward
 from .store import Store
 from .wire.process import WorkerProcess
-from .wire.timing import spread
+from .wire.timing import draw_checks, spread
 
 RefCall = Callable[[dict, str], dict]  # (command, expected reply event) -> reply, raising if the reference fails
 CheckCall = Callable[[int, str, dict], bool]  # (seed, label, the worker's "exported" message) -> outputs correct
@@ -211,8 +211,8 @@ class Timekeeper:
     def time_in_worker(self, worker: WorkerProcess, deadline: float, check_call: CheckCall,
                        record: dict[str, Any]) -> dict[str, Any]:
         """The candidate worker's own timing loop (the cuda backend's in-process clock), served call by call: a fresh
-        seed before each; after a timed call, its outputs if it is one of `timed_checks` calls drawn at random once
-        the number of timed calls is known (the worker only learns it after the call ran)."""
+        seed before each; after a timed call, its outputs if it is one of the calls drawn (`draw_checks`) once the
+        number of timed calls is known (the worker only learns it after the call ran)."""
         rng = secrets.SystemRandom()
         worker.send({"command": "time"})
         seeds: dict[int, int] = {}
@@ -248,7 +248,7 @@ class Timekeeper:
                     planned = int(msg.get("planned") or 0)
                     if not self.config.min_iters <= planned <= self.config.max_iters:
                         raise TimingFailed(f"timing failed: {planned} timed calls planned")
-                    checks = set(rng.sample(range(call, call + planned), min(planned, self.config.timed_checks)))
+                    checks = draw_checks(rng, call, planned, self.config.timed_check_bits)
                 timed += 1
             seeds[call] = rng.randrange(2**31)
             previous = call

@@ -110,7 +110,7 @@ class TrustedPath(Verification):
 
     def time_candidate(self, deadline: float) -> Callable[[dict], dict]:
         def time_candidate(record: dict) -> dict:
-            reply = self.ev.ref.ask(TimeCandidate(self.ev.judge.timing(), self.cfg.timed_checks,
+            reply = self.ev.ref.ask(TimeCandidate(self.ev.judge.timing(), self.cfg.timed_check_bits,
                                                   max(0.0, deadline - time.monotonic())), self.cfg.reference_timeout_s)
             if not reply.ok or reply.stats is None:
                 self.verdict.correct = False

@@ -65,10 +65,10 @@ def candidate_files(backend: str, texts: list[str]) -> dict[str, str]:
             "model_new.py": TASK_DIR.joinpath("model_new.py").read_text().replace("{threads}", str(threads))}
 
 
-def judge_pick(pool: JudgePool, reference: Path, run_dir: Path, files: dict[str, str]) -> dict:
+def judge_pick(pool: JudgePool, reference: Path, run_dir: Path, files: dict[str, str], episodes_root: Path) -> dict:
     """One episode of the agent's Environment with a fixed sequence of tool calls: write the files, verify,
     finish; the reward is that of `result()`'s re-judged final verdict (-1 when nothing verified)."""
-    env = Environment(pool, run_dir, use_sandbox=pool.sandboxed)
+    env = Environment(pool, run_dir, use_sandbox=pool.sandboxed, episodes_root=episodes_root)
     env.reset(reference)
     for path, content in files.items():
         env.step("write_file", {"path": path, "content": content})
@@ -99,8 +99,8 @@ def expert_runs(pool: JudgePool, out: Path, count: int = 2) -> list[EpisodeSumma
     summaries = []
     for i in range(count):
         run_dir = Path(out) / f"{i:02d}"
-        summaries.append(run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed), ScriptedClient(script),
-                                     reference, run_dir, LoopConfig(max_turns=len(script))))
+        summaries.append(run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed, episodes_root=Path(out)),
+                                     ScriptedClient(script), reference, run_dir, LoopConfig(max_turns=len(script))))
     return summaries
 
 
@@ -192,7 +192,8 @@ def _judge_step(pool: JudgePool, reference: Path, reply: ChoiceReply, config: De
 
     def one(pick: tuple[int, ...]) -> dict:
         texts = reply.texts(list(pick))
-        return judge_pick(pool, reference, folder / "".join(texts), candidate_files(config.backend, texts))
+        return judge_pick(pool, reference, folder / "".join(texts), candidate_files(config.backend, texts),
+                          out / "episodes")
 
     with ThreadPoolExecutor(max(1, min(len(picks), pool.workers))) as threads:
         results = dict(zip(picks, threads.map(one, picks)))

@@ -26,11 +26,13 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any = None,
     if not extra.get("reference"):
         raise ValueError("extra_info has no 'reference' (the task's source): export rows with verl_data.verl_rows")
     pool = shared_pool(extra.get("backend", "cuda"), judge=extra.get("judge", "local"))
-    folder = Path(tempfile.mkdtemp(prefix="cuda-agent-reward-"))
+    root = Path(tempfile.gettempdir()) / "cuda-agent-rewards"  # every reward's episode beside the others
+    root.mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="reward-", dir=root))
     try:
         task = folder / "task.py"
         task.write_text(extra["reference"])
-        summary = run_episode(Environment(pool, folder / "run", use_sandbox=pool.sandboxed),
+        summary = run_episode(Environment(pool, folder / "run", use_sandbox=pool.sandboxed, episodes_root=root),
                               ScriptedClient([{"role": "assistant", "content": solution_str}]), task, folder / "run",
                               LoopConfig(single_turn=True))
     finally:

@@ -71,6 +71,7 @@ class Callee:
         self.inputs: dict[int, list] = {}
         self.mappings: dict[int, Any] = {}  # the memory the inputs lie in, kept while they are used
         self.last: Any = None  # the last call's outputs stay alive until the trusted side has read them
+        self.held: Any = None  # (cpu) and through the next call, after which the trusted side reads them again
         self.order: CalleeOrder | None = None
         self.pool = None
 
@@ -110,7 +111,7 @@ class Callee:
         self.sock.close()
 
     def _call(self, k: int, inputs: list, fn: str) -> Done | Failed:
-        self.last = None
+        self.held, self.last = self.last, None
         try:
             self.last = self.forward(inputs, fn)
         except Exception as exc:  # the candidate's failure, reported as such

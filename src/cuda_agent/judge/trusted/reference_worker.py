@@ -33,7 +33,7 @@ from ..scoring.speed_of_light import count_work
 from ..wire.call_protocol import RELOADED, RELOADED_WEIGHTS
 from ..wire.process import Channel, WorkerFailure, close_fds, one_line, run_worker
 from ..wire.tensors import checksum, clone, make_inputs, refill, tensor_bytes, to_double
-from ..wire.timing import Hooks, summarize, time_callable
+from ..wire.timing import Hooks, draw_checks, summarize, time_callable
 from ..wire.trusted_commands import (
     Attach,
     Attached,
@@ -224,9 +224,7 @@ class Reference:
     def _judge_call(self, calls: Calls, call, out: Any, out64: Any, label: str, kernelbench_rule: bool = False) -> dict:
         """The call's inputs and outputs checked. With `kernelbench_rule` KernelBench's rule decides, and what this
         judge's own checks found (an input changed in place, outputs outside its rule) are `findings`."""
-        changed = calls.changed_inputs()
-        mutated = f"incorrect: {label}: input {changed[0]} was modified in place by ModelNew.forward" \
-            if changed else None
+        mutated = self._promise_broken(calls, call, label)
         if mutated and not kernelbench_rule:
             return {"ok": False, "reason": mutated}
         try:
@@ -265,11 +263,12 @@ class Reference:
             _step("get_inputs()", make_inputs, self.module, seed, self.device)
         return self.check_call(calls, inputs, label, deadline, fp64=True, kernelbench_rule=trial)
 
-    def time_calls(self, calls: Calls, timing: dict, deadline: float, fn: str = "", checks: int = 0,
+    def time_calls(self, calls: Calls, timing: dict, deadline: float, fn: str = "", check_bits: int = 0,
                    inputs_checked: bool = False) -> dict:
         """Timed calls of a callee (the candidate; the baseline callee's `fn`), each on fresh inputs (a seed and a
         scale drawn here), the cache flushed before each; warm-up calls first, then as many timed calls as `timing`
-        asks. The outputs of `checks` timed calls, picked here, are read and compared as each returns; with
+        asks. The outputs of timed calls drawn here one by one (`draw_checks`, `check_bits`) are read and compared as
+        each returns; with
         `inputs_checked` every call's inputs are compared with what was written. The stats are the trusted windows
         (`cpu_us`: the kernel's CPU time)."""
         rng = random.Random(secrets.randbits(64))
@@ -297,7 +296,7 @@ class Reference:
             if expected is not None and unfit(expected[0], lambda: expected[1] or self._fp64(inputs)):
                 expected = None  # the task does not hold at this scale: nothing to compare
             result = self._judge_call(calls, call, *expected, label) if expected is not None else \
-                self._inputs_kept(calls, label) if inputs_checked else {"ok": True}
+                self._promises_kept(calls, call, label) if inputs_checked else {"ok": True}
             for key, found in errors64.items():
                 found += result.get(key, [])
             # what strict would say (KernelBench checks no timed call); a call whose window may have been cut must
@@ -312,7 +311,7 @@ class Reference:
         per_call = statistics.median(warm[-3:]) / 1e6
         iters = int(min(timing["max_iters"], max(timing["min_iters"],
                                                   math.ceil(timing["target_time_s"] / max(per_call, 1e-6)))))
-        picked = set(rng.sample(range(iters), min(iters, checks)))
+        picked = draw_checks(rng, 0, iters, check_bits)
         if clock is not None:
             empty_calls()
         timed = [one(f"timed call {i} (fresh values in the timed buffers)", i in picked) for i in range(iters)]
@@ -334,11 +333,21 @@ class Reference:
                 **({"findings": findings[:1] + ([f"and {len(findings) - 1} more timed calls"] if findings[1:] else [])}
                    if lenient else {})}
 
+    @classmethod
+    def _promises_kept(cls, calls: Calls, call, label: str) -> dict:
+        broken = cls._promise_broken(calls, call, label)
+        return {"ok": False, "reason": broken} if broken else {"ok": True}
+
     @staticmethod
-    def _inputs_kept(calls: Calls, label: str) -> dict:
+    def _promise_broken(calls: Calls, call, label: str) -> str | None:
+        """What a call changed that it must leave as it was: its inputs, or the outputs it returned before."""
         changed = calls.changed_inputs()
-        return {"ok": False, "reason": f"incorrect: {label}: input {changed[0]} was modified in place by "
-                                       "ModelNew.forward"} if changed else {"ok": True}
+        if changed:
+            return f"incorrect: {label}: input {changed[0]} was modified in place by ModelNew.forward"
+        if call.rewritten:
+            return (f"incorrect: {label}: output {call.rewritten} of the call before changed during this call "
+                    "(ModelNew wrote again into memory it had returned: a caller that keeps an output sees it change)")
+        return None
 
     def _fp64(self, inputs: list):
         try:
@@ -616,7 +625,8 @@ def start(req: dict, chan: Channel) -> dict:
         "check": typed(Check, on_candidate(lambda calls, cmd, deadline: ref.check_candidate(
             calls, cmd.seed, cmd.shapes, cmd.scale, cmd.label, deadline, cmd.reload))),
         "time_candidate": typed(TimeCandidate, on_candidate(lambda calls, cmd, deadline: {
-            "ok": True, "stats": ref.time_calls(calls, cmd.timing, deadline, checks=cmd.checks, inputs_checked=True)})),
+            "ok": True, "stats": ref.time_calls(calls, cmd.timing, deadline, check_bits=cmd.check_bits,
+                                                inputs_checked=True)})),
         "detach": typed(Detach, detach),
         "fit_sizes": typed(FitSizes, lambda cmd: decode(Sizes, ref.fit_sizes(
             {str(k): int(v) for k, v in cmd.shapes.items()}))),

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ...sandbox.cgroup import members
 from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, ProtocolError, receive, send
 from ..wire.input_buffers import NAME, InputBuffer, layout_of
@@ -29,6 +31,13 @@ from .freezer import CandidateGone, Freezer, thread_states
 from .readback import mapped_files, process_reader, read_outputs
 
 OUTSIDE_LIMIT_NS = 1_000_000  # CPU time a stopped callee may show between calls, all calls together (it shows 0)
+
+
+def same_bits(a: torch.Tensor, b: Any) -> bool:
+    """The same dtype, shape and bytes (NaNs included)."""
+    if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
 class CallFailed(RuntimeError):
@@ -49,6 +58,7 @@ class CallRecord:
     outputs: list[dict[str, Any]] = field(default_factory=list)  # where it says its outputs are
     raw_us: float = 0.0  # on the GPU: the window as measured, its constant part included
     host_us: float = 0.0  # on the GPU: from sending `call` to its answer (the host's part of the call)
+    rewritten: str | None = None  # an output of the call before, read after it, that reads differently now (cpu)
 
 
 class Calls:
@@ -69,6 +79,7 @@ class Calls:
         self.stopped_cpu: dict[int, int] | None = None  # each process's CPU clock at its last stop (None: ran since)
         self.outside: dict[int, int] = {}  # CPU time each process took while stopped, summed: zero unless resumed
         self.outside_gaps = 0  # the gaps between calls in which any of it was taken
+        self.kept: tuple[CallRecord, int, list] | None = None  # the outputs read last: read again after the next call
 
     def load(self, inputs: list) -> InputBuffer:
         """Write a call's inputs into the buffer of their layout (new layouts are sent to the candidate first)."""
@@ -115,7 +126,23 @@ class Calls:
         except CandidateGone as exc:
             raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
         reply = self._checked_reply(k, reply)
-        return CallRecord(k, (t1 - t0) / 1e3, (cpu1 - cpu0) / 1e3, reply.outputs)
+        return CallRecord(k, (t1 - t0) / 1e3, (cpu1 - cpu0) / 1e3, reply.outputs, rewritten=self._rewritten())
+
+    def _rewritten(self) -> str | None:
+        """Which output read after the call before reads differently now (None: none, or none was read). The
+        candidate's process keeps a call's outputs alive through the next call (`callee.py`), so one that changed
+        was written again by the candidate: memory it returned and reuses, which changes under any caller that kept
+        it (an output that is gone reads as changed)."""
+        if self.kept is None:
+            return None
+        call, limit, before = self.kept
+        self.kept = None
+        try:
+            now = dict(read_outputs(call.outputs, limit, [], process_reader(self.worker_pid)))
+        except ValueError:
+            return "(all of them: no longer readable)"
+        return next((path for path, value in before if isinstance(value, torch.Tensor)
+                     and not same_bits(value, now.get(path))), None)
 
     def must_check(self, call: CallRecord) -> bool:
         """Whether this call's outputs must be compared whether or not it was picked (see `GpuCalls`)."""
@@ -218,6 +245,7 @@ class Calls:
         inputs = mapped_files(self.worker_pid, NAME)
         limit = self.read_limit if expected_bytes is None else min(self.read_limit, expected_bytes)
         found = read_outputs(call.outputs, limit, inputs, process_reader(self.worker_pid))
+        self.kept = (call, limit, found)
         kinds = {item.get("path"): item.get("kind") for item in call.outputs}
         leaves = [(path, "tensor" if kinds.get(path) == "tensor" else "value", lambda v=value: v)
                   for path, value in found]

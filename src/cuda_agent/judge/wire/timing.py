@@ -9,11 +9,24 @@ of the candidate is still working). Baselines and candidate go through the very 
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from typing import Any, Callable
 
 from ...backend import Backend
+
+
+def draw_checks(rng: random.Random, first: int, iters: int, bits: int) -> set[int]:
+    """Which of the timed calls `first .. first + iters - 1` have their outputs checked: each call on its own, with
+    probability 1 - 2**(-2 * bits / iters), so that a candidate wrong on half of them escapes every check with
+    probability 2**-bits. A candidate can tell a checked call afterwards (the pause after it is longer), and with a
+    fixed number of checks it would know when the last had passed; drawn one by one, what it saw tells it nothing
+    of the calls to come."""
+    if bits <= 0 or iters <= 0:
+        return set()
+    p = 1.0 - 2.0 ** (-2.0 * bits / iters)
+    return {first + i for i in range(iters) if rng.random() < p}
 
 
 class Hooks:

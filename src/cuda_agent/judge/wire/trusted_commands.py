@@ -57,9 +57,10 @@ class Check:
 
 @dataclass
 class TimeCandidate:
-    """Warm-up and timed calls on fresh inputs; the outputs of `checks` timed calls, picked after they ran, read."""
+    """Warm-up and timed calls on fresh inputs; the outputs of timed calls drawn one by one (`wire.timing.
+    draw_checks`, `check_bits`) read and compared."""
     timing: dict[str, Any]
-    checks: int
+    check_bits: int
     budget_s: float
     COMMAND: ClassVar[str] = "time_candidate"
 

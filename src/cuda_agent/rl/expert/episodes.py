@@ -130,7 +130,8 @@ def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str
         if out_of_time():
             raise TimeoutError(f"time limit reached in the expert's episodes ({out.name})")
         shutil.rmtree(run_dir, ignore_errors=True)  # an episode cut short by a crash is played again
-        summary = run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=compact),
+        summary = run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=compact,
+                                          episodes_root=out),
                               ScriptedClient(replies),
                               task, run_dir, LoopConfig(max_turns=len(replies)))
         episode = _episode(task, shape, run_dir, summary)
