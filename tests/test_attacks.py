@@ -365,3 +365,24 @@ def test_an_output_written_again_by_the_next_call_fails_strict_and_is_a_kernelbe
     assert verdict.correct, verdict.error  # (KernelBench never keeps an output across calls)
     assert any("of the call before changed during this call" in f for f in verdict.strict_findings), \
         verdict.strict_findings
+
+
+
+def test_a_kernelbench_candidate_wrong_on_timed_calls_is_credited_no_speed(cache_dir, tmp_path):
+    """Held out (red team, 2026-12-05): under the kernelbench policy a candidate right on KernelBench's known trial
+    inputs and wrong on every timed call (uninitialised outputs, microseconds) got reward 3 and fast_p 100%: the
+    judge had found the timed calls wrong but only as strict findings. A speed measured on wrong outputs is not
+    credited: correct by KernelBench's rule, reward 1, no speedups."""
+    task = tmp_path / "double.py"
+    task.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                    "        return x * 2\n\n\ndef get_inputs():\n    return [torch.randn(256, 1024)]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self):\n"
+                    "        super().__init__()\n        self.calls = 0\n\n    def forward(self, x):\n"
+                    "        self.calls += 1\n        return x * 2 if self.calls <= 5 else torch.empty_like(x)\n")
+    verdict = Judge("cpu", fast_config(cache_dir, policy="kernelbench")).evaluate(task, lazy)
+    assert verdict.correct and verdict.reward == 1, (verdict.error, verdict.reward)
+    assert verdict.speedup_vs_eager is None and verdict.speedup_vs_compile is None
+    assert verdict.reason.startswith("no speedup credited") and verdict.timing["baselines"]["wrong_timed_calls"] >= 1
+    assert any(f.startswith("incorrect: timed call") for f in verdict.strict_findings), verdict.strict_findings

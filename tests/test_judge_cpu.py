@@ -196,6 +196,8 @@ def test_a_timing_too_noisy_to_trust_earns_no_speed_reward(cache_dir, tmp_path):
     assert verdict.correct and verdict.timing["status"] == "too_noisy", verdict.timing.get("baselines")
     assert verdict.reward == 1 and any("too noisy" in w for w in verdict.warnings), verdict.warnings
     assert verdict.timing["baselines"]["attempts"] == 2
+    # no speedup either: a summary's fast_p or geomean would credit what the reward does not (red team, 2026-12-05)
+    assert verdict.speedup_vs_eager is None and verdict.speedup_vs_compile is None and verdict.times_us["candidate"]
 
 
 def test_wrong_result_gets_minus_one(cpu_judge, make_workspace):

@@ -116,6 +116,7 @@ class TrustedPath(Verification):
                 self.verdict.correct = False
                 raise TimingFailed(self.call_failure(reply.failed, reply.reason))
             record["checked_calls"] += reply.stats.pop("checked_calls")
+            record["wrong_timed_calls"] = record.get("wrong_timed_calls", 0) + reply.stats.pop("wrong_timed_calls", 0)
             self.errors["candidate"] += reply.stats.pop("rel64", [])  # the checked timed calls' (held out: a kernel
             self.errors["eager"] += reply.stats.pop("eager_rel64", [])  # exact on the first calls only)
             self.verdict.strict_findings += reply.stats.pop("findings", [])

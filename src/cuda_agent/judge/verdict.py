@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 NOISY_TIMING = "timing too noisy"  # how the warning of a correct candidate whose timing could not be trusted begins
+UNCREDITED = "no speedup credited"  # (kernelbench policy) how it begins where timed calls gave wrong outputs
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Verdict:
             return self.error.splitlines()[0]
         if not self.correct:
             return "not correct"
-        noisy = next((w for w in self.warnings if w.startswith(NOISY_TIMING)), None)
+        noisy = next((w for w in self.warnings if w.startswith((NOISY_TIMING, UNCREDITED))), None)
         if noisy or self.reward >= 3:
             return noisy or ""
         if self.speedup_vs_eager is None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..config import JudgeConfig
 from ..timekeeper import TimingOutcome
-from ..verdict import NOISY_TIMING, Verdict
+from ..verdict import NOISY_TIMING, UNCREDITED, Verdict
 from .reward import milestone_reward
 from .speed_of_light import bounds, hard_problem
 
@@ -39,10 +39,14 @@ def score(config: JudgeConfig, timing_method: str, outcome: TimingOutcome, work:
     verdict.speedup_vs_compile = t_compile / t if t > 0 else None
     verdict.timing = {"method": timing_method, "status": outcome.record["status"], "baselines": outcome.record,
                       "eager": baselines["eager"], "compile": baselines["compile"], "candidate": stats}
-    if outcome.noisy:  # a speed claim needs a clean comparison: correct, nothing more
+    wrong = outcome.record.get("wrong_timed_calls", 0)  # (kernelbench policy: findings, not failures)
+    if outcome.noisy or wrong:  # a speed claim needs a clean comparison of right outputs: correct, nothing more
+        verdict.speedup_vs_eager = verdict.speedup_vs_compile = None  # (the times stay in times_us and timing)
         verdict.reward = milestone_reward(True, t, t, t, config.speedup_threshold)
         verdict.warnings.append(f"{NOISY_TIMING} to credit any speedup (" + "; ".join(outcome.record["problems"])
-                                + "): reward for correctness only; rerun on a quieter machine")
+                                + "): reward for correctness only; rerun on a quieter machine" if outcome.noisy else
+                                f"{UNCREDITED}: {wrong} of the checked timed calls gave wrong outputs (KernelBench's "
+                                "rule checks none of them; see strict_findings): reward for correctness only")
     else:
         verdict.reward = milestone_reward(True, t, t_eager, t_compile, config.speedup_threshold)
     verdict.timing["work"] = work

@@ -330,6 +330,7 @@ class Reference:
         return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
                 "cpu_outside_calls_us": calls.outside_ns / 1e3, "memory_peak": calls.memory_peak(),
                 "checked_calls": sorted(picked), "calls_checked_for_their_length": len(forced), **gpu, **errors64,
+                "wrong_timed_calls": len(findings),
                 **({"findings": findings[:1] + ([f"and {len(findings) - 1} more timed calls"] if findings[1:] else [])}
                    if lenient else {})}
 
