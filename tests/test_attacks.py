@@ -350,7 +350,7 @@ def test_an_output_written_again_by_the_next_call_fails_strict_and_is_a_kernelbe
         "    static torch::Tensor out;\n"
         "    if (!out.defined() || out.sizes() != x.sizes()) out = torch::empty_like(x);")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)
-    assert not verdict.correct and "of the call before changed during this call" in verdict.error, verdict.error
+    assert not verdict.correct and "which its caller still holds, changed during" in verdict.error, verdict.error
     task = tmp_path / "double.py"
     task.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
                     "        return x * 2\n\n\ndef get_inputs():\n    return [torch.randn(64, 64)]\n\n\n"
@@ -363,7 +363,7 @@ def test_an_output_written_again_by_the_next_call_fails_strict_and_is_a_kernelbe
                       "        return torch.mul(x, 2, out=self.out)\n")
     verdict = Judge("cpu", fast_config(cache_dir, policy="kernelbench")).evaluate(task, reused)
     assert verdict.correct, verdict.error  # (KernelBench never keeps an output across calls)
-    assert any("of the call before changed during this call" in f for f in verdict.strict_findings), \
+    assert any("which its caller still holds, changed during this call" in f for f in verdict.strict_findings), \
         verdict.strict_findings
 
 

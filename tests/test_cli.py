@@ -2,6 +2,7 @@
 fast_config's timing (`fast_cli`): nothing here asserts a speed."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -66,10 +67,13 @@ def test_eval_suite_reports_levels_and_resumes(cache_dir, fast_cli, tmp_path, mo
     level1, overall = report["levels"]["level1"], report["overall"]
     assert level1["n"] == 2 and level1["pass_rate"] == 0.5
     assert report["levels"]["level2"]["n"] == 1 and overall["n"] == 3
-    # the aggregates are those of the verdicts (speeds themselves vary with the machine's load)
-    speedups = [t["verdict"]["speedup_vs_eager"] for t in report["tasks"] if t["verdict"]["correct"]]
-    assert len(speedups) == 2 and overall["faster_than_eager"] == sum(x > 1.0 for x in speedups) / 3
-    assert overall["geomean_speedup_vs_eager"] == pytest.approx((speedups[0] * speedups[1]) ** 0.5)
+    # the aggregates are those of the verdicts (speeds themselves vary with the machine's load; a timing too noisy
+    # on a loaded machine credits none)
+    correct = [t["verdict"] for t in report["tasks"] if t["verdict"]["correct"]]
+    speedups = [v["speedup_vs_eager"] for v in correct if v["speedup_vs_eager"] is not None]
+    assert len(correct) == 2 and overall["faster_than_eager"] == sum(x > 1.0 for x in speedups) / 3
+    assert overall["geomean_speedup_vs_eager"] == (pytest.approx(math.prod(speedups) ** (1 / len(speedups)))
+                                                   if speedups else None)
     for key in ("pass_rate", "faster_than_eager", "faster_than_compile", "geomean_speedup_vs_eager",
                 "geomean_speedup_vs_compile"):
         assert key in overall

@@ -112,12 +112,12 @@ def test_kernelbench_timing_is_reported_beside_the_judge_s_and_a_candidate_that_
     with Judge("cpu", fast_config(cache_dir, policy="kernelbench", timing="kernelbench")) as judge:
         v = judge.evaluate(LINEAR_GELU, faker)
         ended = judge.evaluate(LINEAR_GELU, quitter)
-    assert ended.correct and ended.speedup_vs_eager is not None, ended.error  # the verdict stands
+    assert ended.correct and ended.times_us["candidate"], ended.error  # the verdict stands
     assert "candidate process" in ended.kernelbench_timing["error"], ended.kernelbench_timing
-    assert v.correct and v.speedup_vs_eager is not None, v.error
+    assert v.correct and v.times_us["candidate"], v.error
     kb = v.kernelbench_timing
     assert kb["method"] == "kernelbench" and "candidate's own process" in kb["measured"], kb
     assert kb["speedup_vs_eager"] > 1e4 and kb["candidate_ms"] < 1e-8  # what the candidate's process said
     assert kb["stats_ms"]["eager"]["num_trials"] == 100 and 1e-4 < kb["eager_ms"] < 1e3  # the reference's, real
     assert kb["compile_ms"] > 1e-4 or kb["compile_error"], kb
-    assert v.speedup_vs_eager < 100 and "kernelbench_timing" in v.phases_s, v.phases_s  # the judge's own clock
+    assert v.times_us["eager"] / v.times_us["candidate"] < 100 and "kernelbench_timing" in v.phases_s  # our clock

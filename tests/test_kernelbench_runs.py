@@ -5,10 +5,12 @@ elsewhere)."""
 from concurrent.futures import Future
 from types import SimpleNamespace
 
+import pytest
+
 from cuda_agent.judge import Verdict
 from cuda_agent.judge.store import Store
 from cuda_agent.suite import kernelbench_runs
-from cuda_agent.suite.evaluate import discover, evaluate_suite, report
+from cuda_agent.suite.evaluate import discover, evaluate_suite, measurement_key, report
 from cuda_agent.task import load_task
 
 TASK = "import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n\n\n" \
@@ -18,7 +20,7 @@ TASK = "import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x
 class VerdictsByComment:
     """A pool whose verdict is written in the solution itself: `# reward R speedup S findings F1|F2`."""
 
-    backend = SimpleNamespace(name="cpu", identity=lambda: "test", machine=lambda: "test")
+    backend = SimpleNamespace(name="cpu", identity=lambda: "test", machine=lambda: "test", timing_method="trusted")
     config = SimpleNamespace(verdict_key=lambda: "test")
 
     def __init__(self):
@@ -207,6 +209,85 @@ def test_kernelbench_s_published_results_of_the_run_are_set_beside_the_verdicts_
     assert "level1: KernelBench's published results (NVIDIA A100-SXM4-40GB) agree on 1 of 3" in said
     assert "differ: 2_Copy.py, 3_Copy.py" in said
     # samples of two levels in one folder: the file's problem ids say no level, so nothing is read from it
+    assert kernelbench_runs.published_results(runs, 1)
     (runs / "level_2_problem_1_sample_0_kernel.py").write_text("# reward 3 speedup 2.0\n")
-    kernelbench_runs.published_results.cache_clear()
-    assert kernelbench_runs.published_results(str(runs)) == {}
+    assert kernelbench_runs.published_results(runs, 1) == {}
+
+
+def test_sample_0_is_sample_0_and_other_spellings_of_a_sample_are_not_read(tmp_path):
+    """Held out (red team, 2026-12-05): `sample_00`, `problem_01` or Unicode digits were read as sample 0 and sorted
+    before it, replacing a failing sample 0 (pass rate 100% instead of 50%); a missing sample 0 let the next sample
+    present stand in for it; two tasks of one problem number were both credited with its samples."""
+    suite, runs = three_tasks_and_a_generation_folder(tmp_path)
+    for name, comment in {"level_1_problem_1_sample_0": "-1 speedup 0", "level_1_problem_1_sample_00": "3 speedup 2",
+                          "level_1_problem_01_sample_0": "3 speedup 2",
+                          "level_1_problem_\uff11_sample_0": "3 speedup 2",
+                          "level_1_problem_2_sample_3": "3 speedup 2"}.items():
+        (runs / f"{name}_kernel.py").write_text(f"# reward {comment}\nclass ModelNew:\n    pass\n")
+    records = evaluate_suite(VerdictsByComment(), discover(tmp_path / "suite"), runs, Store(tmp_path / "s.sqlite"))
+    assert [(r["task"], r["sample"], bool(r["solution"])) for r in records] == [
+        ("level1/1_Copy.py", 0, True), ("level1/2_Copy.py", 0, False), ("level1/2_Copy.py", 3, True),
+        ("level1/3_Copy.py", 0, False)]
+    assert records[0]["solution"].endswith("level_1_problem_1_sample_0_kernel.py")
+    assert report(records)["overall"]["pass_rate"] == 0.0  # over sample 0 of each problem
+    (suite / "1_CopyAgain.py").write_text(TASK)
+    with pytest.raises(ValueError, match="both problem 1 of level1"):
+        evaluate_suite(VerdictsByComment(), discover(tmp_path / "suite"), runs, Store(tmp_path / "s.sqlite"))
+
+
+def test_published_results_and_the_candidate_s_own_timing_are_read_only_when_shaped_as_kernelbench_writes_them(
+        tmp_path):
+    """Held out (red team, 2026-12-05): entries of `eval_results.json` of other types crashed eval-suite after all the
+    judging (nothing stored), `Infinity` went into --json, a rewritten file was not read again (cached by path), and
+    a candidate's forged KernelBench timing (no trials, negative times) aborted the run or poisoned the database."""
+    import json
+
+    from cuda_agent.judge.kernelbench_timing import plausible
+
+    _, runs = three_tasks_and_a_generation_folder(tmp_path)
+    (runs / "level_1_problem_1_sample_0_kernel.py").write_text("# reward 1 speedup 1\n")
+    results = runs / "eval_results.json"
+    results.write_text('{"1": [{"sample_id": "zero", "correctness": true}, {"sample_id": 0, "correctness": true, '
+                       '"metadata": "H100", "runtime": Infinity}], "2": {"sample_id": 0, "correctness": "false"}, '
+                       '"3": [{"sample_id": 0, "correctness": false, "runtime_stats": {"hardware": ["H100"]}}], '
+                       '"x": [{"sample_id": 0, "correctness": true}]}')
+    assert kernelbench_runs.published_results(runs, 1) == {
+        (1, 1, 0): {"correct": True, "compiled": False, "runtime_ms": None, "hardware": None},
+        (1, 3, 0): {"correct": False, "compiled": False, "runtime_ms": None, "hardware": "['H100']"}}
+    results.write_text(json.dumps({"2": [{"sample_id": 0, "correctness": True, "runtime": 0.5}]}))
+    assert kernelbench_runs.published_results(runs, 1) == {
+        (1, 2, 0): {"correct": True, "compiled": False, "runtime_ms": 0.5, "hardware": None}}
+    results.write_text('{"1": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert kernelbench_runs.published_results(runs, 1) == {}
+    assert kernelbench_runs.geomean([2.0, -1.0, float("inf"), 8.0]) == 4.0
+    assert plausible([1.0, 2.0], 100) and not plausible([], 100) and not plausible([-1.0], 100)
+    assert not plausible([float("nan")], 100) and not plausible([1.0] * 101, 100) and not plausible("1", 100)
+
+
+def test_a_failure_of_the_judge_on_one_solution_is_that_solution_s_verdict_and_is_not_stored(tmp_path):
+    """Held out (red team, 2026-12-05): an exception out of one evaluation (a forged timing once raised
+    ZeroDivisionError) aborted the whole suite; now it is that sample's failure, judged again next run."""
+    suite, runs = three_tasks_and_a_generation_folder(tmp_path)
+    (runs / "level_1_problem_1_sample_0_kernel.py").write_text("# reward 3 speedup 2\n")
+
+    class Failing(VerdictsByComment):
+        def submit(self, task, cand) -> Future:
+            future = Future()
+            future.set_exception(ZeroDivisionError("division by zero"))
+            return future
+
+    store = Store(tmp_path / "s.sqlite")
+    records = evaluate_suite(Failing(), discover(tmp_path / "suite"), runs, store)
+    assert "the judge failed on this solution: ZeroDivisionError" in records[0]["verdict"]["error"]
+    assert evaluate_suite(VerdictsByComment(), discover(tmp_path / "suite"), runs, store)[0]["verdict"]["reward"] == 3
+
+
+def test_stored_suite_verdicts_depend_on_the_clock_that_timed_them(monkeypatch):
+    """Held out (red team, 2026-12-05): a suite judged with CUDA_AGENT_GPU_CLOCK=in-process (a clock the candidate
+    can fool) left verdicts a later run with the trusted clock resumed as its own."""
+    trusted, in_process = VerdictsByComment(), VerdictsByComment()
+    in_process.backend = SimpleNamespace(**{**vars(VerdictsByComment.backend), "timing_method": "in-process"})
+    assert measurement_key(trusted) != measurement_key(in_process)
+    before = measurement_key(trusted)
+    monkeypatch.setenv("CUDA_AGENT_CALL_STREAM", "legacy")
+    assert measurement_key(trusted) != before

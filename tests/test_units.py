@@ -806,3 +806,25 @@ def test_checked_timed_calls_are_drawn_one_by_one_so_past_checks_say_nothing_of_
     means = {seen: statistics.mean(rest) for seen, rest in later.items() if len(rest) > 500}
     assert len(means) >= 3 and max(means.values()) - min(means.values()) < 0.25, means
     assert draw_checks(rng, 5, 10, 0) == set() and draw_checks(rng, 5, 1, 10) == {5}
+
+
+def test_a_workspace_with_too_many_kernel_bytes_or_an_unreadable_file_name_is_refused_before_reading(tmp_path):
+    """Held out (red team, 2026-12-05): 64 sparse 4 MiB headers (no disk used) took 260 MB of the judge's memory,
+    linear in their number; a file name that is not UTF-8 raised out of eval-suite (the candidate's hash)."""
+    from cuda_agent.workspace import candidate as candidate_module
+
+    many = tmp_path / "many"
+    (many / "kernels").mkdir(parents=True)
+    (many / "model_new.py").write_text("class ModelNew: pass\n")
+    for i in range(9):
+        with open(many / "kernels" / f"pad{i}.h", "wb") as f:
+            f.truncate(candidate_module.MAX_FILE_BYTES)  # sparse: no disk used
+    with pytest.raises(CandidateError, match="MiB together"):
+        load_candidate(many)
+    odd = tmp_path / "odd"
+    (odd / "kernels").mkdir(parents=True)
+    (odd / "model_new.py").write_text("class ModelNew: pass\n")
+    with open(os.path.join(os.fsencode(odd / "kernels"), b"k\xff.cpp"), "w") as f:
+        f.write("// x\n")
+    with pytest.raises(CandidateError, match="printable UTF-8"):
+        load_candidate(odd)

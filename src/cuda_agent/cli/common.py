@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..backend import BackendError
 from ..judge.config import JudgeConfig
@@ -165,10 +166,11 @@ def print_report(rep: dict, title: str, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(rep, indent=2, default=str) + "\n")
         return
-    table = Table(title=title)
-    # the kernelbench policy: "strict ok" passes with no strict finding; fast_1.5: KernelBench's, against eager
+    table = Table(title=Text(title))  # (folder names are the user's: never markup)
+    # the kernelbench policy: "no finding" passes with no strict finding (torch compute is not among them: only a
+    # strict run says whether the candidate's own kernels do the work); fast_1.5: KernelBench's, against eager
     lenient = "strict" in rep["overall"]
-    for col in ("level", "n", "pass", *(["strict ok"] if lenient else []), "faster than eager",
+    for col in ("level", "n", "pass", *(["no strict finding"] if lenient else []), "faster than eager",
                 "faster than compile", "geomean vs eager", "geomean vs compile", "fast_1.5"):
         table.add_column(col, justify="right")
     for name, s in [*rep["levels"].items(), ("overall", rep["overall"])]:
@@ -192,10 +194,11 @@ def print_report(rep: dict, title: str, as_json: bool) -> None:
     for level, pub in (rep.get("published") or {}).items():
         if pub:
             differ = ", ".join(d["task"].split("/")[-1] for d in pub["disagree"][:8])
-            out.print(f"{level}: KernelBench's published results ({', '.join(pub['hardware']) or 'hardware unknown'}) "
+            hardware = ", ".join(map(str, pub["hardware"])) or "hardware unknown"
+            out.print(f"{level}: KernelBench's published results ({hardware}) "
                       f"agree on {pub['agree']} of {pub['n']} (published pass {pub['pass_rate_published']:.1%}, here "
                       f"{pub['pass_rate_here']:.1%})" + (f"; differ: {differ}" if differ else ""),
-                      highlight=False, soft_wrap=True)
+                      highlight=False, soft_wrap=True, markup=False)
     if lenient and rep["overall"]["strict"]["findings_by_kind"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in rep["overall"]["strict"]["findings_by_kind"].items())
         out.print(f"passing KernelBench's rules but not the strict judge's checks: {kinds}", highlight=False,

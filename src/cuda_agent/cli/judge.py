@@ -158,12 +158,15 @@ def eval_suite_cmd(
     writable(db, "--db", file=True)
     from ..judge.store import Store
     from ..suite import runs
-    from ..suite.evaluate import discover, evaluate_suite, report
+    from ..suite import kernelbench_runs
+    from ..suite.evaluate import check_problem_ids, discover, evaluate_suite, report
 
     if not solutions.is_dir():
         fail(f"solutions {solutions}: no such folder", as_json)
     try:
         tasks = discover(suite_dir, integers(levels, "--levels"))
+        if kernelbench_runs.is_generation_folder(solutions):
+            check_problem_ids(tasks)
         unmatched = [p for p in rejudge if not any(fnmatch.fnmatchcase(t.name, p) for t in tasks)]
         if unmatched:
             raise ValueError(f"--rejudge {unmatched[0]}: matches no task (names look like {tasks[0].name})")

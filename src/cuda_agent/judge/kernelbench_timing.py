@@ -14,6 +14,7 @@ mode: KernelBench's baseline) the same way. Both run with the device to this eva
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,12 @@ if TYPE_CHECKING:
 
 WHERE = ("KernelBench's method, in the candidate's own process (its report can be fooled by the candidate; no "
          "verdict or reward uses it)")
+
+
+def plausible(times: Any, trials: int) -> bool:
+    """Trial times as the candidate's process reports them: `trials` (at least one) positive finite numbers."""
+    return isinstance(times, list) and 0 < len(times) <= max(1, trials) and all(
+        type(t) in (int, float) and math.isfinite(t) and t > 0 for t in times)
 
 
 def measure(ev: Evaluation) -> dict[str, Any]:
@@ -43,12 +50,17 @@ def measure(ev: Evaluation) -> dict[str, Any]:
             timed = ev.worker.receive(time.monotonic() + ev.cfg.run_timeout_s)
             if timed.get("event") != "kernelbench_timed" or "ms" not in timed:
                 return {**record, "error": f"the candidate failed KernelBench's timing: {timed.get('error', timed)}"}
+            if not plausible(timed["ms"], method.trials):  # (its own report: a list of positive finite times)
+                return {**record, "error": f"the candidate reported {str(timed['ms'])[:100]} as its {method.trials} "
+                                           "trial times in ms"}
             ref = ev.ref.call({"command": "kernelbench_time", "method": method.name}, "kernelbench_timed",
                               ev.cfg.reference_timeout_s)
     except WorkerDied as exc:
         return {**record, "error": f"candidate process {exc}"}
     except ReferenceFailed as exc:
         return {**record, "error": f"the reference failed KernelBench's timing: {exc}"}
+    except (KeyError, TypeError, ValueError) as exc:  # an answer of the candidate's process not shaped as ours
+        return {**record, "error": f"the candidate's answer to KernelBench's timing: {type(exc).__name__}: {exc}"}
     stats = {"candidate": kernelbench.timing_stats(timed["ms"]), "eager": kernelbench.timing_stats(ref["eager"]),
              "compile": kernelbench.timing_stats(ref["compile"]) if ref.get("compile") else None}
     record.update({f"{name}_ms": s["mean"] if s else None for name, s in stats.items()})

@@ -90,10 +90,12 @@ def _two_rules(suite: dict) -> str:
              _summary_cell(s["strict"]["pass_rate_without_findings"], "rate"),
              text("; ".join(f"{n} {kind}" for kind, n in s["strict"]["findings_by_kind"].items()) or "none")]
             for name, s in _levels(suite) if s.get("strict")]
-    return table(["level", "n", "pass (KernelBench's rules)", "pass (strict judge)",
+    return table(["level", "n", "pass (KernelBench's rules)", "pass, no strict finding",
                   "findings among KernelBench's passes"], rows, text_columns=(0, 4)) + \
         '<p class="muted">Judged once under <code>--policy kernelbench</code>: its verdict follows KernelBench\'s ' \
-        "protocol; every check the strict judge adds still ran and is counted here. Rewards use strict only.</p>"
+        "protocol; the strict judge's checks of the outputs, inputs, weights and timing still ran and their " \
+        "findings are counted here. Whether the candidate's own kernels do the work (torch compute is allowed by " \
+        "KernelBench) is not among them: only a strict run says that. Rewards use strict only.</p>"
 
 
 def _fast_p(suite: dict) -> str:
@@ -199,12 +201,21 @@ def _run_line(suite: dict) -> str:
                f"{r.get('version')}")
 
 
+def _first_samples(run: dict) -> dict[str, dict]:
+    """Each task's first record: sample 0 of a generation folder (what `suite.evaluate.report` summarises)."""
+    first: dict[str, dict] = {}
+    for r in run["tasks"]:
+        first.setdefault(r["task"], r)
+    return first
+
+
 def compare_view(a: dict, b: dict) -> View:
     """Run B beside run A: each summary number with its change, and per task the rewards and speedups of both. The
     geometric means are over correct tasks only: when the correct tasks differ, their change is not coloured a
     gain or a loss, and the tasks B lost are named first."""
     header = ["level"] + [f"{label}: A → B (change)" for _, label, _ in SUMMARY_KEYS[1:]]
-    passing = [{r["task"] for r in run["tasks"] if r["verdict"]["correct"]} for run in (a, b)]
+    first = [_first_samples(run) for run in (a, b)]  # the records the summaries are over
+    passing = [{task for task, r in records.items() if r["verdict"]["correct"]} for records in first]
     lost, gained = sorted(passing[0] - passing[1]), sorted(passing[1] - passing[0])
     summary_rows = []
     for name, sa in _levels(a):
@@ -220,9 +231,9 @@ def compare_view(a: dict, b: dict) -> View:
                      f'<span class="{css}">({"+" if delta and delta > 0 else ""}{change.shown})</span>')
             row.append(Cell(shown, change.sort))
         summary_rows.append(row)
-    by_task = {r["task"]: _task_row(r) for r in b["tasks"]}
+    by_task = {task: _task_row(r) for task, r in first[1].items()}
     rows = []
-    for record in a["tasks"]:
+    for record in first[0].values():
         ra, rb = _task_row(record), by_task.get(record["task"])
         rows.append({"level": ra["level"], "task": ra["task"], "reward_a": ra["reward"],
                      "reward_b": rb["reward"] if rb else None, "speedup_vs_compile_a": ra["speedup_vs_compile"],

@@ -12,6 +12,7 @@ upgrade is judged again.
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 from concurrent.futures import Future, as_completed
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Callable, Iterable
 from ..judge import Verdict
 from ..judge.pool import JudgePool
 from ..judge.store import Store
+from ..judge.wire.gpu_order import CALL_STREAM_ENV
 from ..task import TaskError, load_task
 from ..workspace.candidate import CandidateError, load_candidate
 from . import kernelbench_runs, revisions
@@ -86,16 +88,32 @@ def missing_verdict(backend: str, reason: str) -> Verdict:
 
 def measurement_key(pool: JudgePool) -> str:
     """Everything besides the task and the solution that changes a verdict: the judge's settings and version
-    (`verdict_key`), the build toolchain, torch and Python (`identity`), the devices, driver and CUDA (`machine`)."""
-    return "|".join([pool.config.verdict_key(), pool.backend.identity(), pool.backend.machine()])
+    (`verdict_key`), the build toolchain, torch and Python (`identity`), the devices, driver and CUDA (`machine`),
+    and the clock (on the GPU the in-process one, which believes the candidate, and the calls' stream)."""
+    return "|".join([pool.config.verdict_key(), pool.backend.identity(), pool.backend.machine(),
+                     pool.backend.timing_method, os.environ.get(CALL_STREAM_ENV, "")])
 
 
 def solutions_of(solutions_dir: Path, task: SuiteTask) -> list[tuple[int | None, Path | None]]:
     """The task's solutions as (sample id, path): one in this repository's layout (sample None; path None when
-    missing), each sample in a KernelBench generation folder."""
+    missing), each sample in a KernelBench generation folder, sample 0 always (missing: a failure, as KernelBench
+    counts it, never replaced by the next sample present)."""
     if kernelbench_runs.is_generation_folder(solutions_dir):
-        return kernelbench_runs.samples(solutions_dir, task.level, task.path) or [(0, None)]
+        found = kernelbench_runs.samples(solutions_dir, task.level, task.path)
+        return found if found and found[0][0] == 0 else [(0, None), *found]
     return [(None, find_solution(solutions_dir, task))]
+
+
+def check_problem_ids(tasks: list[SuiteTask]) -> None:
+    """A generation folder names problems by level and number: two tasks of one number in a level would both be
+    credited with its samples (ValueError)."""
+    seen: dict[tuple[str, int | None], SuiteTask] = {}
+    for task in tasks:
+        key = (task.level, kernelbench_runs.problem_id(task.path))
+        if key in seen:
+            raise ValueError(f"{seen[key].name} and {task.name} are both problem {key[1]} of {task.level}: a "
+                             "generation folder's samples cannot tell them apart (judge one of them)")
+        seen[key] = task
 
 
 def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path, store: Store,
@@ -113,15 +131,20 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
     verdicts: dict[int, Verdict] = {}
     hashes: dict[int, str] = {}  # each task's content hash (which revision of a suite was judged)
     pending: dict[Future, tuple[int, str]] = {}
+    if kernelbench_runs.is_generation_folder(solutions_dir):
+        check_problem_ids(tasks)
     jobs = [(task, sample, solution) for task in tasks for sample, solution in solutions_of(solutions_dir, task)]
 
     def record(future: Future) -> None:
         i, key = pending[future]
         try:
             verdicts[i] = future.result()
+            store.put("suite", key, verdicts[i].to_dict())
         except TaskError as exc:
             verdicts[i] = missing_verdict(backend, f"reference error: {exc}")
-        store.put("suite", key, verdicts[i].to_dict())
+            store.put("suite", key, verdicts[i].to_dict())
+        except Exception as exc:  # the judge's own failure on this job: reported, not stored (judged again next run)
+            verdicts[i] = missing_verdict(backend, f"the judge failed on this solution: {type(exc).__name__}: {exc}")
         del pending[future]
         if on_result:
             on_result(jobs[i][0], verdicts[i], False)
@@ -131,15 +154,18 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
             try:
                 ref = load_task(task.path)
                 cand = load_candidate(solution) if solution else None
+                cand_hash = cand.hash if cand else "none"
             except (TaskError, CandidateError) as exc:
                 ref, cand, early = None, None, str(exc)
+            except (OSError, ValueError) as exc:  # (a file name that is not UTF-8, say)
+                ref, cand, early = None, None, f"{solution}: {type(exc).__name__}: {exc}"
             else:
                 single, workspace = solution_places(solutions_dir, task)
                 early = None if cand else f"no solution found for {task.name} " + (
                     f"(no level_{task.level.removeprefix('level')}_problem_"
                     f"{kernelbench_runs.problem_id(task.path)}_sample_S_kernel.py in {solutions_dir})"
                     if sample is not None else f"(neither {single} nor a folder {workspace})")
-            key = f"{settings}|{ref.hash if ref else task.name}|{cand.hash if cand else 'none'}"
+            key = f"{settings}|{ref.hash if ref else task.name}|{cand_hash if cand else 'none'}"
             if ref:
                 hashes[i] = ref.hash
             again = any(fnmatch.fnmatchcase(task.name, pattern) for pattern in rejudge)

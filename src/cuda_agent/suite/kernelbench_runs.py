@@ -22,8 +22,11 @@ from collections import Counter
 from pathlib import Path
 
 RESULTS_FILE = "eval_results.json"
-SAMPLE_FILE = re.compile(r"level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py")
+# as KernelBench writes them: ASCII digits, no leading zeros (`sample_00` or `problem_019` would be a second spelling
+# of one sample: ignored)
+SAMPLE_FILE = re.compile(r"level_([1-9][0-9]*)_problem_([1-9][0-9]*)_sample_(0|[1-9][0-9]*)_kernel\.py", re.ASCII)
 FAST_P = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
+MAX_RESULTS_BYTES = 64 << 20  # an eval_results.json larger than this is not read
 KINDS = (  # (kind, what a finding of it says) in the order they are looked for
     ("state dict", "state dict"), ("extra shape", "extra shape"), ("scaled inputs", "scaled inputs"),
     ("input changed in place", "modified in place"), ("timed call", "timed call"), ("precision", "precision:"),
@@ -33,6 +36,7 @@ KINDS = (  # (kind, what a finding of it says) in the order they are looked for
 
 def geomean(xs: list[float]) -> float | None:
     """The geometric mean (None of nothing)."""
+    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
@@ -108,31 +112,47 @@ def timing_view(verdicts: list[dict]) -> dict | None:
     return out
 
 
-@functools.lru_cache(maxsize=16)
-def published_results(folder: str) -> dict[tuple[int, int, int], dict]:
+def published_results(folder: Path, level: int) -> dict[tuple[int, int, int], dict]:
     """KernelBench's own results of a generation folder (its `eval_results.json`: per problem id one entry, or a
     list of them by sample) by (level, problem, sample): correct, compiled, runtime in ms (None where not timed) and
     hardware. Empty without the file, or when the folder holds samples of several levels (the file's keys are
-    problem ids only)."""
+    problem ids only). Entries not shaped as KernelBench writes them are left out."""
     path = Path(folder) / RESULTS_FILE
-    levels = {int(m.group(1)) for p in Path(folder).iterdir() if (m := SAMPLE_FILE.fullmatch(p.name))}
-    if not path.is_file() or len(levels) != 1:
+    if not path.is_file() or path.is_symlink() or _levels(str(folder), Path(folder).stat().st_mtime_ns) != {level}:
+        return {}
+    stat = path.stat()
+    return _published(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size, level)
+
+
+@functools.lru_cache(maxsize=16)
+def _levels(folder: str, mtime_ns: int) -> set[int]:
+    """The levels of a generation folder's sample files (read again when the folder changes)."""
+    return {int(m.group(1)) for p in Path(folder).iterdir() if (m := SAMPLE_FILE.fullmatch(p.name))}
+
+
+@functools.lru_cache(maxsize=16)
+def _published(path: str, ino: int, mtime_ns: int, size: int, level: int) -> dict[tuple[int, int, int], dict]:
+    """(Read once per version of the file: its inode, modification time and size are part of the key.)"""
+    if size > MAX_RESULTS_BYTES:
         return {}
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(Path(path).read_text(), parse_constant=lambda name: None)  # (no NaN or Infinity)
+    except (OSError, ValueError, RecursionError):
         return {}
-    level, found = levels.pop(), {}
+    found = {}
     for problem, entries in (data.items() if isinstance(data, dict) else ()):
         for entry in entries if isinstance(entries, list) else [entries]:
-            if not (isinstance(entry, dict) and str(problem).isdigit() and "correctness" in entry):
+            sample = entry.get("sample_id", 0) if isinstance(entry, dict) else None
+            if not (re.fullmatch(r"[1-9][0-9]{0,5}", str(problem), re.ASCII) and type(sample) is int
+                    and 0 <= sample < 10**6 and type(entry.get("correctness")) is bool):
                 continue
-            runtime = entry.get("runtime")
-            found[(level, int(problem), int(entry.get("sample_id", 0)))] = {
-                "correct": bool(entry["correctness"]), "compiled": bool(entry.get("compiled")),
-                "runtime_ms": runtime if isinstance(runtime, (int, float)) and runtime > 0 else None,
-                "hardware": (entry.get("metadata") or {}).get("hardware") or (entry.get("runtime_stats") or {}).get(
-                    "hardware")}
+            runtime, meta, stats = entry.get("runtime"), entry.get("metadata"), entry.get("runtime_stats")
+            hardware = next((d.get("hardware") for d in (meta, stats) if isinstance(d, dict) and d.get("hardware")),
+                            None)
+            found[(level, int(problem), sample)] = {
+                "correct": entry["correctness"], "compiled": entry.get("compiled") is True,
+                "runtime_ms": float(runtime) if type(runtime) in (int, float) and 0 < runtime < 1e9 else None,
+                "hardware": str(hardware)[:100] if hardware is not None else None}
     return found
 
 
@@ -140,7 +160,8 @@ def published(folder: Path, level: str, task_file: Path, sample: int | None) -> 
     """KernelBench's own result for this sample of the task, where the generation folder holds one."""
     if sample is None:
         return None
-    return published_results(str(folder)).get((int(level.removeprefix("level")), problem_id(task_file), sample))
+    number = int(level.removeprefix("level"))
+    return published_results(Path(folder), number).get((number, problem_id(task_file), sample))
 
 
 def published_view(records: list[dict]) -> dict | None:

@@ -18,6 +18,7 @@ from ..pyparse import parse as parse_python
 
 KERNEL_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp", ".inl")
 MAX_FILE_BYTES = 4 * 2**20
+MAX_TOTAL_BYTES, MAX_FILES = 32 * 2**20, 256  # a workspace's kernels together
 
 
 class CandidateError(ValueError):
@@ -85,9 +86,15 @@ def load_candidate(path: str | Path) -> Candidate:
         if kernels.is_symlink():  # another candidate's kernels would be judged as this one's
             raise CandidateError(f"candidate {path}: kernels/ is a symbolic link; copy the files instead")
         if kernels.is_dir():
-            for f in sorted(kernels.rglob("*")):
-                if f.is_file() and f.suffix in KERNEL_SUFFIXES:
-                    files[str(f.relative_to(root))] = _read(f, root)
+            found = [f for f in sorted(kernels.rglob("*")) if f.suffix in KERNEL_SUFFIXES and f.is_file()]
+            if len(found) > MAX_FILES or sum(f.stat().st_size for f in found) > MAX_TOTAL_BYTES:
+                raise CandidateError(f"candidate {path}: {len(found)} kernel files, more than {MAX_FILES} files or "
+                                     f"{MAX_TOTAL_BYTES // 2**20} MiB together")
+            for f in found:
+                rel = str(f.relative_to(root))
+                if not rel.isprintable() or rel != rel.encode("utf-8", "replace").decode("utf-8"):
+                    raise CandidateError(f"candidate file {rel!r}: a file name must be printable UTF-8")
+                files[rel] = _read(f, root)
         return Candidate("workspace", root, files)
     raise CandidateError(f"candidate {path}: no such file or folder")
 

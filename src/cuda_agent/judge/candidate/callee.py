@@ -15,11 +15,13 @@ answered, or, for a forward that waits, after a grace period).
 from __future__ import annotations
 
 import socket
+from collections import deque
 from typing import Any, Callable
 
 import torch
 
 from ..wire.call_protocol import (
+    HELD_CALLS,
     Call,
     Done,
     End,
@@ -71,7 +73,9 @@ class Callee:
         self.inputs: dict[int, list] = {}
         self.mappings: dict[int, Any] = {}  # the memory the inputs lie in, kept while they are used
         self.last: Any = None  # the last call's outputs stay alive until the trusted side has read them
-        self.held: Any = None  # (cpu) and through the next call, after which the trusted side reads them again
+        # (cpu) and through the next HELD_CALLS calls, as a caller that keeps them would: the trusted side reads them
+        # again after each (memory the candidate returned must not change under its caller)
+        self.held: deque = deque(maxlen=HELD_CALLS)
         self.order: CalleeOrder | None = None
         self.pool = None
 
@@ -111,7 +115,8 @@ class Callee:
         self.sock.close()
 
     def _call(self, k: int, inputs: list, fn: str) -> Done | Failed:
-        self.held, self.last = self.last, None
+        self.held.append(self.last)
+        self.last = None
         try:
             self.last = self.forward(inputs, fn)
         except Exception as exc:  # the candidate's failure, reported as such

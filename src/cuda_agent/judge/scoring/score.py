@@ -43,10 +43,10 @@ def score(config: JudgeConfig, timing_method: str, outcome: TimingOutcome, work:
     if outcome.noisy or wrong:  # a speed claim needs a clean comparison of right outputs: correct, nothing more
         verdict.speedup_vs_eager = verdict.speedup_vs_compile = None  # (the times stay in times_us and timing)
         verdict.reward = milestone_reward(True, t, t, t, config.speedup_threshold)
-        verdict.warnings.append(f"{NOISY_TIMING} to credit any speedup (" + "; ".join(outcome.record["problems"])
-                                + "): reward for correctness only; rerun on a quieter machine" if outcome.noisy else
-                                f"{UNCREDITED}: {wrong} of the checked timed calls gave wrong outputs (KernelBench's "
-                                "rule checks none of them; see strict_findings): reward for correctness only")
+        verdict.warnings.append(f"{UNCREDITED}: {wrong} of the checked timed calls gave wrong outputs (KernelBench's "
+                                "rule checks none of them; see strict_findings): reward for correctness only" if wrong
+                                else f"{NOISY_TIMING} to credit any speedup (" + "; ".join(outcome.record["problems"])
+                                + "): reward for correctness only; rerun on a quieter machine")
     else:
         verdict.reward = milestone_reward(True, t, t_eager, t_compile, config.speedup_threshold)
     verdict.timing["work"] = work

@@ -71,8 +71,9 @@ def _leaf_tensor(leaf: dict[str, Any], limit: int, read: Reader) -> tuple[torch.
     shape, strides, address = leaf.get("shape"), leaf.get("strides"), leaf.get("ptr")
     if dtype is None:
         raise Unreadable(f"dtype {leaf.get('dtype')!r} is not one the judge compares")
-    if not (isinstance(shape, list) and isinstance(strides, list) and len(shape) == len(strides)
-            and all(type(s) is int and s >= 0 for s in shape + strides) and type(address) is int and address >= 0):
+    if not (isinstance(shape, list) and isinstance(strides, list) and len(shape) == len(strides) <= 64
+            and all(type(s) is int and 0 <= s < 2**48 for s in shape + strides) and type(address) is int
+            and 0 <= address < 2**64):
         raise Unreadable("malformed description (shape, strides, address)")
     size = torch.empty((), dtype=dtype).element_size()
     count = math.prod(shape)
@@ -122,3 +123,65 @@ def read_outputs(leaves: Any, limit_bytes: int, forbidden: list[tuple[int, int]]
             raise Unreadable(f"{path} aliases an input tensor's memory")
         found.append((path, tensor))
     return found
+
+
+def overlaps_itself(shape: list[int], strides: list[int]) -> bool:
+    """Whether a layout may reach one element by two indices (a stride-0 `expand`; interleaved strides): read, it
+    is copied out whole by the judge, which writes what the candidate never did (an exotic layout that does not
+    overlap but interleaves its strides counts too)."""
+    reach = 0
+    for stride, size in sorted((st, n) for n, st in zip(shape, strides) if n > 1):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def tensor_spans(leaves: Any) -> list[tuple[str, int, int]]:
+    """(path, first byte, end) of each tensor a call described (malformed ones left out: reading them fails)."""
+    spans = []
+    for leaf in leaves if isinstance(leaves, list) else []:
+        if not isinstance(leaf, dict) or leaf.get("kind") != "tensor" or str(leaf.get("dtype")) not in DTYPES:
+            continue
+        shape, strides, address = leaf.get("shape"), leaf.get("strides"), leaf.get("ptr")
+        if not (isinstance(shape, list) and isinstance(strides, list) and len(shape) == len(strides) <= 64 and all(
+                type(s) is int and 0 <= s < 2**48 for s in shape + strides) and type(address) is int
+                and 0 <= address < 2**64) or 0 in shape:
+            continue
+        size = torch.empty((), dtype=DTYPES[str(leaf["dtype"])]).element_size()
+        spans.append((str(leaf.get("path")), address, address + (sum((n - 1) * s for n, s in zip(shape, strides))
+                                                                  + 1) * size))
+    return spans
+
+
+def aliased_pages(pid: int, spans: list[tuple[int, int]]) -> str | None:
+    """Where the memory of `spans` maps one page of a file or of shared memory at two addresses (one row's pages
+    mapped 256 times read as 256 rows, written once): the two mappings; None where no page is mapped twice."""
+    found = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if int(fields[4]) and any(lo < b and a < hi for a, b in spans):
+                offset = int(fields[2], 16)
+                found.append((fields[3], int(fields[4]), offset, offset + hi - lo, fields[0]))
+    found.sort()
+    for (dev, inode, start, end, where), (dev2, inode2, start2, _, where2) in zip(found, found[1:]):
+        if (dev, inode) == (dev2, inode2) and start2 < end:
+            return f"{where} and {where2} map the same pages"
+    return None
+
+
+def read_scattered(pid: int, places: list[tuple[int, int]]) -> bytes | None:
+    """The bytes at each (address, length) of process `pid`, joined (None where any cannot be read)."""
+    out = bytearray()
+    for first in range(0, len(places), 1024):  # (IOV_MAX)
+        batch = places[first:first + 1024]
+        total = sum(n for _, n in batch)
+        buffer = ctypes.create_string_buffer(total)
+        local = _IoVec(ctypes.addressof(buffer), total)
+        remote = (_IoVec * len(batch))(*[_IoVec(a, n) for a, n in batch])
+        if _libc.process_vm_readv(pid, ctypes.byref(local), 1, remote, len(batch), 0) != total:
+            return None
+        out += buffer.raw
+    return bytes(out)

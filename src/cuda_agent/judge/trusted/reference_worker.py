@@ -32,7 +32,7 @@ from .. import kernelbench
 from ..scoring.speed_of_light import count_work
 from ..wire.call_protocol import RELOADED, RELOADED_WEIGHTS
 from ..wire.process import Channel, WorkerFailure, close_fds, one_line, run_worker
-from ..wire.tensors import checksum, clone, make_inputs, refill, tensor_bytes, to_double
+from ..wire.tensors import checksum, clone, leaves, make_inputs, refill, tensor_bytes, to_double
 from ..wire.timing import Hooks, draw_checks, summarize, time_callable
 from ..wire.trusted_commands import (
     Attach,
@@ -49,7 +49,7 @@ from ..wire.trusted_commands import (
 from . import baseline_callee
 from .compare import compare_leaves, compare_trial, unfit
 from .gpu_calls import RESOLUTION_US, GpuCalls, quantiles
-from .readback import Unreadable
+from .readback import Unreadable, overlaps_itself
 from .trusted_calls import CallFailed, Calls
 
 # what is read of a call's outputs: 4x the reference's own + 1 MiB (dtypes and shapes must match; a view into a
@@ -92,6 +92,7 @@ class Reference:
                                lambda: self.module.Model(*self.init_inputs).to(self.device).eval())
         self.model64 = None
         self.compiled = None
+        self.overlapping: set[str] = set()  # paths of the reference's outputs whose layout overlaps itself
         self.trial: dict = {}
         self.work: dict | None = None  # counted at the first `begin`, when the judge lets it use the device
         self.scales: bool | None = None  # whether scaled inputs hold for the task (`scale_holds`)
@@ -206,6 +207,8 @@ class Reference:
         with torch.no_grad():
             out = _step("Model.forward", lambda: self.model(*clone(inputs)))
             out64 = self._fp64(inputs) if fp64 else None
+        self.overlapping |= {path for path, x in leaves(out) if isinstance(x, torch.Tensor)
+                             and overlaps_itself(list(x.shape), list(x.stride()))}
         return out, out64
 
     def check_call(self, calls: Calls, inputs: list, label: str, deadline: float, fp64: bool,
@@ -334,20 +337,31 @@ class Reference:
                 **({"findings": findings[:1] + ([f"and {len(findings) - 1} more timed calls"] if findings[1:] else [])}
                    if lenient else {})}
 
-    @classmethod
-    def _promises_kept(cls, calls: Calls, call, label: str) -> dict:
-        broken = cls._promise_broken(calls, call, label)
+    def _promises_kept(self, calls: Calls, call, label: str) -> dict:
+        broken = self._promise_broken(calls, call, label)
         return {"ok": False, "reason": broken} if broken else {"ok": True}
 
-    @staticmethod
-    def _promise_broken(calls: Calls, call, label: str) -> str | None:
-        """What a call changed that it must leave as it was: its inputs, or the outputs it returned before."""
+    def _promise_broken(self, calls: Calls, call, label: str) -> str | None:
+        """What every call must keep, read or not: its inputs as they were, the outputs it returned before as they
+        were, and outputs laid out as real tensors (no element at two places: the judge's copy would write it)."""
         changed = calls.changed_inputs()
         if changed:
             return f"incorrect: {label}: input {changed[0]} was modified in place by ModelNew.forward"
         if call.rewritten:
-            return (f"incorrect: {label}: output {call.rewritten} of the call before changed during this call "
-                    "(ModelNew wrote again into memory it had returned: a caller that keeps an output sees it change)")
+            return (f"incorrect: {label}: output {call.rewritten}, which its caller still holds, changed during this "
+                    "call (ModelNew wrote again into memory it had returned: a caller that keeps an output sees it "
+                    "change)")
+        for leaf in call.outputs if isinstance(call.outputs, list) else []:
+            shape, strides = (leaf.get("shape"), leaf.get("strides")) if isinstance(leaf, dict) else (None, None)
+            if (leaf.get("kind") == "tensor" and leaf.get("path") not in self.overlapping and isinstance(shape, list)
+                    and isinstance(strides, list) and all(type(v) is int for v in shape + strides)
+                    and overlaps_itself(shape, strides)):
+                return (f"incorrect: {label}: output {leaf.get('path')} overlaps itself (strides {strides[:8]} for "
+                        f"shape {shape[:8]}) where the reference's does not: its elements would be written by the "
+                        "judge's copy, not by the candidate")
+        if call.aliased:
+            return (f"incorrect: {label}: its outputs map one page of memory at two addresses ({call.aliased}): "
+                    "their elements would be written by the judge's copy, not by the candidate")
         return None
 
     def _fp64(self, inputs: list):

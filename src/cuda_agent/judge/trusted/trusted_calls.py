@@ -16,28 +16,34 @@ import json
 import secrets
 import socket
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ...sandbox.cgroup import members
-from ..wire.call_protocol import Call, Done, End, Ended, Failed, Inputs, Prepare, Prepared, ProtocolError, receive, send
+from ..wire.call_protocol import (
+    HELD_CALLS,
+    Call,
+    Done,
+    End,
+    Ended,
+    Failed,
+    Inputs,
+    Prepare,
+    Prepared,
+    ProtocolError,
+    receive,
+    send,
+)
 from ..wire.input_buffers import NAME, InputBuffer, layout_of
 from ..wire.process import close_fds
 from .compare import Leaf
 from .freezer import CandidateGone, Freezer, thread_states
-from .readback import mapped_files, process_reader, read_outputs
+from .readback import aliased_pages, mapped_files, process_reader, read_outputs, read_scattered, tensor_spans
 
 OUTSIDE_LIMIT_NS = 1_000_000  # CPU time a stopped callee may show between calls, all calls together (it shows 0)
-
-
-def same_bits(a: torch.Tensor, b: Any) -> bool:
-    """The same dtype, shape and bytes (NaNs included)."""
-    if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+PROBES = 64  # places of each output read after its call, and again after each of the next HELD_CALLS calls
 
 
 class CallFailed(RuntimeError):
@@ -58,7 +64,8 @@ class CallRecord:
     outputs: list[dict[str, Any]] = field(default_factory=list)  # where it says its outputs are
     raw_us: float = 0.0  # on the GPU: the window as measured, its constant part included
     host_us: float = 0.0  # on the GPU: from sending `call` to its answer (the host's part of the call)
-    rewritten: str | None = None  # an output of the call before, read after it, that reads differently now (cpu)
+    rewritten: str | None = None  # (cpu) an output of a call before, still held by the caller, changed in this one
+    aliased: str | None = None  # (cpu) its outputs' memory maps one page at two addresses
 
 
 class Calls:
@@ -79,7 +86,8 @@ class Calls:
         self.stopped_cpu: dict[int, int] | None = None  # each process's CPU clock at its last stop (None: ran since)
         self.outside: dict[int, int] = {}  # CPU time each process took while stopped, summed: zero unless resumed
         self.outside_gaps = 0  # the gaps between calls in which any of it was taken
-        self.kept: tuple[CallRecord, int, list] | None = None  # the outputs read last: read again after the next call
+        # (cpu) bytes of the outputs of the last HELD_CALLS calls, at places drawn here: read again after each call
+        self.probes: deque[tuple[int, list[tuple[str, int, int]], bytes]] = deque(maxlen=HELD_CALLS)
 
     def load(self, inputs: list) -> InputBuffer:
         """Write a call's inputs into the buffer of their layout (new layouts are sent to the candidate first)."""
@@ -126,24 +134,41 @@ class Calls:
         except CandidateGone as exc:
             raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
         reply = self._checked_reply(k, reply)
-        return CallRecord(k, (t1 - t0) / 1e3, (cpu1 - cpu0) / 1e3, reply.outputs, rewritten=self._rewritten())
+        spans = tensor_spans(reply.outputs)
+        record = CallRecord(k, (t1 - t0) / 1e3, (cpu1 - cpu0) / 1e3, reply.outputs)
+        if fn:  # (another function: the baselines', or the candidate's weights reloaded, which change its buffers)
+            self.probes.clear()
+            return record
+        record.rewritten = self._rewritten(k)
+        record.aliased = aliased_pages(self.worker_pid, [(a, b) for _, a, b in spans]) if spans else None
+        self._probe(k, spans)
+        return record
 
-    def _rewritten(self) -> str | None:
-        """Which output read after the call before reads differently now (None: none, or none was read). The
-        candidate's process keeps a call's outputs alive through the next call (`callee.py`), so one that changed
-        was written again by the candidate: memory it returned and reuses, which changes under any caller that kept
-        it (an output that is gone reads as changed)."""
-        if self.kept is None:
-            return None
-        call, limit, before = self.kept
-        self.kept = None
-        try:
-            now = dict(read_outputs(call.outputs, limit, [], process_reader(self.worker_pid)))
-        except ValueError:
-            return "(all of them: no longer readable)"
-        return next((path for path, value in before if isinstance(value, torch.Tensor)
-                     and not same_bits(value, now.get(path))), None)
+    def _rewritten(self, k: int) -> str | None:
+        """Which output of the last `HELD_CALLS` calls changed during call `k` (None: none). The candidate's process
+        keeps their outputs alive (`callee.py`), as a caller that kept them would: one that changed was written
+        again by the candidate, in memory it had returned (an output that is gone reads as changed). Checked at
+        `PROBES` places of each output drawn here after it returned, every call, read or not."""
+        for call, places, before in self.probes:
+            now = read_scattered(self.worker_pid, [(a, n) for _, a, n in places])
+            if now is None:
+                return f"{places[0][0]} of call {call} (no longer readable)"
+            at = 0
+            for path, _, n in places:
+                if now[at:at + n] != before[at:at + n]:
+                    return f"{path} of call {call}"
+                at += n
+        return None
 
+    def _probe(self, k: int, spans: list[tuple[str, int, int]]) -> None:
+        """Read call `k`'s outputs at places drawn now (up to `PROBES` bytes-wide places per output)."""
+        places = []
+        for path, lo, hi in spans:
+            width = min(8, hi - lo)
+            places += [(path, lo + secrets.randbelow(max(1, hi - lo - width + 1)), width) for _ in range(PROBES)]
+        found = read_scattered(self.worker_pid, [(a, n) for _, a, n in places]) if places else None
+        if found is not None:
+            self.probes.append((k, places, found))
     def must_check(self, call: CallRecord) -> bool:
         """Whether this call's outputs must be compared whether or not it was picked (see `GpuCalls`)."""
         return False
@@ -245,7 +270,6 @@ class Calls:
         inputs = mapped_files(self.worker_pid, NAME)
         limit = self.read_limit if expected_bytes is None else min(self.read_limit, expected_bytes)
         found = read_outputs(call.outputs, limit, inputs, process_reader(self.worker_pid))
-        self.kept = (call, limit, found)
         kinds = {item.get("path"): item.get("kind") for item in call.outputs}
         leaves = [(path, "tensor" if kinds.get(path) == "tensor" else "value", lambda v=value: v)
                   for path, value in found]

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import array
 import json
+import os
 import socket
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Union, get_type_hints
 
 MAX_MESSAGE = 1 << 20
+HELD_CALLS = 2  # (cpu) calls before the current one whose outputs the callee keeps alive, as a caller could
 
 
 class ProtocolError(ValueError):
@@ -147,7 +149,12 @@ def send(sock: socket.socket, message: Message, fds: list[int] = ()) -> None:
 
 def receive(sock: socket.socket) -> tuple[Message, list[int]]:
     data, fds = receive_message(sock)
-    return decode(data), fds
+    try:
+        return decode(data), fds
+    except (ProtocolError, RecursionError) as exc:
+        for fd in fds:  # (descriptors sent with a message that is not one are not kept)
+            os.close(fd)
+        raise ProtocolError(str(exc) if isinstance(exc, ProtocolError) else "a message nested too deeply") from None
 
 
 def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
@@ -171,5 +178,7 @@ def receive_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
         raise ConnectionError("a message was cut off")
     try:
         return json.loads(data), list(fds)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
+        for fd in fds:
+            os.close(fd)
         raise ProtocolError(f"not JSON: {data[:100]!r}") from exc

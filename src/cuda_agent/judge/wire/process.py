@@ -36,6 +36,7 @@ SIGNAL_HINTS = {
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds cuda_agent/
 FD_SOCKET = "CUDA_AGENT_FD_SOCKET"  # the worker's end of its descriptor socket (a number, in its environment)
 MAX_FDS = 200  # descriptors per message (the kernel allows 253)
+MAX_LINE = 64 << 20  # bytes of one message from a worker (a candidate's process may write anything there)
 
 
 def send_fds(sock: socket.socket, fds: list[int]) -> None:
@@ -147,14 +148,19 @@ class WorkerProcess:
                 start_new_session=True, pass_fds=[theirs.fileno()])
         self.sandbox = sandbox
         self._log = BoundedLog(self.proc.stderr, self.log_path)
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer known to hold no newline
         self.started = time.monotonic()
 
     def receive(self, deadline: float) -> dict[str, Any]:
         """Next message, or WorkerDied with the reason (crash, exit, timeout)."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
+        while (end := self._buffer.find(b"\n", self._scanned)) < 0:
+            self._scanned = len(self._buffer)
+            if self._scanned > MAX_LINE:
+                self.kill()
+                raise WorkerDied(f"protocol error from worker: a message longer than {MAX_LINE >> 20} MiB")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.kill()
@@ -166,12 +172,17 @@ class WorkerProcess:
             if not chunk:
                 raise WorkerDied(self._death_reason())
             self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
+        line = bytes(self._buffer[:end])
+        del self._buffer[:end + 1]
+        self._scanned = 0
         try:
-            return json.loads(line)
-        except json.JSONDecodeError as exc:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            message = None
+        if not isinstance(message, dict):
             self.kill()
-            raise WorkerDied(f"protocol error from worker: {line[:200]!r}") from exc
+            raise WorkerDied(f"protocol error from worker: {line[:200]!r}")
+        return message
 
     def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
