@@ -160,11 +160,13 @@ def aliased_pages(pid: int, spans: list[tuple[int, int]]) -> str | None:
     found = []
     with open(f"/proc/{pid}/maps") as maps:
         for line in maps:
-            fields = line.split(maxsplit=5)
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            if int(fields[4]) and any(lo < b and a < hi for a, b in spans):
-                offset = int(fields[2], 16)
-                found.append((fields[3], int(fields[4]), offset, offset + hi - lo, fields[0]))
+            lo, _, rest = line.partition("-")
+            lo, hi = int(lo, 16), int(rest[:rest.index(" ")], 16)
+            if any(lo < b and a < hi for a, b in spans):
+                fields = line.split(maxsplit=5)
+                if int(fields[4]):
+                    offset = int(fields[2], 16)
+                    found.append((fields[3], int(fields[4]), offset, offset + hi - lo, fields[0]))
     found.sort()
     for (dev, inode, start, end, where), (dev2, inode2, start2, _, where2) in zip(found, found[1:]):
         if (dev, inode) == (dev2, inode2) and start2 < end:
