@@ -610,3 +610,12 @@ def test_an_interrupted_episode_says_so_and_optimize_suite_plays_it_again(judge,
     assert summary["stop"] == "interrupted" and summary["turns"] == 2
     again, resumed = _episode(judge, task, out, lambda: ScriptedClient(EPISODE[-1:]), LoopConfig(max_turns=3))
     assert not resumed and again.stop == "finish" and again.turns == 1
+
+
+def test_profile_says_no_speedup_was_credited_where_the_timing_was_too_noisy(env):
+    from cuda_agent.judge.verdict import Verdict
+
+    noisy = Verdict(reward=1, compiled=True, correct=True, times_us={"eager": 10.0, "compile": 8.0, "candidate": 5.0},
+                    warnings=["timing too noisy to credit any speedup (a spread of 90%): reward for correctness only"])
+    text = env.tools._speed(noisy)
+    assert "no speedup credited (timing too noisy" in text and "reward: 1" in text, text

@@ -828,3 +828,16 @@ def test_a_workspace_with_too_many_kernel_bytes_or_an_unreadable_file_name_is_re
         f.write("// x\n")
     with pytest.raises(CandidateError, match="printable UTF-8"):
         load_candidate(odd)
+
+
+def test_the_raw_speedup_reward_is_the_credited_speedup_and_zero_where_none_was_credited():
+    from cuda_agent.agent.summary import EpisodeSummary
+    from cuda_agent.rl.rollout import speedup_reward
+
+    def of(final):
+        return speedup_reward(EpisodeSummary.from_dict({"final_verdict": final}))
+
+    assert of({"correct": True, "speedup_vs_compile": 1.7}) == 1.7
+    assert of({"correct": True, "speedup_vs_compile": 9.0}) == 3.0
+    assert of({"correct": True, "speedup_vs_compile": None}) == 0.0  # a timing too noisy to credit: correct, no speed
+    assert of({"correct": False, "speedup_vs_compile": 2.0}) == -1.0 and of(None) == -1.0

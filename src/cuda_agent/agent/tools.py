@@ -331,7 +331,10 @@ class Tools:
         rows = [("eager PyTorch", t["eager"]), ("torch.compile", t["compile"]), ("your kernels", t["candidate"])]
         table = "\n".join(f"{name:<15} {us:12.2f} us" for name, us in rows)
         kernels = (v.timing.get("candidate") or {}).get("kernels") or []
-        return (f"{table}\nspeedup vs eager {v.speedup_vs_eager:.3f}x, vs torch.compile {v.speedup_vs_compile:.3f}x"
+        speed = (f"speedup vs eager {v.speedup_vs_eager:.3f}x, vs torch.compile {v.speedup_vs_compile:.3f}x"
+                 if v.speedup_vs_eager is not None and v.speedup_vs_compile is not None else
+                 f"no speedup credited ({v.reason})")
+        return (f"{table}\n{speed}"
                 f"\nreward: {v.reward} (3 = at least 5% faster than torch.compile)"
                 + (f"\nkernels in the timed calls: {', '.join(k[:80] for k in kernels[:8])}" if kernels else "")
                 + "".join(f"\nwarning: {w}" for w in v.warnings))

@@ -90,12 +90,12 @@ SPEEDUP_CAP = 3.0  # the raw-speedup reward is clipped to the milestone reward's
 
 def speedup_reward(summary: EpisodeSummary) -> float:
     """The paper's raw-speedup ablation: the speedup over torch.compile, clipped to [0, 3], when the final verdict
-    is correct; -1 otherwise."""
+    is correct (0 where no speed was credited: a timing too noisy to trust); -1 otherwise."""
     final = summary.final_verdict or {}
     speedup = final.get("speedup_vs_compile")
-    if not final.get("correct") or speedup is None:
+    if not final.get("correct"):
         return -1.0
-    return min(max(float(speedup), 0.0), SPEEDUP_CAP)
+    return min(max(float(speedup), 0.0), SPEEDUP_CAP) if speedup is not None else 0.0
 
 
 def batch_of(episodes: list[Episode], pad_id: int | None) -> Batch:
