@@ -189,6 +189,11 @@ def test_kernelbench_s_published_results_of_the_run_are_set_beside_the_verdicts_
     for r in records:  # the stand-in pool gives no times; the judge's candidate time, 250 us for problem 1
         r["verdict"]["times_us"] = {"candidate": 250.0} if r["verdict"]["correct"] else None
     assert [r["published"]["correct"] for r in records] == [True, True, False]
+    dummy = runs / "level_9_problem_999_sample_0_kernel.py"  # a problem of no suite: it once hid the comparison
+    dummy.write_text("# reward 3 speedup 1\n")
+    again = evaluate_suite(VerdictsByComment(), discover(tmp_path / "suite"), runs, Store(tmp_path / "s.sqlite"))
+    assert [r["published"]["correct"] for r in again] == [True, True, False]
+    dummy.unlink()
     assert records[0]["published"]["runtime_ms"] == 0.5 and records[2]["published"]["runtime_ms"] is None
     rep = report(records)
     pub = rep["published"]["level1"]
@@ -209,9 +214,8 @@ def test_kernelbench_s_published_results_of_the_run_are_set_beside_the_verdicts_
     assert "level1: KernelBench's published results (NVIDIA A100-SXM4-40GB) agree on 1 of 3" in said
     assert "differ: 2_Copy.py, 3_Copy.py" in said
     # samples of two levels in one folder: the file's problem ids say no level, so nothing is read from it
-    assert kernelbench_runs.published_results(runs, 1)
-    (runs / "level_2_problem_1_sample_0_kernel.py").write_text("# reward 3 speedup 2.0\n")
-    assert kernelbench_runs.published_results(runs, 1) == {}
+    assert kernelbench_runs.published_results(runs, 1, {1})
+    assert kernelbench_runs.published_results(runs, 1, {1, 2}) == {}  # samples of two levels judged: no level
 
 
 def test_sample_0_is_sample_0_and_other_spellings_of_a_sample_are_not_read(tmp_path):
@@ -251,14 +255,14 @@ def test_published_results_and_the_candidate_s_own_timing_are_read_only_when_sha
                        '"metadata": "H100", "runtime": Infinity}], "2": {"sample_id": 0, "correctness": "false"}, '
                        '"3": [{"sample_id": 0, "correctness": false, "runtime_stats": {"hardware": ["H100"]}}], '
                        '"x": [{"sample_id": 0, "correctness": true}]}')
-    assert kernelbench_runs.published_results(runs, 1) == {
+    assert kernelbench_runs.published_results(runs, 1, {1}) == {
         (1, 1, 0): {"correct": True, "compiled": False, "runtime_ms": None, "hardware": None},
         (1, 3, 0): {"correct": False, "compiled": False, "runtime_ms": None, "hardware": "['H100']"}}
     results.write_text(json.dumps({"2": [{"sample_id": 0, "correctness": True, "runtime": 0.5}]}))
-    assert kernelbench_runs.published_results(runs, 1) == {
+    assert kernelbench_runs.published_results(runs, 1, {1}) == {
         (1, 2, 0): {"correct": True, "compiled": False, "runtime_ms": 0.5, "hardware": None}}
     results.write_text('{"1": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    assert kernelbench_runs.published_results(runs, 1) == {}
+    assert kernelbench_runs.published_results(runs, 1, {1}) == {}
     assert kernelbench_runs.geomean([2.0, -1.0, float("inf"), 8.0]) == 4.0
     assert plausible([1.0, 2.0], 100) and not plausible([], 100) and not plausible([-1.0], 100)
     assert not plausible([float("nan")], 100) and not plausible([1.0] * 101, 100) and not plausible("1", 100)

@@ -185,11 +185,12 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
             if future in pending:
                 record(future)
         raise
+    judged = {int(task.level.removeprefix("level")) for task, sample, found in jobs if sample is not None and found}
     return [{"level": task.level, "task": task.name, "task_hash": hashes.get(i),
              "kernelbench_file": revisions.lookup(task.path), "sample": sample,
              "solution": str(solution) if solution else None, "verdict": verdicts[i].to_dict(),
              **({"published": found} if (found := kernelbench_runs.published(solutions_dir, task.level, task.path,
-                                                                            sample)) else {})}
+                                                                            sample, judged)) else {})}
             for i, (task, sample, solution) in enumerate(jobs)]
 
 

@@ -112,22 +112,16 @@ def timing_view(verdicts: list[dict]) -> dict | None:
     return out
 
 
-def published_results(folder: Path, level: int) -> dict[tuple[int, int, int], dict]:
+def published_results(folder: Path, level: int, judged: set[int]) -> dict[tuple[int, int, int], dict]:
     """KernelBench's own results of a generation folder (its `eval_results.json`: per problem id one entry, or a
     list of them by sample) by (level, problem, sample): correct, compiled, runtime in ms (None where not timed) and
-    hardware. Empty without the file, or when the folder holds samples of several levels (the file's keys are
-    problem ids only). Entries not shaped as KernelBench writes them are left out."""
+    hardware. Empty without the file, or when the samples judged (`judged`: their levels) are of several levels
+    (the file's keys are problem ids only). Entries not shaped as KernelBench writes them are left out."""
     path = Path(folder) / RESULTS_FILE
-    if not path.is_file() or path.is_symlink() or _levels(str(folder), Path(folder).stat().st_mtime_ns) != {level}:
+    if not path.is_file() or path.is_symlink() or judged != {level}:
         return {}
     stat = path.stat()
     return _published(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size, level)
-
-
-@functools.lru_cache(maxsize=16)
-def _levels(folder: str, mtime_ns: int) -> set[int]:
-    """The levels of a generation folder's sample files (read again when the folder changes)."""
-    return {int(m.group(1)) for p in Path(folder).iterdir() if (m := SAMPLE_FILE.fullmatch(p.name))}
 
 
 @functools.lru_cache(maxsize=16)
@@ -156,12 +150,13 @@ def _published(path: str, ino: int, mtime_ns: int, size: int, level: int) -> dic
     return found
 
 
-def published(folder: Path, level: str, task_file: Path, sample: int | None) -> dict | None:
-    """KernelBench's own result for this sample of the task, where the generation folder holds one."""
+def published(folder: Path, level: str, task_file: Path, sample: int | None, judged: set[int]) -> dict | None:
+    """KernelBench's own result for this sample of the task, where the generation folder holds one (`judged`: the
+    levels of the samples judged from it)."""
     if sample is None:
         return None
     number = int(level.removeprefix("level"))
-    return published_results(Path(folder), number).get((number, problem_id(task_file), sample))
+    return published_results(Path(folder), number, judged).get((number, problem_id(task_file), sample))
 
 
 def published_view(records: list[dict]) -> dict | None:
