@@ -46,10 +46,15 @@ def test_what_a_candidate_writes_on_its_pipe_to_the_judge_fails_it_and_nothing_m
     assert not verdict.correct and said in verdict.error, verdict.error
 
 
+DONE = 'json.dumps({"op": "done", "k": self.calls, "outputs": OUTPUTS}).encode()'
+
+
 @pytest.mark.parametrize("message, said", [
-    ('json.dumps({"op": "done", "k": self.calls, "outputs": [{"path": "output", "kind": "tensor", "dtype": '
-     '"float32", "shape": [0, 2 ** 70], "strides": [1, 1], "ptr": 0}]}).encode()', "malformed description"),
+    (DONE.replace("OUTPUTS", '[{"path": "output", "kind": "tensor", "dtype": "float32", "shape": [0, 2 ** 70], '
+                             '"strides": [1, 1], "ptr": 0}]'), "malformed description"),
     ('b"[" * 200_000', "answered outside the protocol"),
+    (DONE.replace("OUTPUTS", "[1]"), "malformed output description"),  # (red team C: AttributeError there)
+    (DONE.replace("OUTPUTS", '[{"kind": "value", "path": [0], "value": 1}]'), "incorrect"),  # (an unhashable path)
 ])
 def test_a_forged_answer_on_the_call_socket_fails_the_candidate_not_the_reference_worker(cpu_judge, make_workspace,
                                                                                          message, said):
@@ -57,3 +62,32 @@ def test_a_forged_answer_on_the_call_socket_fails_the_candidate_not_the_referenc
                    prelude=ON_SOCKET)
     verdict = cpu_judge.evaluate(AFFINE, ws)
     assert not verdict.correct and said in verdict.error and "evaluation aborted" not in verdict.error, verdict.error
+
+
+KEEP_INPUT_FD = """
+import mmap
+KEPT = []
+_real = mmap.mmap
+
+
+class _Keeping(_real):  # the harness maps the input buffer with mmap.mmap(fd, n): a copy of the descriptor is kept
+    def __new__(cls, fd, *args, **kwargs):
+        if fd >= 0:
+            KEPT.append(os.dup(fd))
+        return _real(fd, *args, **kwargs)
+
+
+mmap.mmap = _Keeping
+"""
+
+
+def test_an_input_buffer_the_candidate_truncates_fails_the_candidate_not_the_reference_worker(cpu_judge,
+                                                                                             make_workspace):
+    """Held out (red team, 2026-12-05): the input buffer's memfd had no seals; a candidate that kept its descriptor
+    and truncated it in a call made the reference worker's next touch of its own mapping a SIGBUS (the evaluation
+    aborted and ran again). It is sealed at its size: the truncation is the candidate's own failure."""
+    ws = candidate(make_workspace, "for fd in KEPT:\n    os.ftruncate(fd, 0)\nreturn " + KERNEL,
+                   prelude=KEEP_INPUT_FD)
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert not verdict.correct and "Operation not permitted" in verdict.error, verdict.error
+    assert "evaluation aborted" not in verdict.error and "SIGBUS" not in verdict.error

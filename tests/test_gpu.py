@@ -282,7 +282,7 @@ def test_the_candidate_runs_sandboxed_on_the_gpu(gpu_judge, visible_dir, tmp_pat
     result = json.JSONDecoder().raw_decode(verdict.error.split("P=", 1)[1])[0]  # (then where it was raised)
     assert result["gpu"] is True and result["net"] != 0 and result["write"] == "EROFS", result
     assert not outside.exists()
-    assert verdict.sandbox.startswith("namespaces: user, net, pid, mount"), verdict.sandbox
+    assert verdict.sandbox.startswith("namespaces: user, net, ipc, pid, mount"), verdict.sandbox
 
 
 HOST_COMPUTE = """{

@@ -162,7 +162,23 @@ def test_sandbox_unit_describes_and_cleans_up(tmp_path):
         box.close()
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == [str(tmp_path), "devnull"] and (tmp_path / "ok").exists()
-    assert "namespaces: user, net, pid, mount" in box.describe()
+    assert "namespaces: user, net, ipc, pid, mount" in box.describe()
+
+
+def test_system_v_shared_memory_made_inside_goes_with_the_sandbox(tmp_path):
+    """Held out (red team, 2026-12-05): without an IPC namespace a candidate's System V segment (64 MiB made in
+    `__init__`) outlived its evaluation, held by no cgroup, and the next candidate could read it."""
+    key = 0x5CA0000 + os.getpid() % 0xFFFF
+    make = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+            f"print(libc.shmget({key}, 1 << 20, 0o1000 | 0o600))")  # IPC_CREAT
+    box = sandbox.Sandbox(sandbox.View(writable=[tmp_path]), sandbox.Limits(max_processes=64), cwd=tmp_path)
+    try:
+        run = subprocess.run([*box.prefix(), sys.executable, "-c", make], capture_output=True, text=True, timeout=60)
+    finally:
+        box.close()
+    assert run.returncode == 0 and int(run.stdout) >= 0, (run.stdout, run.stderr)  # made, inside
+    keys = [int(line.split()[0]) for line in open("/proc/sysvipc/shm").read().splitlines()[1:] if line.split()]
+    assert key not in keys, "the sandbox's System V segment is the host's"
     if box.cgroup:
         assert all(not d.exists() for d in box.cgroup.dirs), "cgroup left behind"
 

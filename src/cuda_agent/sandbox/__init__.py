@@ -28,7 +28,8 @@ from pathlib import Path
 from .cgroup import Cgroup
 
 INIT = Path(__file__).with_name("init.py")
-OUTER = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount",
+# (--ipc: System V shared memory made inside goes with the sandbox, and no candidate reaches another's)
+OUTER = ["unshare", "--user", "--map-root-user", "--net", "--ipc", "--pid", "--fork", "--kill-child", "--mount",
          "--mount-proc"]
 LOCK = ["unshare", "--user", "--map-root-user", "--mount"]
 INIT_SHIM = ["sh", "-c", '"$@"; exit $?', "cuda-agent-init"]  # PID 1 ignores unhandled signals: keep it a shell
@@ -151,7 +152,7 @@ class Sandbox:
 
     def describe(self) -> str:
         lim, gib = self.limits, 2**30
-        parts = ["namespaces: user, net, pid, mount (unshare)",
+        parts = ["namespaces: user, net, ipc, pid, mount (unshare)",
                  f"filesystem read-only except {len(self.view.writable)} path(s), /tmp and /dev/shm private, "
                  f"judge data and home directories hidden"]
         if self.cgroup:

@@ -227,7 +227,7 @@ class GpuCalls(Calls):
         then, under the call's own limit, so `expected_bytes` changes nothing here)."""
         if isinstance(self.read, Unreadable):
             raise self.read
-        kinds = {item.get("path"): item.get("kind") for item in call.outputs if isinstance(item, dict)}
+        kinds = {str(item.get("path"))[:200]: item.get("kind") for item in call.outputs if isinstance(item, dict)}
         leaves = [(path, "tensor" if kinds.get(path) == "tensor" else "value", lambda v=value: v)
                   for path, value in self.read]
         return leaves, "(" + ", ".join(str(kinds.get(p)) for p, _ in self.read) + ")"

@@ -9,6 +9,7 @@ before it is missing. The same descriptions, checked the same way, are read from
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import math
 import os
@@ -157,12 +158,20 @@ def tensor_spans(leaves: Any) -> list[tuple[str, int, int]]:
 def aliased_pages(pid: int, spans: list[tuple[int, int]]) -> str | None:
     """Where the memory of `spans` maps one page of a file or of shared memory at two addresses (one row's pages
     mapped 256 times read as 256 rows, written once): the two mappings; None where no page is mapped twice."""
+    merged: list[list[int]] = []  # the spans as sorted, disjoint ranges (a mapping is looked up in them)
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    ends = [b for _, b in merged]
     found = []
     with open(f"/proc/{pid}/maps") as maps:
         for line in maps:
             lo, _, rest = line.partition("-")
             lo, hi = int(lo, 16), int(rest[:rest.index(" ")], 16)
-            if any(lo < b and a < hi for a, b in spans):
+            i = bisect.bisect_right(ends, lo)
+            if i < len(merged) and merged[i][0] < hi:
                 fields = line.split(maxsplit=5)
                 if int(fields[4]):
                     offset = int(fields[2], 16)

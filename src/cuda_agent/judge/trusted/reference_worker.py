@@ -351,11 +351,13 @@ class Reference:
             return (f"incorrect: {label}: output {call.rewritten}, which its caller still holds, changed during this "
                     "call (ModelNew wrote again into memory it had returned: a caller that keeps an output sees it "
                     "change)")
-        for leaf in call.outputs if isinstance(call.outputs, list) else []:
-            shape, strides = (leaf.get("shape"), leaf.get("strides")) if isinstance(leaf, dict) else (None, None)
-            if (leaf.get("kind") == "tensor" and leaf.get("path") not in self.overlapping and isinstance(shape, list)
-                    and isinstance(strides, list) and all(type(v) is int for v in shape + strides)
-                    and overlaps_itself(shape, strides)):
+        for leaf in call.outputs if isinstance(call.outputs, list) else [None]:
+            if not isinstance(leaf, dict):
+                return f"invalid output: {label}: malformed output description"
+            shape, strides = leaf.get("shape"), leaf.get("strides")
+            if (leaf.get("kind") == "tensor" and str(leaf.get("path")) not in self.overlapping
+                    and isinstance(shape, list) and isinstance(strides, list)
+                    and all(type(v) is int for v in shape + strides) and overlaps_itself(shape, strides)):
                 return (f"incorrect: {label}: output {leaf.get('path')} overlaps itself (strides {strides[:8]} for "
                         f"shape {shape[:8]}) where the reference's does not: its elements would be written by the "
                         "judge's copy, not by the candidate")

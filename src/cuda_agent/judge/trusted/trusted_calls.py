@@ -270,7 +270,7 @@ class Calls:
         inputs = mapped_files(self.worker_pid, NAME)
         limit = self.read_limit if expected_bytes is None else min(self.read_limit, expected_bytes)
         found = read_outputs(call.outputs, limit, inputs, process_reader(self.worker_pid))
-        kinds = {item.get("path"): item.get("kind") for item in call.outputs}
+        kinds = {str(item.get("path"))[:200]: item.get("kind") for item in call.outputs}
         leaves = [(path, "tensor" if kinds.get(path) == "tensor" else "value", lambda v=value: v)
                   for path, value in found]
         return leaves, "(" + ", ".join(str(kinds.get(p)) for p, _ in found) + ")"

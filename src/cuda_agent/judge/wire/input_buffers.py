@@ -11,6 +11,7 @@ as KernelBench's tasks have them, all tensors on one device.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 from typing import Any
@@ -92,8 +93,10 @@ class InputBuffer:
             self.fd = self.device.fd
             self.views = _views(self.device.tensor(), layout)
         else:
-            self.fd = os.memfd_create(NAME, os.MFD_CLOEXEC)
+            self.fd = os.memfd_create(NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             os.ftruncate(self.fd, self.nbytes)
+            # sealed at its size: a candidate that kept the descriptor and truncated it made this side's reads fault
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self.map = mmap.mmap(self.fd, self.nbytes)
             self.views = _views(self.map, layout)
         self.written: list[torch.Tensor] = []
