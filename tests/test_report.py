@@ -121,7 +121,8 @@ def test_a_suite_page_from_the_database_holds_every_number_and_draws_in_chromium
         assert row[2] == str(verdict["reward"]) and row[3] == ("yes" if verdict["correct"] else "no")
         if verdict["correct"]:
             assert row[6] == f"{verdict['times_us']['candidate']:.1f}"
-            assert row[8] == f"{verdict['speedup_vs_compile']:.2f}x"
+            speedup = verdict["speedup_vs_compile"]  # (none credited where the timing was too noisy)
+            assert row[8] == (f"{speedup:.2f}x" if speedup is not None else "-")
         else:
             assert row[-1] == verdict["error"]
     with page.with_suffix(".csv").open() as f:
@@ -241,7 +242,8 @@ def test_an_agent_run_page_shows_each_turn_and_each_verdict(cache_dir, tmp_path)
     records = [json.loads(line) for line in (run_dir / "trajectory.jsonl").read_text().splitlines()]
     verified = next(r["verdict"] for r in records if r.get("tool") == "verify")  # (the final one is judged again)
     assert verify[4].startswith("correct") and f"reward {verified['reward']}" in verify[4]
-    assert f"{verified['speedup_vs_compile']:.2f} x compile" in verify[4]
+    speedup = verified["speedup_vs_compile"]  # (none credited where the timing was too noisy)
+    assert (f"{speedup:.2f} x compile" in verify[4]) if speedup is not None else "x compile" not in verify[4]
     steps = list(csv.DictReader(page.with_suffix(".csv").open()))
     assert [r["who"] for r in steps] == who
     assert charts_drawn(open_in_chromium(page, tmp_path / "agent.png")) >= 1
