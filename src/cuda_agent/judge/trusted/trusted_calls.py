@@ -150,6 +150,8 @@ class Calls:
         again by the candidate, in memory it had returned (an output that is gone reads as changed). Checked at
         `PROBES` places of each output drawn here after it returned, every call, read or not."""
         for call, places, before in self.probes:
+            if not places:
+                continue
             now = read_scattered(self.worker_pid, [(a, n) for _, a, n in places])
             if now is None:
                 return f"{places[0][0]} of call {call} (no longer readable)"
@@ -161,14 +163,15 @@ class Calls:
         return None
 
     def _probe(self, k: int, spans: list[tuple[str, int, int]]) -> None:
-        """Read call `k`'s outputs at places drawn now (up to `PROBES` bytes-wide places per output)."""
+        """Read call `k`'s outputs at `PROBES` places of each, drawn now, up to 8 bytes wide (an entry for every
+        call, empty where there is nothing to read: the window stays that of the outputs the callee holds)."""
         places = []
         for path, lo, hi in spans:
             width = min(8, hi - lo)
             places += [(path, lo + secrets.randbelow(max(1, hi - lo - width + 1)), width) for _ in range(PROBES)]
         found = read_scattered(self.worker_pid, [(a, n) for _, a, n in places]) if places else None
-        if found is not None:
-            self.probes.append((k, places, found))
+        self.probes.append((k, places, found) if found is not None else (k, [], b""))
+
     def must_check(self, call: CallRecord) -> bool:
         """Whether this call's outputs must be compared whether or not it was picked (see `GpuCalls`)."""
         return False
