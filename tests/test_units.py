@@ -841,3 +841,17 @@ def test_the_raw_speedup_reward_is_the_credited_speedup_and_zero_where_none_was_
     assert of({"correct": True, "speedup_vs_compile": 9.0}) == 3.0
     assert of({"correct": True, "speedup_vs_compile": None}) == 0.0  # a timing too noisy to credit: correct, no speed
     assert of({"correct": False, "speedup_vs_compile": 2.0}) == -1.0 and of(None) == -1.0
+
+
+def test_a_returned_parameter_is_described_as_a_tensor_and_a_subclass_as_what_it_is():
+    """(Red team, 2026-12-05) a reference returning an `nn.Parameter` refused its identical candidate: "not a plain
+    torch.Tensor"."""
+    from cuda_agent.judge.candidate.callee import describe
+
+    class Tagged(torch.Tensor):
+        pass
+
+    weight = torch.nn.Parameter(torch.ones(2, 3))
+    (param,), (tagged,) = describe(weight), describe(torch.ones(2).as_subclass(Tagged))
+    assert param["kind"] == "tensor" and param["shape"] == [2, 3] and param["ptr"] == weight.data_ptr()
+    assert tagged == {"path": tagged["path"], "kind": "subclass", "type": "Tagged"}

@@ -47,7 +47,7 @@ def describe(out: Any) -> list[dict[str, Any]]:
     found = []
     for path, x in leaves(out):
         if isinstance(x, torch.Tensor):
-            if type(x) is not torch.Tensor:
+            if type(x) not in (torch.Tensor, torch.nn.Parameter):  # (a Parameter is a plain tensor to compare)
                 found.append({"path": path, "kind": "subclass", "type": type(x).__name__})
             else:
                 found.append({"path": path, "kind": "tensor", "dtype": str(x.dtype).removeprefix("torch."),
