@@ -130,7 +130,7 @@ class JudgeConfig:
         """What changes baseline timings besides task, device and torch version."""
         return f"tf32={self.allow_tf32};mode={self.compile_mode};warmup={self.warmup};" \
                f"iters={self.min_iters}-{self.max_iters};target={self.target_time_s};scaled={self.scaled_inputs};" \
-               "fresh-inputs-v4"
+               "held-outputs-v5"  # (v5: the callee keeps two calls' outputs alive, eager's too)
 
     def verdict_key(self) -> str:
         """Every setting that can change a verdict (all but where files go and how many workers stay warm) and the
