@@ -67,15 +67,26 @@ def mapped_files(pid: int, name: str) -> list[tuple[int, int]]:
     return ranges
 
 
-def _leaf_tensor(leaf: dict[str, Any], limit: int, read: Reader) -> tuple[torch.Tensor, tuple[int, int]]:
-    dtype = DTYPES.get(str(leaf.get("dtype")))
+def layout(leaf: Any) -> tuple[list[int], list[int], int] | None:
+    """A tensor leaf's shape, strides and address where they are well formed (None otherwise): at most 64
+    dimensions, sizes and strides under 2^48, an address under 2^64."""
+    if not isinstance(leaf, dict):
+        return None
     shape, strides, address = leaf.get("shape"), leaf.get("strides"), leaf.get("ptr")
-    if dtype is None:
-        raise Unreadable(f"dtype {leaf.get('dtype')!r} is not one the judge compares")
     if not (isinstance(shape, list) and isinstance(strides, list) and len(shape) == len(strides) <= 64
             and all(type(s) is int and 0 <= s < 2**48 for s in shape + strides) and type(address) is int
             and 0 <= address < 2**64):
+        return None
+    return shape, strides, address
+
+
+def _leaf_tensor(leaf: dict[str, Any], limit: int, read: Reader) -> tuple[torch.Tensor, tuple[int, int]]:
+    dtype = DTYPES.get(str(leaf.get("dtype")))
+    if dtype is None:
+        raise Unreadable(f"dtype {leaf.get('dtype')!r} is not one the judge compares")
+    if layout(leaf) is None:
         raise Unreadable("malformed description (shape, strides, address)")
+    shape, strides, address = layout(leaf)
     size = torch.empty((), dtype=dtype).element_size()
     count = math.prod(shape)
     if count == 0:
@@ -142,13 +153,10 @@ def tensor_spans(leaves: Any) -> list[tuple[str, int, int]]:
     """(path, first byte, end) of each tensor a call described (malformed ones left out: reading them fails)."""
     spans = []
     for leaf in leaves if isinstance(leaves, list) else []:
-        if not isinstance(leaf, dict) or leaf.get("kind") != "tensor" or str(leaf.get("dtype")) not in DTYPES:
+        found = layout(leaf)
+        if found is None or leaf.get("kind") != "tensor" or str(leaf.get("dtype")) not in DTYPES or 0 in found[0]:
             continue
-        shape, strides, address = leaf.get("shape"), leaf.get("strides"), leaf.get("ptr")
-        if not (isinstance(shape, list) and isinstance(strides, list) and len(shape) == len(strides) <= 64 and all(
-                type(s) is int and 0 <= s < 2**48 for s in shape + strides) and type(address) is int
-                and 0 <= address < 2**64) or 0 in shape:
-            continue
+        shape, strides, address = found
         size = torch.empty((), dtype=DTYPES[str(leaf["dtype"])]).element_size()
         spans.append((str(leaf.get("path")), address, address + (sum((n - 1) * s for n, s in zip(shape, strides))
                                                                   + 1) * size))

@@ -49,7 +49,7 @@ from ..wire.trusted_commands import (
 from . import baseline_callee
 from .compare import compare_leaves, compare_trial, unfit
 from .gpu_calls import RESOLUTION_US, GpuCalls, quantiles
-from .readback import Unreadable, overlaps_itself
+from .readback import Unreadable, layout, overlaps_itself
 from .trusted_calls import CallFailed, Calls
 
 # what is read of a call's outputs: 4x the reference's own + 1 MiB (dtypes and shapes must match; a view into a
@@ -354,10 +354,9 @@ class Reference:
         for leaf in call.outputs if isinstance(call.outputs, list) else [None]:
             if not isinstance(leaf, dict):
                 return f"invalid output: {label}: malformed output description"
-            shape, strides = leaf.get("shape"), leaf.get("strides")
+            shape, strides, _ = layout(leaf) or ([], [], 0)  # (a malformed one fails where it is read)
             if (leaf.get("kind") == "tensor" and str(leaf.get("path")) not in self.overlapping
-                    and isinstance(shape, list) and isinstance(strides, list)
-                    and all(type(v) is int for v in shape + strides) and overlaps_itself(shape, strides)):
+                    and overlaps_itself(shape, strides)):
                 return (f"incorrect: {label}: output {leaf.get('path')} overlaps itself (strides {strides[:8]} for "
                         f"shape {shape[:8]}) where the reference's does not: its elements would be written by the "
                         "judge's copy, not by the candidate")
