@@ -82,6 +82,10 @@ def parse_text_tool_calls(content: str, malformed: list[str] | None = None) -> l
                 malformed.append(f"<tool_call> block {n}: invalid JSON ({exc.msg}, {exc.pos - match.end()} characters "
                                  f"in: {content[exc.pos:exc.pos + 40]!r})")
             continue
+        except RecursionError:  # nested deeper than the interpreter's limit (~1,000 brackets): not a call
+            if malformed is not None:
+                malformed.append(f"<tool_call> block {n}: invalid JSON (nested too deeply)")
+            continue
         if call := _as_call(data):
             calls.append(call)
         elif malformed is not None:
@@ -91,7 +95,7 @@ def parse_text_tool_calls(content: str, malformed: list[str] | None = None) -> l
         fenced = FENCED.match(bare)
         try:
             call = _as_call(json.loads(fenced.group(1) if fenced else bare))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             call = None
         if call and ("arguments" in bare or "parameters" in bare):
             calls.append(call)

@@ -9,6 +9,7 @@ highest reward, then the fastest.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass, field
 from importlib import resources
@@ -78,6 +79,7 @@ def opening_messages(source: str, backend: str, compact: bool = False) -> list[d
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}]
 
 
+SURROGATE = re.compile("[\ud800-\udfff]")  # (lone: Python strings may hold them, UTF-8 may not)
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
 
 
@@ -88,6 +90,12 @@ def hideable(folder: Path) -> Path:
     if len(path.parts) < 3 or any(path.is_relative_to(d) for d in SYSTEM_DIRS):
         raise ValueError(f"{folder} cannot be hidden from the agent: it is /, a top-level or a system folder")
     return path
+
+
+def utf8(text: str) -> str:
+    """An observation the tokenizer and the endpoint's JSON can encode: lone surrogates (a path the model escaped as
+    `\\udcff`, a file name that is not UTF-8) become U+FFFD."""
+    return SURROGATE.sub("\ufffd", text)
 
 
 class Environment:
@@ -136,14 +144,14 @@ class Environment:
         try:
             result = self.tools.call(name, arguments)
         except ToolError as exc:
-            return StepResult(f"error: {exc}", info={"error": True})
+            return StepResult(utf8(f"error: {exc}"), info={"error": True})
         info: dict[str, Any] = {}
         if result.verdict is not None:
             info["verdict"] = result.verdict.to_dict()
             snapshot = self._record(result.verdict, result.candidate)
             if snapshot is not None:
                 info["snapshot"] = snapshot.index
-        return StepResult(result.observation, done=name == "finish", info=info)
+        return StepResult(utf8(result.observation), done=name == "finish", info=info)
 
     def best(self) -> Snapshot | None:
         return max(self.snapshots, key=Snapshot.rank) if self.snapshots else None

@@ -128,9 +128,11 @@ def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: lis
             traj.write("user", turn=state.turn, message=messages[-1], malformed=len(reply.malformed))
             continue
         finished = False
-        for call in reply.tool_calls:
+        for n, call in enumerate(reply.tool_calls):
             began = time.monotonic()
             try:
+                if n >= config.max_calls_per_reply:  # so that max_turns bounds the episode's tool calls too
+                    raise ToolError(f"at most {config.max_calls_per_reply} tool calls a reply: this one was not run")
                 result = env.step(call.name, parse_arguments(call.arguments))
             except ToolError as exc:  # arguments that are not a JSON object
                 result = StepResult(f"error: {exc}", info={"error": True})

@@ -25,6 +25,7 @@ from ..judge import Judge
 from ..judge.pool import JudgePool
 from ..judge.verdict import Verdict
 from ..workspace.candidate import Candidate, CandidateError, load_candidate
+from . import grep
 
 READ_ONLY = ("model.py", "SKILL.md", "binding.cpp", "binding_registry.h")
 OUTPUT_LIMIT = 12_000  # characters of tool output kept: head and tail halves
@@ -142,6 +143,8 @@ class Tools:
             result = method(**arguments)
         except (TypeError, ValueError, UnicodeError) as exc:  # (a NUL in a path, a lone surrogate in content)
             raise ToolError(f"{name}: bad arguments ({type(exc).__name__}: {exc})") from exc
+        except OSError as exc:  # a path under a file, a name too long, a file bash made unreadable
+            raise ToolError(f"{name}: {exc.strerror or exc}") from exc
         return result if isinstance(result, ToolResult) else ToolResult(result)
 
     def _path(self, rel: str, writing: bool = False) -> Path:
@@ -219,6 +222,8 @@ class Tools:
     def tool_glob(self, pattern: str) -> str:
         if not isinstance(pattern, str) or not pattern or pattern.startswith("/") or ".." in Path(pattern).parts:
             raise ToolError(f"the pattern must be relative to the workspace, without '..', not {pattern!r}")
+        if Path(pattern).parts.count("**") > 1:  # pathlib walks the tree once per `**` and combination (GIL held)
+            raise ToolError("at most one '**' in a pattern")
         root = self.workspace.resolve()
         try:
             found = sorted(str(p.relative_to(root)) for p in root.glob(pattern) if p.is_file() and self._plain(p))
@@ -228,21 +233,17 @@ class Tools:
 
     def tool_grep(self, pattern: str, path: str = ".") -> str:
         try:
-            regex = re.compile(pattern)
+            re.compile(pattern)
         except re.error as exc:
             raise ToolError(f"bad regular expression: {exc}") from exc
         base, root = self._path(path), self.workspace.resolve()
         files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file() and self._plain(p))
-        hits = []
-        for f in files:
-            if f.stat().st_size > MAX_FILE_BYTES:
-                hits.append(f"{f.relative_to(root)}: larger than {MAX_FILE_BYTES >> 20} MiB, not searched")
-                continue
-            for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
-                if regex.search(line):
-                    hits.append(f"{f.relative_to(root)}:{n}: {line}")
-        return clip("\n".join(hits[:300]) + (f"\n[{len(hits) - 300} more]" if len(hits) > 300 else "")) \
-            if hits else "(no match)"
+        try:
+            hits, more = grep.search(pattern, root, files, MAX_FILE_BYTES, min(grep.TIMEOUT_S, self.bash_timeout),
+                                     command_env())
+        except grep.SearchFailed as exc:
+            raise ToolError(str(exc)) from exc
+        return clip("\n".join(hits) + (f"\n[{more} more]" if more else "")) if hits else "(no match)"
 
     # ---- shell ------------------------------------------------------------------------------------------
     def tool_bash(self, command: str, timeout: int | None = None) -> str:
@@ -363,6 +364,8 @@ def parse_arguments(raw: Any) -> dict[str, Any]:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ToolError(f"arguments are not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ToolError("arguments are not valid JSON: nested too deeply") from exc
     if not isinstance(value, dict):
         raise ToolError("arguments must be a JSON object")
     return value

@@ -1,0 +1,206 @@
+"""Red team (agent environment, 2026-12-05): what a policy can do to the training system through its tool calls.
+
+Each test asserts the secure behaviour and fails on the code it was written against: an episode that raises out of
+`run_episode`/`rollout.play` ends the PPO step (`stages._ppo_step` maps its episodes in a thread pool and re-raises),
+verl's agent loop (`verl_loop.CudaAgentLoop.run`) and verl's reward function (`verl_reward.compute_score`), and a
+file tool that runs for minutes or takes gigabytes does so in the trainer's own process, holding the GIL.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import TASKS, fast_config
+from cuda_agent import sandbox
+from cuda_agent.agent import Environment, LoopConfig, ScriptedClient, run_episode
+from cuda_agent.judge import Judge
+from cuda_agent.llm import reply_from
+
+AFFINE = TASKS / "affine_relu.py"
+SANDBOX = sandbox.probe() is None
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+NESTED = '<tool_call>{"name": "glob", "arguments": ' + "[" * 1100 + "}</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def judge(cache_dir):
+    with Judge("cpu", fast_config(cache_dir)) as j:
+        yield j
+
+
+@pytest.fixture
+def env(judge, tmp_path):
+    environment = Environment(judge, tmp_path / "run", use_sandbox=SANDBOX, bash_timeout=60)
+    environment.reset(AFFINE)
+    return environment
+
+
+def _chatml_tokenizer():
+    """A character-level ChatML tokenizer (no download): what the rollout renders observations with."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(i): i for i in range(32, 127)}
+    vocab.update({"\n": 127, "<|im_start|>": 128, "<|im_end|>": 129, "<unk>": 130})
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer, core.decoder = pre_tokenizers.Split("", "isolated"), decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<|im_end|>",
+                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return tok
+
+
+# ---- R1: the policy raises out of the rollout (PPO step, verl agent loop, verl reward) ---------------------------
+CRASHES = {
+    # a lone surrogate in a path comes back in the observation; the tokenizer (or the openai client) cannot encode it
+    "surrogate": ['<tool_call>{"name": "read_file", "arguments": {"path": "\\udcff"}}</tool_call>',
+                  '<tool_call>{"name": "finish", "arguments": {}}</tool_call>'],
+    # ~1,100 brackets: json's RecursionError is not a JSONDecodeError
+    "nested": [NESTED, '<tool_call>{"name": "finish", "arguments": {}}</tool_call>'],
+    # an OSError of a file tool (FileExistsError, ENAMETOOLONG) is not a ToolError
+    "oserror": ['<tool_call>{"name": "write_file", "arguments": {"path": "model_new.py/x", "content": "a"}}'
+                '</tool_call>', '<tool_call>{"name": "finish", "arguments": {}}</tool_call>'],
+}
+
+
+@pytest.mark.parametrize("attack", sorted(CRASHES))
+def test_no_tool_call_of_the_policy_raises_out_of_a_rollout(attack, judge, tmp_path):
+    pytest.importorskip("transformers")
+    from cuda_agent.agent.tools import schemas
+    from cuda_agent.rl.rollout import play
+    from cuda_agent.rl.tokens import TurnTokenizer
+
+    tok = _chatml_tokenizer()
+    turns = TurnTokenizer(tok, schemas(), tool_format="text")
+    script = [tok.encode(r, add_special_tokens=False) + [turns.end_of_turn] for r in CRASHES[attack]]
+
+    def sample(ids, room, stop):
+        out = script.pop(0) if script else tok.encode("bye", add_special_tokens=False) + [turns.end_of_turn]
+        return out, [0.0] * len(out)
+
+    run = tmp_path / "run"
+    episode = play(Environment(judge, run, use_sandbox=SANDBOX), sample, turns, AFFINE, run,
+                   LoopConfig(max_turns=3), 4096)  # raised TypeError / RecursionError / FileExistsError
+    assert episode.score == -1
+
+
+def test_a_tool_call_nested_past_the_recursion_limit_is_an_unreadable_call():
+    reply = reply_from(NESTED, [], {})  # raised RecursionError
+    assert not reply.tool_calls and reply.malformed
+    reply = reply_from('{"name": "glob", "arguments": ' + "[" * 1100 + "}", [], {})
+    assert not reply.tool_calls
+
+
+def test_a_single_turn_reply_cannot_raise_out_of_the_reward_episode(env, tmp_path):
+    """What `verl_reward.compute_score` plays: the reply's files written, profiled, re-judged."""
+    for reply in (NESTED, "### FILE: model_new.py/x\n```python\nx = 1\n```\n"):
+        run = tmp_path / f"run{len(reply)}"
+        summary = run_episode(Environment(env.judge, run, use_sandbox=SANDBOX),
+                              ScriptedClient([{"role": "assistant", "content": reply}]), AFFINE, run,
+                              LoopConfig(single_turn=True))  # raised RecursionError / FileExistsError
+        assert summary.reward == -1
+
+
+def test_file_tools_answer_os_errors_as_errors(env):
+    for name, args in [("write_file", {"path": "model_new.py/x", "content": "a"}),
+                       ("write_file", {"path": "a" * 300, "content": "a"}),
+                       ("read_file", {"path": "a" * 300}),
+                       ("grep", {"pattern": "x", "path": "b" * 300}),
+                       ("glob", {"pattern": "c" * 300})]:
+        result = env.step(name, args)  # raised FileExistsError / OSError(ENAMETOOLONG)
+        assert result.info.get("error"), (name, result.observation)
+
+
+def test_observations_are_valid_utf8(env):
+    """The observation is rendered by the tokenizer (rollout) or sent as JSON (openai client): a lone surrogate in it
+    raises there."""
+    os.close(os.open(os.fsencode(env.workspace / "kernels") + b"/k\xff.cpp", os.O_CREAT | os.O_WRONLY))
+    for name, args in [("read_file", {"path": "\udcff"}), ("glob", {"pattern": "kernels/*"}),
+                       ("grep", {"pattern": ".*", "path": "kernels"}), ("finish", {"summary": "\udcff"})]:
+        observation = env.step(name, args).observation
+        observation.encode("utf-8")  # raised UnicodeEncodeError: surrogates not allowed
+
+
+# ---- R2: grep in the trainer's process: unbounded time (GIL held) and memory -------------------------------------
+def _grep_in_a_process(workspace: Path, pattern: str, timeout: float) -> dict:
+    code = textwrap.dedent(f"""
+        import json, resource, time
+        from pathlib import Path
+        from cuda_agent.agent.tools import Tools, ToolError
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        began = time.monotonic()
+        try:
+            Tools(Path({str(workspace)!r}), Path("model.py"), judge=None, use_sandbox=False).call(
+                "grep", {{"pattern": {pattern!r}, "path": "kernels"}})
+        except ToolError:  # (stopped: said to the model)
+            pass
+        print(json.dumps({{"s": time.monotonic() - began,
+                          "mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}}))
+    """)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONPATH": SRC})
+    except subprocess.TimeoutExpired:
+        return {"s": float("inf"), "mib": None}
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_grep_with_a_catastrophic_pattern_returns_promptly(tmp_path):
+    """`(a+)+b` on 32 a's: 2^32 steps of `re`, which never releases the GIL (every episode, the sampler and verl's
+    event loop of the process stop with it); each more `a` doubles it."""
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "k.cpp").write_text("a" * 32 + "\n")
+    took = _grep_in_a_process(tmp_path, "(a+)+b", timeout=30)
+    assert took["s"] < 20, "grep held the process for minutes"
+
+
+def test_grep_takes_bounded_memory_whatever_the_workspace_holds(tmp_path):
+    """4 MiB of empty lines (under the 16 MiB a file may have): every line a hit, all kept before the first 300 are
+    taken: +385 MiB and 11 s measured; 32 GiB of such files are allowed to bash."""
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "k.txt").write_bytes(b"\n" * (4 << 20))
+    took = _grep_in_a_process(tmp_path, "", timeout=120)
+    assert took["mib"] is not None and took["mib"] < 100, took
+
+
+def test_glob_with_many_recursive_wildcards_returns_promptly(tmp_path):
+    """`**/**/**/**/**/**/**/*.cpp` over 30 nested folders (one write_file): pathlib walks them once per `**` and
+    combination (8.5 s at five, x7 per more) in the trainer's process, GIL held, no time limit."""
+    code = textwrap.dedent(f"""
+        from pathlib import Path
+        from cuda_agent.agent.tools import Tools, ToolError
+        t = Tools(Path({str(tmp_path)!r}), Path("model.py"), judge=None, use_sandbox=False)
+        t.call("write_file", {{"path": "/".join(["d"] * 30) + "/f.cpp", "content": "x"}})
+        try:
+            t.call("glob", {{"pattern": "/".join(["**"] * 7) + "/*.cpp"}})
+        except ToolError:
+            pass
+    """)
+    try:
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=30, env={**os.environ, "PYTHONPATH": SRC})
+    except subprocess.TimeoutExpired:
+        pytest.fail("glob held the process for minutes")
+
+
+# ---- R3: one reply, any number of tool calls: the episode's time is unbounded by max_turns -----------------------
+def test_a_reply_cannot_run_more_tool_calls_than_a_bound(judge, tmp_path):
+    """max_turns bounds replies, bash_timeout each call; a reply may hold any number of calls (each `bash sleep`
+    runs to its timeout, each `verify` of a changed file is a whole evaluation on the shared pool): 20 s measured
+    for 10 calls with bash_timeout 2 and max_turns 1; in a PPO step (20 turns of 1,024 tokens, bash 180 s) ~500
+    calls, ~25 h, while every other episode of the step waits."""
+    reply = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": '{"command": "true"}'}}
+        for i in range(40)]}
+    run = tmp_path / "run"
+    run_episode(Environment(judge, run, use_sandbox=SANDBOX, bash_timeout=2), ScriptedClient([reply]), AFFINE, run,
+                LoopConfig(max_turns=1))
+    records = [json.loads(line) for line in (run / "trajectory.jsonl").read_text().splitlines()]
+    ran = [r for r in records if r["type"] == "tool" and not r.get("error")]
+    assert len(ran) == LoopConfig.max_calls_per_reply, f"{len(ran)} tool calls ran in one reply"
