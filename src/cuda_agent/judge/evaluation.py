@@ -325,7 +325,9 @@ class Evaluation:
             return {"error": f"policy violation: {problems[0]}"}
         # a copy of its own: the published libraries stay hidden from candidates (held out: a candidate with no kernel
         # imported another's from the shared folder and was correct at 9x eager)
-        own = self.slot.run_dir / "candidate" / "extensions" / built.module / built.path.name
+        # (in its build folder, which the judge writes and the candidate only reads: its own folder is the candidate's
+        # to write, where a link made the judge write anywhere; held out, red team 2026-12-05)
+        own = self.slot.run_dir / "build" / "extensions" / built.module / built.path.name
         own.parent.mkdir(parents=True, exist_ok=True)
         fresh = own.with_name(f".{own.name}.{secrets.token_hex(4)}")
         shutil.copyfile(built.path, fresh)

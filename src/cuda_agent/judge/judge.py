@@ -75,7 +75,8 @@ class Judge:
             raise BackendError(str(exc)) from exc
         # hidden from every candidate's process and compilers: the cache, and the folders `conceal` adds (one list)
         confined = [self.cache_dir] if self.sandboxed else None
-        self.builder = Builder(self.backend, self.cache_dir / "build", confined=confined)
+        self.builder = Builder(self.backend, self.cache_dir / "build", confined=confined,
+                               budget_s=min(self.config.build_timeout_s, self.config.build_budget_s))
         self.inline = InlineBuilder(self.cache_dir / "extensions", self.backend.identity(), self.worker_env(),
                                     confined, self.config.build_timeout_s, getattr(self.backend, "arch", ""))
         # the GPU's trusted path: outputs allocated where the trusted side reads them (in a folder candidates see)

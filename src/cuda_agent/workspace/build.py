@@ -45,6 +45,9 @@ TEMPLATE_DIR = Path(__file__).parent / "template"
 TEMPLATE_FILES = ("binding.cpp", "binding_registry.h")
 COMPILE_TIMEOUT_S = 600
 COMPILE_MEMORY_BYTES = 8 << 30  # each compiler run's (`#include "/dev/zero"` reads until memory runs out)
+# each file a compiler run writes (objects, libraries): an assembler's `.fill` writes a GiB a second, and objects
+# are cached for good (held out, red team 2026-12-05: a 1 GiB object cached, read whole into the judge's memory)
+COMPILE_FILE_BYTES = 256 << 20
 PCH_NAME = "cuda_agent_pch.h"
 log = logging.getLogger(__name__)
 
@@ -76,18 +79,22 @@ class Builder:
     """Builds workspaces for one backend with a persistent object cache under `cache_dir`."""
 
     def __init__(self, backend: Backend, cache_dir: Path, jobs: int | None = None,
-                 confined: list[Path] | None = None):
-        """`confined`: compile candidate sources in the sandbox with these folders hidden (None: plain processes)."""
+                 confined: list[Path] | None = None, budget_s: float | None = None):
+        """`confined`: compile candidate sources in the sandbox with these folders hidden (None: plain processes).
+        `budget_s`: seconds one workspace's build may take, all its units and the link together (held out, red team
+        2026-12-05: only each unit was bounded, by COMPILE_TIMEOUT_S, so 255 slow units held the judge for hours)."""
         self.backend = backend
         self.cache_dir = Path(cache_dir)
         self.objects = self.cache_dir / "objects"
         self.objects.mkdir(parents=True, exist_ok=True)
         self.jobs = jobs or max(1, os.cpu_count() or 1)
         self.confined = confined
+        self.budget_s = budget_s
 
     # ---- public --------------------------------------------------------------------------------------
     def build(self, candidate: Candidate, build_dir: Path) -> BuildResult:
         start = time.perf_counter()
+        deadline = time.monotonic() + (self.budget_s if self.budget_s is not None else float("inf"))
         build_dir = Path(build_dir)
         build_dir.mkdir(parents=True, exist_ok=True)
         candidate.write_to(build_dir)
@@ -114,7 +121,7 @@ class Builder:
         jobs += [(src, [*binding_cmd, "-c", src, "-o", "{obj}"], judge_files if src == "binding.cpp" else workspace)
                  for src in ["binding.cpp", *binding_srcs]]
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            results = list(pool.map(lambda job: self._compile(build_dir, candidate.origin, job, pch_dir),
+            results = list(pool.map(lambda job: self._compile(build_dir, candidate.origin, job, pch_dir, deadline),
                                     enumerate(jobs)))
         steps = [step for step, _ in results]
         log = "\n".join(filter(None, [pch_note] + [f"[{s.source}] {s.output}" for s in steps if s.output]))
@@ -127,7 +134,8 @@ class Builder:
         objs = [str(obj) for _, obj in results]
         link = self.backend.link_command(objs, f"{EXTENSION_NAME}.so", libraries)
         t0 = time.perf_counter()
-        proc = self._run(link, sandbox.View(writable=[build_dir], readable=[self.objects], hidden=[candidate.origin]))
+        proc = self._run(link, sandbox.View(writable=[build_dir], readable=[self.objects], hidden=[candidate.origin]),
+                         deadline)
         steps.append(CompileStep("<link>", False, time.perf_counter() - t0, proc.returncode == 0, proc.stdout))
         if proc.returncode != 0:
             return fail(f"link error: {_first_error(proc.stdout) or 'see log'}", log + "\n" + proc.stdout, steps)
@@ -149,7 +157,7 @@ class Builder:
         return kernels, bindings
 
     def _compile(self, build_dir: Path, origin: Path, job: tuple[int, tuple[str, list[str], dict[str, bytes]]],
-                 pch_dir: Path) -> tuple[CompileStep, Path]:
+                 pch_dir: Path, deadline: float = float("inf")) -> tuple[CompileStep, Path]:
         """Compile `src` in a folder of its own holding `files`, unless an object of the same inputs is cached. Its
         compiler sees neither the build folder nor the candidate's `origin` (read by an absolute path, a file there
         would be in no key)."""
@@ -170,9 +178,12 @@ class Builder:
             (unit / rel).write_bytes(data)
         t0 = time.perf_counter()
         obj, deps = unit / ".object.o", unit / ".object.d"
+        if deadline - time.monotonic() <= 0:
+            shutil.rmtree(unit, ignore_errors=True)
+            return CompileStep(src, False, 0.0, False, "error: the build budget is spent"), Path(os.devnull)
         with reads.Opened(unit) as opened:
             proc = self._run([part.replace("{obj}", str(obj)) for part in cmd] + ["-MD", "-MF", str(deps)],
-                             sandbox.View(writable=[unit], readable=[pch_dir], hidden=[build_dir, origin]))
+                             sandbox.View(writable=[unit], readable=[pch_dir], hidden=[build_dir, origin]), deadline)
         step = CompileStep(src, False, time.perf_counter() - t0, proc.returncode == 0, proc.stdout.strip())
         cached = Path(os.devnull)
         if proc.returncode == 0:
@@ -187,17 +198,18 @@ class Builder:
         shutil.rmtree(unit, ignore_errors=True)
         return step, cached
 
-    def _run(self, cmd: list[str], view: sandbox.View) -> subprocess.CompletedProcess:
+    def _run(self, cmd: list[str], view: sandbox.View, deadline: float = float("inf")) -> subprocess.CompletedProcess:
         """A compiler or linker run over candidate sources in the view's first writable folder: confined when asked
         (`confined` hidden too: the judge's cache, the folders of the episodes it judges: `Judge.conceal`)."""
         cwd = view.writable[0]
+        timeout = max(0.1, min(COMPILE_TIMEOUT_S, deadline - time.monotonic()))
         if self.confined is None:
-            return _run(cmd, cwd)
+            return _run(cmd, cwd, timeout)
         view.hidden += self.confined
         try:
-            return sandbox.run(cmd, view, cwd, COMPILE_TIMEOUT_S, compile_limits())
+            return sandbox.run(cmd, view, cwd, timeout, compile_limits())
         except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(cmd, 124, f"error: compiler timed out after {COMPILE_TIMEOUT_S}s")
+            return subprocess.CompletedProcess(cmd, 124, f"error: compiler timed out after {timeout:.0f}s")
 
     def _pch_flags(self) -> tuple[list[str], str, Path]:
         """Build (once, under a lock) the precompiled torch header; return the flags that use it, a note and its
@@ -259,7 +271,8 @@ def _state(files: dict[str, bytes], read: list[str]) -> str:
 def compile_limits(address_space: bool = True) -> sandbox.Limits:
     """A compiler run's limits: its memory capped (the cgroup's, and with `address_space` its address space's, the
     one cap where no cgroup is; not for a run that imports torch, whose libraries reserve more than they use)."""
-    return sandbox.Limits(memory_bytes=COMPILE_MEMORY_BYTES, cpu_seconds=None, address_space=address_space)
+    return sandbox.Limits(memory_bytes=COMPILE_MEMORY_BYTES, cpu_seconds=None, address_space=address_space,
+                          file_bytes=COMPILE_FILE_BYTES)
 
 
 def _replace_text(path: Path, text: str) -> None:
@@ -269,12 +282,12 @@ def _replace_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], cwd: Path, timeout: float | None = None) -> subprocess.CompletedProcess:
+    timeout = COMPILE_TIMEOUT_S if timeout is None else timeout
     try:
-        return subprocess.run(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, errors="replace", timeout=COMPILE_TIMEOUT_S)
+        return sandbox.run_bounded(cmd, cwd, timeout, None)
     except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(cmd, 124, f"error: compiler timed out after {COMPILE_TIMEOUT_S}s")
+        return subprocess.CompletedProcess(cmd, 124, f"error: compiler timed out after {timeout:.0f}s")
     except OSError as exc:
         return subprocess.CompletedProcess(cmd, 127, f"error: cannot run {cmd[0]}: {exc}")
 

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -71,9 +72,14 @@ def _toolchain_dirs() -> list[str]:
     return dirs
 
 
+_PATH = re.compile(r"/[\w./+\-]*")  # torch writes these paths into build.ninja (`-L` unquoted): no space, no newline
+
+
 def _check_paths(paths: list[str], what: str) -> None:
     toolchain = _toolchain_dirs()
     for path in paths:
+        if not _PATH.fullmatch(path) or not os.path.isdir(path):  # (a newline starts a ninja statement: red team)
+            raise InlineError(f"load_inline: {what} must be existing folders of torch or CUDA, not {path!r}")
         real = str(Path(path).resolve())
         if not any(real == d or real.startswith(d + "/") for d in toolchain):
             raise InlineError(f"load_inline: {what} may only name folders of torch or CUDA, not {path!r}")
@@ -241,10 +247,9 @@ class InlineBuilder:
                     failed.write_text(proc.stdout)
                     raise RuntimeError(_diagnostics(proc.stdout, _generated(work / "out", req), origin)
                                        + f"\n[exit code {proc.returncode}; the compiler's whole log: {failed}]")
-                digest = hashlib.sha256(built.read_bytes()).hexdigest()
                 shutil.rmtree(published, ignore_errors=True)
                 published.mkdir()
-                os.replace(built, library)
+                digest = _copy_out(built, library)  # the sandbox's file, never followed nor moved
                 library.chmod(0o444)
                 (published / "build.log").write_text(proc.stdout[-200_000:])
                 (published / "sha256").write_text(digest)
@@ -270,6 +275,34 @@ class InlineBuilder:
             return subprocess.CompletedProcess(cmd, 124, f"error: the build timed out after {timeout:.0f}s")
 
 
+MAX_LIBRARY_BYTES = 1 << 30
+
+
+def _open_own(path: Path, limit: int = MAX_LIBRARY_BYTES) -> int:
+    """A file the sandboxed build wrote, opened without following a link (held out, red team 2026-12-05: an
+    injected command replaced the library by a link to a host file, which the judge chmodded and copied to the
+    candidate): a regular file of at most `limit` bytes, or RuntimeError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise RuntimeError(f"load_inline: the build's {path.name} cannot be read: {exc}") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        os.close(fd)
+        raise RuntimeError(f"load_inline: the build's {path.name} is not a regular file of at most {limit} bytes")
+    return fd
+
+
+def _copy_out(built: Path, dest: Path) -> str:
+    """Copy the build's library into a file of the judge's own, streaming; its SHA-256."""
+    h = hashlib.sha256()
+    with os.fdopen(_open_own(built), "rb") as src, open(dest, "xb") as out:
+        while chunk := src.read(1 << 20):
+            h.update(chunk)
+            out.write(chunk)
+    return h.hexdigest()
+
+
 # a compiler's diagnostic: gcc/clang "file:line:col: error: ...", nvcc "file(line): error: ..."
 DIAGNOSTIC = re.compile(r"^(?P<path>[^\s:()]+)(?::(?P<line>\d+)(?::\d+)?:|\((?P<nvline>\d+)\):) "
                         r"(?P<message>(?:fatal )?error\b.*)$", re.IGNORECASE)
@@ -280,7 +313,11 @@ def _generated(out: Path, req: dict[str, Any]) -> dict[str, tuple[str, list[str]
     found = {}
     for name, field in (("main.cpp", "cpp_sources"), ("cuda.cu", "cuda_sources")):
         if (out / name).is_file() and req.get(field):
-            found[name] = (field, list(req[field]), (out / name).read_text(errors="replace"))
+            try:
+                with os.fdopen(_open_own(out / name, 64 << 20), "rb") as f:
+                    found[name] = (field, list(req[field]), f.read().decode(errors="replace"))
+            except RuntimeError:
+                continue
     return found
 
 

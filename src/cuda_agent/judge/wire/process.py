@@ -101,24 +101,23 @@ class BoundedLog:
                     self._file.write(chunk[:room])
                     self._file.flush()
                     self.written += min(room, len(chunk))
-                rest = chunk[room:]
-                if rest:
-                    self.dropped += len(rest)
-                    self._tail += rest
-                    del self._tail[:-self.tail_size]
+                self.dropped += len(chunk) - min(room, len(chunk))
+                self._tail += chunk  # the last bytes of all of it, held here: the file lies in a folder the
+                del self._tail[:-self.tail_size]  # candidate writes (a link there was read back: red team)
 
     def tail(self, limit: int) -> str:
         with self._lock:
-            data = bytes(self._tail) if self.dropped else self.path.read_bytes()[-limit:]
+            data = bytes(self._tail)
         return data[-limit:].decode(errors="replace")
 
     def close(self) -> None:
         self._thread.join(timeout=10)
         with self._lock:
             if self.dropped and not self._file.closed:
-                note = b"\n[... %d bytes dropped; the last %d follow ...]\n" % (self.dropped, len(self._tail))
+                last = bytes(self._tail[-min(self.dropped, len(self._tail)):])
+                note = b"\n[... %d bytes dropped; the last %d follow ...]\n" % (self.dropped, len(last))
                 self._file.write(note)
-                self._file.write(bytes(self._tail))
+                self._file.write(last)
             self._file.close()
 
 
