@@ -86,8 +86,9 @@ def test_an_input_buffer_the_candidate_truncates_fails_the_candidate_not_the_ref
     """Held out (red team, 2026-12-05): the input buffer's memfd had no seals; a candidate that kept its descriptor
     and truncated it in a call made the reference worker's next touch of its own mapping a SIGBUS (the evaluation
     aborted and ran again). It is sealed at its size: the truncation is the candidate's own failure."""
-    ws = candidate(make_workspace, "for fd in KEPT:\n    os.ftruncate(fd, 0)\nreturn " + KERNEL,
-                   prelude=KEEP_INPUT_FD)
+    # (the memfd only: not the libraries the in-process audit maps to read their symbols)
+    ws = candidate(make_workspace, "for fd in KEPT:\n    if os.readlink(f'/proc/self/fd/{fd}').startswith('/memfd:'):\n"
+                   "        os.ftruncate(fd, 0)\nreturn " + KERNEL, prelude=KEEP_INPUT_FD)
     verdict = cpu_judge.evaluate(AFFINE, ws)
     assert not verdict.correct and "Operation not permitted" in verdict.error, verdict.error
     assert "evaluation aborted" not in verdict.error and "SIGBUS" not in verdict.error

@@ -224,12 +224,13 @@ def test_torch_compute_in_cxx_binding_is_caught_by_source_scan(cpu_judge, make_w
     assert "policy violation" in verdict.error
 
 
-def test_torch_compute_hidden_from_the_scan_is_caught_at_run_time(cpu_judge, make_workspace):
-    # Tensor methods called from C++ are invisible to a text scan; the dispatcher audit still sees them.
+def test_torch_compute_hidden_from_the_scan_is_caught_in_what_the_library_links(cpu_judge, make_workspace):
+    # Tensor methods called from C++ are invisible to a text scan; the library links their ops (`at::_ops::`), which
+    # the judge reads (the run-time audit would see them too, but its report comes from the candidate's process).
     ws = make_workspace(edits={BINDING: [("return out;", "return x.mul(scale).add(shift).clamp_min(0).mul(0.5);")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)
     assert verdict.reward == -1 and verdict.compiled
-    assert any("aten::clamp_min" in v for v in verdict.policy_violations), verdict.policy_violations
+    assert any("at::_ops::clamp_min" in v for v in verdict.policy_violations), verdict.policy_violations
     assert_judge_still_works(cpu_judge, CANDIDATES / "affine_relu_ok")
 
 

@@ -265,7 +265,8 @@ class Evaluation:
             return BuildResult(True, build_dir, 0.0)
         build = self.judge.builder.build(self.cand, build_dir)
         if build.ok and self.cfg.policy == "strict":
-            self.verdict.policy_violations += [f"native code: {p}" for p in library_problems(build.module_path)]
+            self.verdict.policy_violations += [f"native code: {p}" for p in
+                                               library_problems(build.module_path, self.cfg.rules.allowed_ops)]
         return build
 
     def _candidate_step(self, expected: str) -> dict[str, Any] | None:
@@ -319,7 +320,7 @@ class Evaluation:
             return {"error": str(exc)}
         inline.append({"module": built.module, "cached": built.cached, "seconds": round(built.seconds, 3),
                        "log": built.log[-5000:]})
-        problems = library_problems(built.path) if self.cfg.policy == "strict" else []
+        problems = library_problems(built.path, self.cfg.rules.allowed_ops) if self.cfg.policy == "strict" else []
         if problems:  # it is not loaded at all
             self.verdict.policy_violations += [f"native code: {p}" for p in problems]
             return {"error": f"policy violation: {problems[0]}"}

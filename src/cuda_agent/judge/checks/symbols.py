@@ -6,8 +6,11 @@ never sees the call. The linker cannot be fooled that way: the function is an un
 its true name. `library_problems` reads a shared library's undefined dynamic symbols (ELF, demangled) and names
 those outside the rules (strict policy):
 - torch functions that compute without the dispatcher: `at::native::`, `at::cpu::`, `at::cuda::` (its stream,
-  device and handle getters aside), `at::composite*::`; calls through `at::_ops::` are dispatched and audited at
-  run time, so they are fine here;
+  device and handle getters aside), `at::composite*::`;
+- torch ops called through the dispatcher (`at::_ops::NAME::call`, what every C++ tensor method and `torch::` function
+  compiles to) other than the op audit's allowed ones (allocation, views, metadata, fills), and ops looked up by name
+  (`c10::Dispatcher::findSchema...`): the op audit sees them at run time too, but its report comes from the
+  candidate's process, which can blank it (held out, red team 2026-12-05);
 - other libraries' compute: BLAS/LAPACK/MKL/oneDNN, cuFFT, cuRAND, cuSPARSE, cuSOLVER, cuTENSOR, NCCL; cuBLAS other
   than GEMM, cuDNN other than convolution;
 - run-time symbol lookup (`dlopen`, `dlsym`): what it finds cannot be checked.
@@ -20,11 +23,14 @@ address by reading a library's file itself, or that writes machine code; see doc
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import struct
 import sys
 from pathlib import Path
+
+from ..config import DEFAULT_ALLOWED_OPS
 
 _FORBIDDEN_NAMESPACES = ("at::native::", "at::cpu::", "at::cuda::", "at::compositeexplicitautograd::",
                          "at::compositeimplicitautograd::", "at::compositeexplicitautogradnonfunctional::",
@@ -44,10 +50,32 @@ _CUBLAS_OK = re.compile(r"cublas(Lt)?(\w*[Gg]emm\w*|LtMatmul\w*|LtMatrixLayout\w
 _CUDNN_OK = re.compile(r"cudnn(\w*(Convolution|Filter|TensorDescriptor|Tensor4dDescriptor|TensorNdDescriptor)\w*|"
                        r"Create|Destroy|SetStream|GetStream|GetErrorString|GetVersion|GetCudartVersion)")
 _RUNTIME_LOOKUP = ("dlopen", "dlsym", "dlvsym", "dlmopen")
+_OPS_CALL = re.compile(r"at::_ops::(\w+)::(call|redispatch)\(")
+_OP_LOOKUP = re.compile(r"c10::Dispatcher::(findSchema|findSchemaOrThrow|findOp)\(")
 
 
-def symbol_problem(name: str) -> str | None:
+@functools.lru_cache(maxsize=8)
+def allowed_op_structs(allowed: tuple[str, ...]) -> frozenset[str]:
+    """The `at::_ops::` names of every overload of the allowed ops (`empty_memory_format`, `fill__Scalar`, ...)."""
+    import torch
+
+    found = set()
+    for name in allowed:
+        try:
+            overloads = getattr(torch.ops.aten, name).overloads()
+        except (AttributeError, RuntimeError):  # (not an aten op: a method the audit names, like `size`)
+            continue
+        found.update(name if overload == "default" else f"{name}_{overload}" for overload in overloads)
+    return frozenset(found)
+
+
+def symbol_problem(name: str, allowed_ops: tuple[str, ...] = DEFAULT_ALLOWED_OPS) -> str | None:
     """Why one (demangled) symbol is outside the strict rules, or None."""
+    if (op := _OPS_CALL.match(name)) and op.group(1) not in allowed_op_structs(tuple(allowed_ops)):
+        return f"'at::_ops::{op.group(1)}' is torch compute called from native code (only allocation, views and " \
+               "fills are allowed there)"
+    if _OP_LOOKUP.match(name):
+        return f"'{name[:120]}' looks a torch op up by name, where the judge cannot check which"
     if name.startswith(_FORBIDDEN_NAMESPACES) and not _CUDA_UTILITIES.match(name):
         return f"'{name[:120]}' is torch compute called without the dispatcher"
     if _LIBRARY.fullmatch(name) or _FORTRAN_BLAS.fullmatch(name):
@@ -150,7 +178,7 @@ def _load_demangler():
 _CXA_DEMANGLE, _FREE = _load_demangler()
 
 
-def library_problems(path: str | Path) -> list[str]:
+def library_problems(path: str | Path, allowed_ops: tuple[str, ...] = DEFAULT_ALLOWED_OPS) -> list[str]:
     """The strict rules' objections to a shared library's undefined symbols (one message each)."""
     found = []
     try:
@@ -158,7 +186,7 @@ def library_problems(path: str | Path) -> list[str]:
     except UnreadableSymbols as exc:
         return [f"{Path(path).name}: {exc}"]
     for name in undefined:
-        problem = symbol_problem(demangle(name))
+        problem = symbol_problem(demangle(name), allowed_ops)
         if problem and problem not in found:
             found.append(problem)
     return [f"{Path(path).name} links {p}" for p in found]

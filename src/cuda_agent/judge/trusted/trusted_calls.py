@@ -305,7 +305,13 @@ class Calls:
             self.close()
         if not isinstance(reply, Ended):
             raise CallFailed(f"the process answered {str(reply)[:200]} to the end of its calls")
-        return [str(v) for v in reply.violations][:100]
+        violations = [str(v) for v in reply.violations][:100]
+        if reply.calls != self.calls:  # (red team B: a native loop of the candidate's answered the others; a second
+            # line only: the count comes from the candidate's process, which a proxy could rewrite as well)
+            violations.insert(0, f"the harness's callee served {reply.calls} of the {self.calls} calls made: the "
+                                 "others were answered by other code in the candidate's process (outside the "
+                                 "harness's handshake and audits)")
+        return violations
 
     def close(self) -> None:
         for _, buffer in self.buffers.values():
