@@ -25,12 +25,15 @@ def test_calls_answered_outside_the_harness_s_callee_are_reported_under_strict(c
                                                                           verdict.policy_violations)
 
 
-def test_torch_compute_in_a_proxied_call_is_a_policy_violation_whatever_the_relayed_report_says(cpu_judge):
+def test_torch_compute_in_a_proxied_call_is_a_policy_violation_whatever_the_relayed_report_says(cpu_judge,
+                                                                                                 tmp_path):
     """The proxy's native thread computes with torch's own kernels (C++ tensor methods, which the source scan does
     not see): the all-threads profiler records them (`aten::mul` 338x ...), but its report reaches the trusted side
     inside the harness's `ended` answer, which the proxy relays with `"violations": []` (and the served count made
     the trusted side's). Strict: correct, no policy violation, reward 3 with no kernel of its own."""
-    verdict = cpu_judge.evaluate(AFFINE, PROXY.parent / "proxy_torch_silent.py")
+    silent = tmp_path / "proxy_torch_silent.py"
+    silent.write_text(PROXY.read_text().replace("SILENT = False", "SILENT = True"))
+    verdict = cpu_judge.evaluate(AFFINE, silent)
     assert not verdict.correct and "policy violation" in (verdict.error or ""), (verdict.correct, verdict.reward,
                                                                                 verdict.policy_violations)
     assert any("at::_ops::mul_Scalar" in v for v in verdict.policy_violations), verdict.policy_violations
