@@ -204,3 +204,23 @@ def test_a_reply_cannot_run_more_tool_calls_than_a_bound(judge, tmp_path):
     records = [json.loads(line) for line in (run / "trajectory.jsonl").read_text().splitlines()]
     ran = [r for r in records if r["type"] == "tool" and not r.get("error")]
     assert len(ran) == LoopConfig.max_calls_per_reply, f"{len(ran)} tool calls ran in one reply"
+
+
+def test_an_episode_stops_at_its_wall_clock_bound_and_answers_the_calls_it_did_not_run(judge, tmp_path):
+    """The open end of R3: bounded turns of bounded calls still allow hours (16 `bash sleep` a reply, each to its
+    timeout, for every turn), while every other episode of a PPO step waits. `LoopConfig.time_limit_s` ends the
+    episode: checked before each call, the calls left are answered (every call of a reply has its result) and
+    the episode stops as `time limit`, not as `invalid tool calls`."""
+    sleep = {"id": "", "type": "function", "function": {"name": "bash", "arguments": '{"command": "sleep 0.4"}'}}
+    replies = [{"role": "assistant", "content": "", "tool_calls": [{**sleep, "id": f"t{t}c{i}"} for i in range(6)]}
+               for t in range(5)]
+    run = tmp_path / "run"
+    summary = run_episode(Environment(judge, run, use_sandbox=SANDBOX, bash_timeout=2), ScriptedClient(replies),
+                          AFFINE, run, LoopConfig(max_turns=5, time_limit_s=1.0))
+    records = [json.loads(line) for line in (run / "trajectory.jsonl").read_text().splitlines()]
+    tools = [r for r in records if r["type"] == "tool"]
+    ran = [r for r in tools if not r.get("error")]
+    assert summary.stop == "time limit" and summary.turns == 1, (summary.stop, summary.stop_detail, summary.turns)
+    assert len(tools) == 6 and 1 <= len(ran) <= 4, (len(tools), len(ran))
+    assert all("time limit" in r["message"]["content"] for r in tools if r.get("error"))
+    assert summary.wall_s < 5, summary.wall_s

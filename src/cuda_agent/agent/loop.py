@@ -107,7 +107,11 @@ def _update_best(env: Environment, state: LoopState) -> None:
 def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: list[dict], traj: Trajectory,
           state: LoopState, config: LoopConfig, progress: Callable[[LoopState], None]) -> None:
     invalid = 0
+    deadline = traj.start + config.time_limit_s if config.time_limit_s is not None else float("inf")
     while state.turn < config.max_turns:
+        if time.monotonic() >= deadline:
+            state.stopped(Stop.TIME_LIMIT, f"{config.time_limit_s:g} s")
+            return
         state.turn += 1
         began = time.monotonic()
         reply = client.complete(messages, tools)
@@ -133,6 +137,8 @@ def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: lis
             try:
                 if n >= config.max_calls_per_reply:  # so that max_turns bounds the episode's tool calls too
                     raise ToolError(f"at most {config.max_calls_per_reply} tool calls a reply: this one was not run")
+                if time.monotonic() >= deadline:  # (answered, so that every call of the reply has its result)
+                    raise ToolError(f"the episode's time limit ({config.time_limit_s:g} s) is reached: not run")
                 result = env.step(call.name, parse_arguments(call.arguments))
             except ToolError as exc:  # arguments that are not a JSON object
                 result = StepResult(f"error: {exc}", info={"error": True})
@@ -153,6 +159,9 @@ def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: lis
             traj.write("user", turn=state.turn, message=messages[-1], malformed=len(reply.malformed))
         if finished:
             state.stopped(Stop.FINISH)
+            return
+        if time.monotonic() >= deadline:  # (before the count of failed calls, which the calls not run add to)
+            state.stopped(Stop.TIME_LIMIT, f"{config.time_limit_s:g} s")
             return
         if invalid >= config.max_invalid:
             state.stopped(Stop.INVALID_TOOL_CALLS, f"{invalid} invalid tool calls in a row")

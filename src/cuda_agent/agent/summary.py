@@ -19,6 +19,7 @@ class Stop(str, Enum):
     SINGLE_TURN = "single turn"  # single-turn mode: the reply's files judged once
     NO_FILES = "no files"  # single-turn mode: the reply held no `### FILE:` blocks
     EPISODE_FAILED = "episode failed"  # the episode raised (optimize-suite records it and goes on)
+    TIME_LIMIT = "time limit"  # the episode's wall clock (LoopConfig.time_limit_s) ran out
     INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: a rerun of optimize-suite plays it again
 
 

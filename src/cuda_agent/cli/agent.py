@@ -13,8 +13,8 @@ from ..task import DATASET_SUFFIXES, TaskError, dataset_row
 from . import common
 from .common import (app, err, fail, fmt, fresh_folder, integers, make_judge, make_pool, notify, out, print_report,
                      writable)
-from .options import (AGENT_SANDBOX, BACKEND_HELP, MAX_TOKENS, OVERWRITE, SUITE_HELP, TEMPERATURE, TOOL_FORMAT,
-                      TOP_P, Backends)
+from .options import (AGENT_SANDBOX, BACKEND_HELP, EPISODE_TIME, MAX_TOKENS, OVERWRITE, SUITE_HELP, TEMPERATURE,
+                      TOOL_FORMAT, TOP_P, Backends)
 from .progress import Progress
 
 @app.command("optimize")
@@ -40,6 +40,7 @@ def optimize_cmd(
     max_turns: int = typer.Option(LoopConfig.max_turns, min=1, help="turns before the episode stops"),
     max_context: int = typer.Option(LoopConfig.max_context, min=1, help="context tokens (as the endpoint reports "
                                     "them) before it stops"),
+    episode_time: Optional[float] = EPISODE_TIME,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="run folder (default runs/<task>-<time>)"),
     single_turn: bool = typer.Option(False, help="one generation, files parsed from the reply, judged once"),
     temperature: float = TEMPERATURE,
@@ -113,7 +114,8 @@ def optimize_cmd(
 
     with judge:
         summary = run_episode(env, client, reference, run_dir,
-                              LoopConfig(max_turns=max_turns, max_context=max_context, single_turn=single_turn), show)
+                              LoopConfig(max_turns=max_turns, max_context=max_context, single_turn=single_turn,
+                                         time_limit_s=episode_time), show)
     final = summary.final_verdict or {}
     stop = summary.stop + (f" ({summary.stop_detail})" if summary.stop_detail else "")
     out.print(f"stopped: {stop} after {summary.turns} turn(s); {summary.snapshots} verified "
@@ -169,6 +171,7 @@ def optimize_suite_cmd(
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
     max_turns: int = typer.Option(LoopConfig.max_turns, min=1, help="turns per episode"),
     max_context: int = typer.Option(LoopConfig.max_context, min=1, help="context tokens per episode"),
+    episode_time: Optional[float] = EPISODE_TIME,
     temperature: float = TEMPERATURE,
     top_p: Optional[float] = TOP_P,
     max_tokens: int = MAX_TOKENS,
@@ -216,8 +219,8 @@ def optimize_suite_cmd(
             progress.advance(judged, f"{task.name}: {'resumed' if resumed else f'reward {verdict.reward}'}",
                              resumed=resumed)
 
-        rep = optimize_suite(pool, tasks, out_dir, make_client, LoopConfig(max_turns=max_turns,
-                             max_context=max_context), concurrency, on_episode, on_result, notify)
+        loop = LoopConfig(max_turns=max_turns, max_context=max_context, time_limit_s=episode_time)
+        rep = optimize_suite(pool, tasks, out_dir, make_client, loop, concurrency, on_episode, on_result, notify)
     print_report(rep, f"{model} on {suite_dir} ({backend})", as_json)
     if not as_json:
         out.print(f"best kernels: {out_dir / 'solutions'} (eval-suite {suite_dir} --solutions ... re-judges them); "

@@ -40,6 +40,8 @@ def train_eval_cmd(
     max_context: int = typer.Option(EvalConfig.max_context, min=64, help="tokens per episode (local model)"),
     tool_output_chars: int = typer.Option(EvalConfig.tool_output_chars, min=100, help="each tool result cut to "
                                           "its head and tail of this many characters"),
+    episode_time: float = typer.Option(EvalConfig.episode_time_s, min=1, help="seconds an episode may run (checked "
+                                       "before each reply and tool call)"),
     compact: bool = typer.Option(EvalConfig.compact, "--compact/--full-tools", help="the compact tool set and "
                                  "SKILL.md left in the workspace"),
     device: Optional[str] = typer.Option(None, help="where a local model runs (default: cuda with --backend cuda)"),
@@ -59,7 +61,7 @@ def train_eval_cmd(
         fail(f"{model} is neither an HF model folder (config.json) nor a LoRA adapter (adapter_config.json)")
     config = EvalConfig(samples=samples, seed=seed, temperature=temperature, batch=batch, max_turns=max_turns,
                         max_new_tokens=max_new_tokens, max_context=max_context, tool_output_chars=tool_output_chars,
-                        compact=compact)
+                        compact=compact, episode_time_s=episode_time)
     device = device or ("cuda" if backend == "cuda" else "cpu")
     try:
         tasks = task_files(data, out_dir / "tasks")

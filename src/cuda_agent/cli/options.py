@@ -29,6 +29,8 @@ MAX_TOKENS = typer.Option(llm.MAX_TOKENS, min=1, help="tokens per reply")
 TOOL_FORMAT = typer.Option("native", help="native (the endpoint's `tools`) or text (tools described in the system "
                            "message, calls parsed from <tool_call> tags: for chat templates without tools, e.g. the "
                            "SmolLM2 of `cuda-agent model serve`)")
+EPISODE_TIME = typer.Option(None, "--episode-time", min=1.0, help="seconds an episode may run (checked before "
+                            "each reply and tool call; default: no limit)")
 AGENT_SANDBOX = typer.Option("required", "--sandbox", help="the agent's commands and its candidates: required "
                              "(refuse without the sandbox), auto, none")
 

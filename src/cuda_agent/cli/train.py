@@ -127,6 +127,8 @@ def train_cmd(
     max_context: int = typer.Option(StageConfig.max_context, min=64, help="tokens per episode"),
     tool_output_chars: int = typer.Option(StageConfig.tool_output_chars, min=100, help="each tool result cut to "
                                           "its head and tail of this many characters"),
+    episode_time: float = typer.Option(StageConfig.episode_time_s, min=1, help="seconds an episode may run (checked "
+                                       "before each reply and tool call)"),
     compact: bool = typer.Option(StageConfig.compact, "--compact/--full-tools", help="for small contexts: the "
                                  "compact tool set (read_file, write_file, edit, verify, profile, finish) and "
                                  "SKILL.md left in the workspace"),
@@ -173,7 +175,7 @@ def train_cmd(
         config = StageConfig(stage=stage, steps=steps, batch=batch, max_turns=max_turns,
                              max_new_tokens=max_new_tokens, max_context=max_context, seed=seed,
                              temperature=temperature, tool_output_chars=tool_output_chars, compact=compact,
-                             save_every=save_every, keep_checkpoints=keep_checkpoints,
+                             episode_time_s=episode_time, save_every=save_every, keep_checkpoints=keep_checkpoints,
                              save_optimizer=save_optimizer, time_limit_s=time_limit,
                              train=TrainConfig(actor_lr=actor_lr, critic_lr=critic_lr, lora_rank=lora_rank,
                                                lora_alpha=lora_alpha, ppo=PPOConfig(tis_cap=tis_cap)))

@@ -109,6 +109,7 @@ class StageConfig(RunConfig):
     max_new_tokens: int = 1024  # per model turn
     max_context: int = 8192  # tokens of an episode
     tool_output_chars: int = 4000  # each tool result cut to this (~1,200 SmolLM2 tokens; 12,000 filled half of 8k)
+    episode_time_s: float = 1800.0  # an episode's wall clock (LoopConfig.time_limit_s): a step waits for its last
     compact: bool = False  # the compact tool set, SKILL.md left in the workspace (agent/tools.py)
     reward: str = "milestone"  # or "speedup": the paper's ablation (rollout.speedup_reward)
 
@@ -118,8 +119,8 @@ class StageConfig(RunConfig):
             raise ValueError(f"unknown reward {self.reward!r} (choose from {', '.join(REWARDS)})")
         if self.stage not in STAGES:
             raise ValueError(f"unknown stage {self.stage!r} (choose from {', '.join(STAGES)})")
-        if self.max_turns < 1 or self.max_new_tokens < 1 or self.tool_output_chars < 100:
-            raise ValueError("max_turns and max_new_tokens must be >= 1, tool_output_chars >= 100")
+        if self.max_turns < 1 or self.max_new_tokens < 1 or self.tool_output_chars < 100 or self.episode_time_s <= 0:
+            raise ValueError("max_turns and max_new_tokens must be >= 1, tool_output_chars >= 100, episode_time_s > 0")
 
 
 @dataclass
@@ -136,8 +137,11 @@ class EvalConfig:
     max_context: int = StageConfig.max_context
     tool_output_chars: int = StageConfig.tool_output_chars
     compact: bool = StageConfig.compact
+    episode_time_s: float = StageConfig.episode_time_s
     bootstrap: int = 2000  # resamples of the tasks for the confidence intervals
 
     def __post_init__(self):
         if min(self.samples, self.batch, self.max_turns, self.max_new_tokens, self.bootstrap) < 1:
             raise ValueError("samples, batch, max_turns, max_new_tokens and bootstrap must be >= 1")
+        if self.episode_time_s <= 0:
+            raise ValueError("episode_time_s must be > 0")

@@ -113,7 +113,7 @@ def environment(pool: JudgePool, run_dir: Path, config: EvalConfig) -> Environme
 
 def _loop(config: EvalConfig) -> LoopConfig:
     return LoopConfig(max_turns=config.max_turns, max_context=config.max_context,
-                      tool_output_chars=config.tool_output_chars)
+                      tool_output_chars=config.tool_output_chars, time_limit_s=config.episode_time_s)
 
 
 def evaluate(tasks: list[Path], out: Path, config: EvalConfig, player: Player, described: dict,

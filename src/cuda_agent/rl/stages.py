@@ -112,7 +112,8 @@ def critic_beside(model: Path) -> Path:
 def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, pool: JudgePool, tasks: list[Path],
               out: Path, rng: random.Random, generator: torch.Generator) -> dict:
     loop = LoopConfig(max_turns=config.max_turns, max_context=config.max_context,
-                      single_turn=config.stage == "warmup", tool_output_chars=config.tool_output_chars)
+                      single_turn=config.stage == "warmup", tool_output_chars=config.tool_output_chars,
+                      time_limit_s=config.episode_time_s)
     step = trainer.step + 1
     picked = [tasks[rng.randrange(len(tasks))] for _ in range(config.batch)]
     sampler = BatchSampler(trainer.actor.model, turns.tokenizer.pad_token_id, config.temperature,

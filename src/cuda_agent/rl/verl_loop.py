@@ -42,6 +42,7 @@ from ..agent.loop import LoopConfig
 from ..agent.tools import SCHEMAS
 from ..judge.pool import JudgePool, shared_pool
 from ..llm import LLMError
+from .config import StageConfig
 from .rollout import Episode, play
 from .tokens import TurnTokenizer
 
@@ -63,10 +64,11 @@ def _play(env: Environment, *args) -> Episode:
 class CudaAgentLoop(AgentLoopBase):
     def __init__(self, *args, backend: str = "cuda", gpus: list[int] | None = None, judge: str = "local",
                  max_turns: int = 20, single_turn: bool = False, episodes_dir: str = "episodes",
+                 episode_time_s: float = StageConfig.episode_time_s,
                  pool: JudgePool | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.pool = pool or shared_pool(backend, gpus, judge)
-        self.loop_config = LoopConfig(max_turns=max_turns, single_turn=single_turn,
+        self.loop_config = LoopConfig(max_turns=max_turns, single_turn=single_turn, time_limit_s=episode_time_s,
                                       max_context=self.rollout_config.prompt_length
                                       + self.rollout_config.response_length)
         self.turns = TurnTokenizer(self.tokenizer, None if single_turn else SCHEMAS, tool_format="text",
