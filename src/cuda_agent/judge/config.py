@@ -108,6 +108,8 @@ class JudgeConfig:
     build_timeout_s: float = 900.0  # one build (the workspace's objects, or one load_inline call)
     build_budget_s: float = 600.0  # all of one evaluation's builds together (load_inline calls stop when it is spent)
     max_builds: int = 8  # load_inline calls one evaluation may build
+    cache_budget_gb: float | None = 20.0  # built objects and load_inline libraries kept, least recently used removed
+    # beyond it (workspace/cache_budget.py; None: no bound)
     run_timeout_s: float = 300.0  # candidate process: load, verify and time
     reference_timeout_s: float = 900.0  # reference process, including the torch.compile baseline
     warm_references: int = 4  # reference workers kept warm across evaluations (judge/references.py; 0: none)

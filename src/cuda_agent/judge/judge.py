@@ -26,6 +26,7 @@ from .. import sandbox
 from ..backend import Backend, BackendError, get_backend
 from ..task import Task, load_task
 from ..workspace.build import Builder, BuildResult
+from ..workspace.cache_budget import CacheKeeper
 from ..workspace.candidate import Candidate, load_candidate
 from ..workspace.inline import InlineBuilder
 from . import kernelbench
@@ -95,6 +96,7 @@ class Judge:
         self.device_lock = DeviceLock()  # timing: one evaluation at a time on the device
         self.memory = MemoryBudget()  # its memory: what the evaluations in flight are expected to hold
         self.spares = Spares(self.config.spare_candidates, self.cache_dir / "runs", self._start_candidate)
+        self.cache_keeper = CacheKeeper(self.cache_dir, self.config.cache_budget_gb)
         self.on_phase: Callable[[str, float], None] | None = None  # (phase, seconds) as each phase ends
 
     def close(self) -> None:
@@ -120,6 +122,7 @@ class Judge:
         task = reference if isinstance(reference, Task) else load_task(reference)
         cand = candidate if isinstance(candidate, Candidate) else load_candidate(candidate)
         first = self._evaluate_once(task, cand, alone)
+        self.cache_keeper.tick()
         if not (first.error or "").startswith((CRASHED, ABORTED)):
             return first
         verdict = self._evaluate_once(task, cand, alone)

@@ -40,6 +40,7 @@ from .. import sandbox
 from . import reads
 from ..backend import EXTENSION_NAME, Backend
 from .candidate import Candidate
+from .cache_budget import touch
 
 TEMPLATE_DIR = Path(__file__).parent / "template"
 TEMPLATE_FILES = ("binding.cpp", "binding_registry.h")
@@ -168,6 +169,7 @@ class Builder:
         try:
             cached = self.objects / f"{key.hexdigest()}-{_state(files, json.loads(manifest.read_text()))}.o"
             if cached.exists():
+                touch(cached)  # (its last use: the cache's budget removes the least recently used)
                 return CompileStep(src, True, 0.0), cached
         except (OSError, ValueError):
             pass

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cache_budget import touch
+
 LIST_FIELDS = ("cpp_sources", "cuda_sources", "extra_cflags", "extra_cuda_cflags", "extra_ldflags",
                "extra_include_paths")
 BOOL_FIELDS = ("with_cuda", "is_python_module", "with_pytorch_error_handling", "no_implicit_headers")
@@ -233,6 +235,7 @@ class InlineBuilder:
         with open(self.root / f"{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if (published / "sha256").is_file() and library.is_file():
+                touch(published)  # (its last use: the cache's budget removes the least recently used)
                 return Built(library, module, (published / "sha256").read_text().strip(), True,
                              time.perf_counter() - start)
             work = Path(tempfile.mkdtemp(prefix=".build-", dir=self.root))
