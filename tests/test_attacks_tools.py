@@ -224,3 +224,34 @@ def test_an_episode_stops_at_its_wall_clock_bound_and_answers_the_calls_it_did_n
     assert len(tools) == 6 and 1 <= len(ran) <= 4, (len(tools), len(ran))
     assert all("time limit" in r["message"]["content"] for r in tools if r.get("error"))
     assert summary.wall_s < 5, summary.wall_s
+
+
+def test_bash_cannot_fill_the_disk_through_the_workspace(judge, tmp_path, monkeypatch):
+    """The other open end of R3: a command wrote up to the sandbox's 32 GiB a file, any number of files, into the
+    workspace (the disk every episode and the judge share). Now the workspace is measured while the command runs
+    and the command is killed past its budget; what is left over it goes, largest first, and the agent is told
+    which; the task and the template stay. (The budget is lowered here to keep the test small.)"""
+    from cuda_agent.agent import disk
+
+    monkeypatch.setattr(disk, "WORKSPACE_BYTES", 8 << 20)
+    env = Environment(judge, tmp_path / "run", use_sandbox=SANDBOX, bash_timeout=60)
+    env.reset(AFFINE)
+    fill = "for i in $(seq 1000); do head -c 1048576 /dev/urandom > fill_$i.bin; sleep 0.01; done"
+    result = env.step("bash", {"command": f"echo small > keep.txt; {fill}"})
+    assert "killed: the workspace holds" in result.observation, result.observation[-500:]
+    assert "removed fill_" in result.observation, result.observation[-500:]
+    assert disk.usage(env.workspace).bytes <= 8 << 20
+    assert (env.workspace / "keep.txt").exists() and (env.workspace / "model.py").exists()
+    assert len(list(env.workspace.glob("fill_*.bin"))) < 50
+
+
+def test_a_workspace_of_too_many_files_is_stopped_and_trimmed(tmp_path, monkeypatch):
+    from cuda_agent.agent import disk
+
+    monkeypatch.setattr(disk, "MAX_ENTRIES", 50)
+    for i in range(80):
+        (tmp_path / f"f{i}").write_text("x")
+    (tmp_path / "model.py").write_text("task")
+    assert "more than 50 files" in (disk.usage(tmp_path).over() or "")
+    removed = disk.enforce(tmp_path, ("model.py",))
+    assert len(removed) == 31 and "model.py" not in removed and disk.usage(tmp_path).over() is None

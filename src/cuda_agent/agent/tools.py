@@ -25,12 +25,12 @@ from ..judge import Judge
 from ..judge.pool import JudgePool
 from ..judge.verdict import Verdict
 from ..workspace.candidate import Candidate, CandidateError, load_candidate
-from . import grep
+from . import disk, grep
 
 READ_ONLY = ("model.py", "SKILL.md", "binding.cpp", "binding_registry.h")
 OUTPUT_LIMIT = 12_000  # characters of tool output kept: head and tail halves
 MAX_READ_LINES = 2000
-MAX_FILE_BYTES = 16 << 20  # the file tools read no larger file (bash may write up to the sandbox's 32 GiB)
+MAX_FILE_BYTES = 16 << 20  # the file tools read no larger file
 
 
 class ToolError(Exception):
@@ -254,19 +254,15 @@ class Tools:
             ro = [self.workspace / name for name in READ_ONLY if (self.workspace / name).exists()]
             box = sandbox.Sandbox(sandbox.View(writable=[self.workspace], readable=ro,
                                                hidden=[*self.judge.private_paths, *self.hidden]),
-                                  sandbox.Limits(cpu_seconds=None), cwd=self.workspace)
+                                  sandbox.Limits(memory_bytes=disk.MEMORY_BYTES, cpu_seconds=None,
+                                                 file_bytes=disk.FILE_BYTES), cwd=self.workspace)
             prefix = box.prefix()
         start = time.monotonic()
         proc = subprocess.Popen([*prefix, "bash", "-c", command], cwd=self.workspace, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 env=command_env())
         try:
-            output, _ = proc.communicate(timeout=limit)
-            status = f"exit code {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            status = f"killed after {limit} s (timeout)"
+            output, status = self._watched(proc, start, limit)
         except BaseException:  # interrupted (Ctrl-C, SIGTERM): the command is not left running in its own session
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -276,7 +272,31 @@ class Tools:
             if box:
                 box.close()
         text = output.decode(errors="replace")
-        return f"[{status}, {time.monotonic() - start:.1f} s]\n{clip(text)}"
+        return f"[{status}, {time.monotonic() - start:.1f} s]\n{clip(text)}{self._within_budget()}"
+
+    def _within_budget(self) -> str:
+        """The workspace brought back under its disk budget after a command; what the agent is told of it."""
+        over = disk.usage(self.workspace).over()
+        removed = disk.enforce(self.workspace, READ_ONLY) if over else []
+        if not removed:
+            return f"\n[{over}]" if over else ""
+        more = f" and {len(removed) - 20} more" if len(removed) > 20 else ""
+        return f"\n[{over}: removed {', '.join(removed[:20])}{more}]"
+
+    def _watched(self, proc: subprocess.Popen, start: float, limit: float) -> tuple[bytes, str]:
+        """The command's output and how it ended: killed after `limit` seconds, or once its workspace passes its
+        disk budget (`disk.py`), measured every `disk.POLL_S`."""
+        while True:
+            try:
+                left = start + limit - time.monotonic()
+                output, _ = proc.communicate(timeout=max(0.0, min(disk.POLL_S, left)))
+                return output, f"exit code {proc.returncode}"
+            except subprocess.TimeoutExpired:
+                over = disk.usage(self.workspace).over()
+                if over or time.monotonic() >= start + limit:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    output, _ = proc.communicate()
+                    return output, f"killed: {over}" if over else f"killed after {limit} s (timeout)"
 
     # ---- judge ------------------------------------------------------------------------------------------
     def _candidate(self):
