@@ -255,3 +255,26 @@ def test_a_workspace_of_too_many_files_is_stopped_and_trimmed(tmp_path, monkeypa
     assert "more than 50 files" in (disk.usage(tmp_path).over() or "")
     removed = disk.enforce(tmp_path, ("model.py",))
     assert len(removed) == 31 and "model.py" not in removed and disk.usage(tmp_path).over() is None
+
+
+def test_bash_runs_at_the_lowest_cpu_priority_which_it_cannot_raise(env):
+    """The last open end of R3: a command spinning on every core slowed whatever ran beside it, a sibling episode's
+    candidate being timed included. Its processes now run in an idle cgroup where the cpu controller can be set (a
+    new session inside stays in it), and at nice 19 in an autogroup at nice 19 (where the kernel groups sessions a
+    nice value counts only within its own); none of it can be raised back from inside."""
+    from cuda_agent.sandbox.cgroup import Cgroup
+
+    probe = ("nice; cat /proc/self/autogroup 2>/dev/null || echo no-autogroup; "
+             "renice -n 0 -p $$ >/dev/null 2>&1 && echo RAISED || echo refused; "
+             "g=$(setsid cat /proc/self/cgroup | grep -E '^[0-9]+:(cpu|cpu,cpuacct|cpuacct,cpu)?:/cuda-agent' "
+             "| head -1 | cut -d: -f3); echo \"group $g\"; "
+             "for d in /sys/fs/cgroup/cpu$g /sys/fs/cgroup$g; do for f in cpu.idle cpu.shares cpu.weight; do "
+             "[ -f $d/$f ] && echo \"$f $(cat $d/$f)\"; done; done; true")
+    lines = env.step("bash", {"command": probe}).observation.splitlines()[1:]
+    assert lines[0] == "19", lines
+    assert lines[1] == "no-autogroup" or lines[1].endswith("nice 19"), lines
+    assert lines[2] == "refused", lines
+    layout = Cgroup.layout() if SANDBOX else None
+    if layout and Cgroup.cpu_parent(layout[0]):  # in the idle group, even from a session of its own
+        assert lines[3].startswith("group /cuda-agent-"), lines
+        assert "cpu.idle 1" in lines[4:] or "cpu.shares 2" in lines[4:] or "cpu.weight 1" in lines[4:], lines

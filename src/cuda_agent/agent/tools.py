@@ -31,6 +31,10 @@ READ_ONLY = ("model.py", "SKILL.md", "binding.cpp", "binding_registry.h")
 OUTPUT_LIMIT = 12_000  # characters of tool output kept: head and tail halves
 MAX_READ_LINES = 2000
 MAX_FILE_BYTES = 16 << 20  # the file tools read no larger file
+# `bash` runs at the lowest CPU priority (a command spinning on every core must not slow a sibling episode's timed
+# candidate): in an idle cgroup where one can be made (which a new session inside cannot leave), else at nice 19 in
+# an autogroup at nice 19 (where the kernel groups sessions a nice value counts only within its own)
+NICE = 19
 
 
 class ToolError(Exception):
@@ -255,12 +259,13 @@ class Tools:
             box = sandbox.Sandbox(sandbox.View(writable=[self.workspace], readable=ro,
                                                hidden=[*self.judge.private_paths, *self.hidden]),
                                   sandbox.Limits(memory_bytes=disk.MEMORY_BYTES, cpu_seconds=None,
-                                                 file_bytes=disk.FILE_BYTES), cwd=self.workspace)
+                                                 file_bytes=disk.FILE_BYTES, cpu_idle=True), cwd=self.workspace)
             prefix = box.prefix()
         start = time.monotonic()
-        proc = subprocess.Popen([*prefix, "bash", "-c", command], cwd=self.workspace, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True,
+        proc = subprocess.Popen(["nice", "-n", str(NICE), *prefix, "bash", "-c", command], cwd=self.workspace,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=command_env())
+        _lower_session(proc.pid)
         try:
             output, status = self._watched(proc, start, limit)
         except BaseException:  # interrupted (Ctrl-C, SIGTERM): the command is not left running in its own session
@@ -362,6 +367,12 @@ class Tools:
 
     def tool_finish(self, summary: str = "") -> str:
         return "finished" + (f": {summary}" if summary else "")
+
+
+def _lower_session(pid: int) -> None:
+    """The autogroup of `pid`'s new session at the lowest priority (no autogroups here: nothing to do)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(str(NICE))
 
 
 def command_env() -> dict[str, str]:

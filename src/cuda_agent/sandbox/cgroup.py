@@ -1,6 +1,8 @@
 """A control group per sandboxed launch: caps the process count (fork bombs) and memory (host OOM), and kills
-everything in it at the end. cgroup v2 (unified) or v1 (`pids` and `memory` hierarchies); needs write access to
-the hierarchy (root, or a delegated subtree). Where neither is writable, `Cgroup.create` returns None.
+everything in it at the end; where asked and the `cpu` controller is writable, runs it at idle priority (the agent's
+commands: beside a timed candidate they take only CPU time no one else wants). cgroup v2 (unified) or v1 (`pids`
+and `memory` hierarchies, `cpu`); needs write access to the hierarchy (root, or a delegated subtree). Where neither
+is writable, `Cgroup.create` returns None.
 """
 
 from __future__ import annotations
@@ -31,11 +33,26 @@ def members(directory: Path) -> list[int]:
     return found
 
 
+def _set_idle(group: Path, version: int) -> bool:
+    """SCHED_IDLE for the whole group (`cpu.idle`, Linux 5.15), else the least CPU weight it can have."""
+    try:
+        _write(group / "cpu.idle", "1")
+        return True
+    except OSError:
+        pass
+    try:
+        _write(group / ("cpu.weight" if version == 2 else "cpu.shares"), "1" if version == 2 else "2")
+        return True
+    except OSError:
+        return False
+
+
 class Cgroup:
     """One group, possibly split over v1 hierarchies; `procs` are the files a process joins by writing its pid."""
 
     def __init__(self, version: int, dirs: list[Path]):
         self.version, self.dirs = version, dirs
+        self.idle = False  # at idle CPU priority
 
     @property
     def procs(self) -> list[Path]:
@@ -55,12 +72,22 @@ class Cgroup:
             return 1, parents
         return None
 
+    @staticmethod
+    def cpu_parent(version: int) -> Path | None:
+        """Where the `cpu` controller can be set for a new group here (None: nowhere)."""
+        if version == 2:
+            return ROOT if "cpu" in (ROOT / "cgroup.subtree_control").read_text().split() else None
+        return ROOT / "cpu" if os.access(ROOT / "cpu", os.W_OK) and (ROOT / "cpu" / "cpu.shares").exists() else None
+
     @classmethod
-    def create(cls, max_processes: int, memory_bytes: int) -> Cgroup | None:
+    def create(cls, max_processes: int, memory_bytes: int, cpu_idle: bool = False) -> Cgroup | None:
         found = cls.layout()
         if found is None:
             return None
         version, parents = found
+        cpu = cls.cpu_parent(version) if cpu_idle else None
+        if cpu is not None:
+            parents = {**parents, "cpu": cpu}
         name = f"cuda-agent-{os.getpid()}-{next(_counter)}"
         dirs = sorted({p / name for p in parents.values()})
         group = cls(version, [])
@@ -76,6 +103,8 @@ class Cgroup:
                     _write(mem_dir / "memory.swap.max", "0")
             else:
                 _write(mem_dir / "memory.limit_in_bytes", str(memory_bytes))
+            if cpu is not None:
+                group.idle = _set_idle(cpu / name, version)
         except OSError:
             group.close()
             return None
