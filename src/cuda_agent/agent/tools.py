@@ -31,9 +31,10 @@ READ_ONLY = ("model.py", "SKILL.md", "binding.cpp", "binding_registry.h")
 OUTPUT_LIMIT = 12_000  # characters of tool output kept: head and tail halves
 MAX_READ_LINES = 2000
 MAX_FILE_BYTES = 16 << 20  # the file tools read no larger file
-# `bash` runs at the lowest CPU priority (a command spinning on every core must not slow a sibling episode's timed
-# candidate): in an idle cgroup where one can be made (which a new session inside cannot leave), else at nice 19 in
-# an autogroup at nice 19 (where the kernel groups sessions a nice value counts only within its own)
+# `bash` runs at a low CPU priority (a command spinning on every core must not slow a sibling episode's timed
+# candidate): in a cgroup of a twentieth of an ordinary process's weight where one can be made (which a new session
+# inside cannot leave), and at nice 19 in an autogroup at nice 19 (where the kernel groups sessions a nice value
+# counts only within its own)
 NICE = 19
 
 
@@ -259,7 +260,7 @@ class Tools:
             box = sandbox.Sandbox(sandbox.View(writable=[self.workspace], readable=ro,
                                                hidden=[*self.judge.private_paths, *self.hidden]),
                                   sandbox.Limits(memory_bytes=disk.MEMORY_BYTES, cpu_seconds=None,
-                                                 file_bytes=disk.FILE_BYTES, cpu_idle=True), cwd=self.workspace)
+                                                 file_bytes=disk.FILE_BYTES, cpu_low=True), cwd=self.workspace)
             prefix = box.prefix()
         start = time.monotonic()
         proc = subprocess.Popen(["nice", "-n", str(NICE), *prefix, "bash", "-c", command], cwd=self.workspace,

@@ -48,7 +48,7 @@ class Limits:
     cpu_seconds: int | None = 7200
     file_bytes: int = 32 << 30
     address_space: bool = False  # also cap the address space (cpu backend only)
-    cpu_idle: bool = False  # idle CPU priority for the whole group, where the cgroup's cpu controller is writable
+    cpu_low: bool = False  # a low CPU weight for the whole group, where the cgroup's cpu controller is writable
 
     def memory(self) -> int:
         if self.memory_bytes:
@@ -131,7 +131,7 @@ class Sandbox:
 
     def __init__(self, view: View, limits: Limits, cwd: Path | str = "/", use_cgroup: bool = True):
         self.view, self.limits, self.cwd = view, limits, str(cwd)
-        self.cgroup = Cgroup.create(limits.max_processes, limits.memory(), limits.cpu_idle) if use_cgroup else None
+        self.cgroup = Cgroup.create(limits.max_processes, limits.memory(), limits.cpu_low) if use_cgroup else None
 
     def prefix(self) -> list[str]:
         spec = {**self.view.spec(), "cwd": self.cwd}
@@ -158,8 +158,8 @@ class Sandbox:
                  f"judge data and home directories hidden"]
         if self.cgroup:
             parts.append(f"cgroup v{self.cgroup.version}: processes <= {lim.max_processes}, "
-                         f"memory <= {lim.memory() / gib:.1f} GiB" + (", idle CPU priority" if self.cgroup.idle else
-                                                                        ", CPU priority unchanged" if lim.cpu_idle
+                         f"memory <= {lim.memory() / gib:.1f} GiB" + (", low CPU weight" if self.cgroup.low else
+                                                                        ", CPU weight unchanged" if lim.cpu_low
                                                                         else ""))
         elif os.geteuid() != 0:
             parts.append(f"processes <= {lim.max_processes} (rlimit)")

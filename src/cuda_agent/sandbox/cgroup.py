@@ -1,6 +1,6 @@
 """A control group per sandboxed launch: caps the process count (fork bombs) and memory (host OOM), and kills
-everything in it at the end; where asked and the `cpu` controller is writable, runs it at idle priority (the agent's
-commands: beside a timed candidate they take only CPU time no one else wants). cgroup v2 (unified) or v1 (`pids`
+everything in it at the end; where asked and the `cpu` controller is writable, gives it a low CPU weight (the agent's
+commands: beside a timed candidate they yield the CPU). cgroup v2 (unified) or v1 (`pids`
 and `memory` hierarchies, `cpu`); needs write access to the hierarchy (root, or a delegated subtree). Where neither
 is writable, `Cgroup.create` returns None.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 _counter = itertools.count()
+LOW_WEIGHT = {1: 50, 2: 5}  # cpu.shares (v1, ordinary 1024) and cpu.weight (v2, ordinary 100) of a low group
 
 
 def _write(path: Path, value: str) -> None:
@@ -33,15 +34,11 @@ def members(directory: Path) -> list[int]:
     return found
 
 
-def _set_idle(group: Path, version: int) -> bool:
-    """SCHED_IDLE for the whole group (`cpu.idle`, Linux 5.15), else the least CPU weight it can have."""
+def _set_low(group: Path, version: int) -> bool:
+    """A twentieth of the CPU weight of an ordinary process (`LOW_WEIGHT`): under contention it yields, never
+    starves (SCHED_IDLE would leave an agent's compile to its timeout on a busy machine)."""
     try:
-        _write(group / "cpu.idle", "1")
-        return True
-    except OSError:
-        pass
-    try:
-        _write(group / ("cpu.weight" if version == 2 else "cpu.shares"), "1" if version == 2 else "2")
+        _write(group / ("cpu.weight" if version == 2 else "cpu.shares"), str(LOW_WEIGHT[version]))
         return True
     except OSError:
         return False
@@ -52,7 +49,7 @@ class Cgroup:
 
     def __init__(self, version: int, dirs: list[Path]):
         self.version, self.dirs = version, dirs
-        self.idle = False  # at idle CPU priority
+        self.low = False  # at a low CPU weight
 
     @property
     def procs(self) -> list[Path]:
@@ -80,12 +77,12 @@ class Cgroup:
         return ROOT / "cpu" if os.access(ROOT / "cpu", os.W_OK) and (ROOT / "cpu" / "cpu.shares").exists() else None
 
     @classmethod
-    def create(cls, max_processes: int, memory_bytes: int, cpu_idle: bool = False) -> Cgroup | None:
+    def create(cls, max_processes: int, memory_bytes: int, cpu_low: bool = False) -> Cgroup | None:
         found = cls.layout()
         if found is None:
             return None
         version, parents = found
-        cpu = cls.cpu_parent(version) if cpu_idle else None
+        cpu = cls.cpu_parent(version) if cpu_low else None
         if cpu is not None:
             parents = {**parents, "cpu": cpu}
         name = f"cuda-agent-{os.getpid()}-{next(_counter)}"
@@ -104,7 +101,7 @@ class Cgroup:
             else:
                 _write(mem_dir / "memory.limit_in_bytes", str(memory_bytes))
             if cpu is not None:
-                group.idle = _set_idle(cpu / name, version)
+                group.low = _set_low(cpu / name, version)
         except OSError:
             group.close()
             return None
