@@ -278,3 +278,75 @@ def test_bash_runs_at_the_lowest_cpu_priority_which_it_cannot_raise(env):
     if layout and Cgroup.cpu_parent(layout[0]):  # in the low group, even from a session of its own
         assert lines[3].startswith("group /cuda-agent-"), lines
         assert f"cpu.shares {LOW_WEIGHT[1]}" in lines[4:] or f"cpu.weight {LOW_WEIGHT[2]}" in lines[4:], lines
+def _du_bytes(path: Path) -> int:
+    """What a folder holds on disk, measured by `du` (which walks below PATH_MAX by descriptors)."""
+    return int(subprocess.run(["du", "-sk", str(path)], capture_output=True, text=True).stdout.split()[0]) << 10
+
+
+def test_files_below_a_path_longer_than_path_max_count_against_the_workspace(judge, tmp_path, monkeypatch):
+    """Red team 2026-12-06: the workspace was measured by whole paths, so a file whose path passes PATH_MAX (4096
+    bytes: 18 folders of 250 characters, entered one by one) could not be stat'ed and counted nothing; 6 files of
+    250 MiB stayed after a command that measured 0 MiB, never removed, any number of commands (the disk every
+    episode and the judge share). (The budget is lowered here to keep the test small.)"""
+    from cuda_agent.agent import disk
+
+    monkeypatch.setattr(disk, "WORKSPACE_BYTES", 8 << 20)
+    env = Environment(judge, tmp_path / "run", use_sandbox=SANDBOX, bash_timeout=60)
+    env.reset(AFFINE)
+    deep = "for i in $(seq 18); do mkdir " + "d" * 250 + " && cd " + "d" * 250 + "; done"
+    result = env.step("bash", {"command": f"{deep}; for i in $(seq 6); do head -c 4194304 /dev/urandom > f$i; done"})
+    assert "the workspace holds" in result.observation, result.observation[-300:]
+    assert _du_bytes(env.workspace) <= 9 << 20, _du_bytes(env.workspace)
+    assert (env.workspace / "model.py").exists()
+
+
+def test_files_removed_but_held_open_count_against_the_workspace(judge, tmp_path, monkeypatch):
+    """Red team 2026-12-06: a command that opens a file, removes its name and writes on held the disk's space for
+    as long as it ran (to its timeout), in no folder the measurement walks: 2 GiB (8 files of 250 MiB) held for the
+    whole command, the workspace measured at 0. They count now (the command's processes' descriptors and maps)."""
+    import time as _time
+
+    from cuda_agent.agent import disk
+
+    monkeypatch.setattr(disk, "WORKSPACE_BYTES", 8 << 20)
+    env = Environment(judge, tmp_path / "run", use_sandbox=SANDBOX, bash_timeout=60)
+    env.reset(AFFINE)
+    hold = "for i in $(seq 6); do exec {fd}>f$i; rm f$i; head -c 4194304 /dev/urandom >&$fd; done; sleep 20"
+    began = _time.monotonic()
+    result = env.step("bash", {"command": hold})
+    assert _time.monotonic() - began < 10, result.observation[-300:]
+    assert "killed: the workspace holds" in result.observation, result.observation[-300:]
+
+
+def test_a_command_started_just_before_the_episode_s_time_limit_ends_at_it(judge, tmp_path):
+    """Red team 2026-12-06: the time limit was checked before each call, and a call started just before it ran to its
+    own timeout: a `bash sleep` started at 1,799 s of a 1,800 s episode held it to 1,979 s (bash_timeout 180 s), the
+    whole PPO step waiting. A command now ends at the episode's limit (here 2 s; bash's own timeout 30 s)."""
+    sleep = {"type": "function", "function": {"name": "bash", "arguments": ""}}
+    reply = {"role": "assistant", "content": "", "tool_calls": [
+        {**sleep, "id": "c0", "function": {"name": "bash", "arguments": '{"command": "sleep 1.5"}'}},
+        {**sleep, "id": "c1", "function": {"name": "bash", "arguments": '{"command": "sleep 25"}'}}]}
+    run = tmp_path / "run"
+    summary = run_episode(Environment(judge, run, use_sandbox=SANDBOX, bash_timeout=30), ScriptedClient([reply]),
+                          AFFINE, run, LoopConfig(max_turns=1, time_limit_s=2.0))
+    assert summary.wall_s < 6, (summary.wall_s, summary.stop)
+
+
+@pytest.mark.xfail(strict=True, reason="open: a judge call is bounded by the judge's own budgets (builds 600 s, "
+                                       "run 300 s, twice for a crash), not by the episode's time limit")
+def test_a_judge_call_started_just_before_the_episode_s_time_limit_ends_near_it(judge, tmp_path):
+    """Red team 2026-12-06: `verify` at the last moment runs the whole evaluation, and a candidate killed by a signal
+    is judged twice: a `model_new.py` that sleeps 3 s and then segfaults held a 2 s episode for ~10 s here (42 s on
+    a fresh cache); with the default budgets a 1,800 s episode can run ~20 minutes longer."""
+    import json as _json
+
+    src = TASKS.parent / "candidates" / "affine_relu_ok"
+    setup = (f"cp -r {src}/kernels . && cp {src}/model_new.py . && printf 'import os, signal, time\\n"
+             "time.sleep(3)\\nos.kill(os.getpid(), signal.SIGSEGV)\\n' >> model_new.py; sleep 1.2")
+    reply = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c0", "type": "function", "function": {"name": "bash", "arguments": _json.dumps({"command": setup})}},
+        {"id": "c1", "type": "function", "function": {"name": "verify", "arguments": "{}"}}]}
+    run = tmp_path / "run"
+    summary = run_episode(Environment(judge, run, use_sandbox=SANDBOX, bash_timeout=30), ScriptedClient([reply]),
+                          AFFINE, run, LoopConfig(max_turns=1, time_limit_s=2.0))
+    assert summary.wall_s < 5, (summary.wall_s, summary.stop)

@@ -391,3 +391,25 @@ def test_the_freezer_waits_for_the_cpu_clock_to_hold_still_after_the_threads_sho
         freezer.close()
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("sent", [16, 64])  # (an empty message with them; more than the 16 a message may carry)
+def test_descriptors_sent_with_a_message_the_trusted_side_refuses_are_closed(callee, sent):
+    """Red team 2026-12-06: an empty message (read as the socket closing) or one whose descriptors were cut off
+    (more than 16) was refused with its descriptors left open in the reference worker, which later evaluations share:
+    16 a call failed this way, each a memfd that could hold the candidate's whole memory (freed by no cgroup once the
+    candidate is gone; 1 GiB measured held after its process ended)."""
+    calls = callee("import array, os, socket, cuda_agent.judge.candidate.callee as c\n"
+                   "real = c.send\n"
+                   f"def forged(sock, msg, fds=(), n={sent}):\n"
+                   "    made = [os.memfd_create('held') for _ in range(n)]\n"
+                   "    sock.sendmsg([b'' if n == 16 else b'{}'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,\n"
+                   "                                           array.array('i', made))])\n"
+                   "    real(sock, msg, fds)\n"
+                   "c.send = forged\n"
+                   "return inputs[0] * 2")
+    held = len(os.listdir("/proc/self/fd"))
+    calls.load([torch.randn(100)])
+    with pytest.raises(CallFailed):
+        calls.call(time.monotonic() + 30)
+    assert len(os.listdir("/proc/self/fd")) - held < 8, len(os.listdir("/proc/self/fd")) - held

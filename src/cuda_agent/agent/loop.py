@@ -108,6 +108,8 @@ def _loop(env: Environment, client: ChatClient, messages: list[dict], tools: lis
           state: LoopState, config: LoopConfig, progress: Callable[[LoopState], None]) -> None:
     invalid = 0
     deadline = traj.start + config.time_limit_s if config.time_limit_s is not None else float("inf")
+    if env.tools is not None:  # (a command started just before the limit ends at it, not at its own timeout)
+        env.tools.deadline = deadline
     while state.turn < config.max_turns:
         if time.monotonic() >= deadline:
             state.stopped(Stop.TIME_LIMIT, f"{config.time_limit_s:g} s")

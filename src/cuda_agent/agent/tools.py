@@ -23,7 +23,9 @@ from typing import Any
 from .. import sandbox
 from ..judge import Judge
 from ..judge.pool import JudgePool
+from ..judge.trusted.freezer import descendants
 from ..judge.verdict import Verdict
+from ..sandbox.cgroup import members
 from ..workspace.candidate import Candidate, CandidateError, load_candidate
 from . import disk, grep
 
@@ -136,6 +138,7 @@ class Tools:
     bash_timeout: int = 180
     names: tuple[str, ...] = tuple(TOOL_NAMES)  # the tools offered
     hidden: tuple[Path, ...] = ()  # folders bash must not see besides the judge's (other episodes' run folders)
+    deadline: float = float("inf")  # (time.monotonic) the episode's time limit: no command runs past it
     _verdicts: dict[str, Verdict] = field(default_factory=dict)  # candidate hash -> its full verdict
 
     # ---- dispatch ---------------------------------------------------------------------------------------
@@ -253,6 +256,7 @@ class Tools:
     # ---- shell ------------------------------------------------------------------------------------------
     def tool_bash(self, command: str, timeout: int | None = None) -> str:
         limit = min(timeout, self.bash_timeout) if timeout and timeout > 0 else self.bash_timeout
+        limit = max(0.1, min(limit, self.deadline - time.monotonic()))  # (red team 2026-12-06: ran past the episode)
         box = None
         prefix: list[str] = []
         if self.use_sandbox:
@@ -268,7 +272,7 @@ class Tools:
                                 env=command_env())
         _lower_session(proc.pid)
         try:
-            output, status = self._watched(proc, start, limit)
+            output, status = self._watched(proc, start, limit, box)
         except BaseException:  # interrupted (Ctrl-C, SIGTERM): the command is not left running in its own session
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -287,22 +291,35 @@ class Tools:
         if not removed:
             return f"\n[{over}]" if over else ""
         more = f" and {len(removed) - 20} more" if len(removed) > 20 else ""
-        return f"\n[{over}: removed {', '.join(removed[:20])}{more}]"
+        names = [name if len(name) <= 120 else f"...{name[-100:]}" for name in removed[:20]]
+        return f"\n[{over}: removed {', '.join(names)}{more}]"
 
-    def _watched(self, proc: subprocess.Popen, start: float, limit: float) -> tuple[bytes, str]:
+    def _watched(self, proc: subprocess.Popen, start: float, limit: float, box=None) -> tuple[bytes, str]:
         """The command's output and how it ended: killed after `limit` seconds, or once its workspace passes its
-        disk budget (`disk.py`), measured every `disk.POLL_S`."""
+        disk budget (`disk.py`), measured every `disk.POLL_S`, files its processes hold open after removing them
+        included (on the workspace's disk, in no folder)."""
+        device = os.stat(self.workspace).st_dev
         while True:
             try:
                 left = start + limit - time.monotonic()
                 output, _ = proc.communicate(timeout=max(0.0, min(disk.POLL_S, left)))
                 return output, f"exit code {proc.returncode}"
             except subprocess.TimeoutExpired:
-                over = disk.usage(self.workspace).over()
+                now = disk.usage(self.workspace)
+                over = now.over()
+                if over is None:
+                    pids = set(descendants(proc.pid))
+                    if box is not None and box.cgroup is not None:
+                        for folder in box.cgroup.dirs:
+                            pids.update(members(folder))
+                    held = disk.held_unlinked(sorted(pids), device)
+                    if now.bytes + held > disk.WORKSPACE_BYTES:
+                        over = (f"the workspace holds {(now.bytes + held) >> 20} MiB, {held >> 20} MiB of it in "
+                                f"files removed but held open (at most {disk.WORKSPACE_BYTES >> 20} MiB)")
                 if over or time.monotonic() >= start + limit:
                     os.killpg(proc.pid, signal.SIGKILL)
                     output, _ = proc.communicate()
-                    return output, f"killed: {over}" if over else f"killed after {limit} s (timeout)"
+                    return output, f"killed: {over}" if over else f"killed after {limit:.4g} s (timeout)"
 
     # ---- judge ------------------------------------------------------------------------------------------
     def _candidate(self):

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-GRACE_S = 3600.0  # an entry used this recently stays, whatever the budget
+GRACE_S = 900.0  # an entry used this recently stays, whatever the budget (a build links its cached objects within
+# its budget, 600 s by default; a library is copied the moment it is found)
 TRIM_TO = 0.8  # a trim goes down to this share of the budget (so that it does not run after every build)
 EVERY_S = 300.0  # a judge looks at its cache's size at most this often
 KEY = re.compile(r"[0-9a-f]{64}")  # a published library's folder (`InlineBuilder.key`)
@@ -61,8 +62,21 @@ def entries(cache_dir: Path) -> list[tuple[float, int, Path]]:
     return found
 
 
-def _remove(path: Path) -> bool:
-    if not path.is_dir():
+def _used_since(path: Path, cutoff: float) -> bool:
+    """Whether the entry was used after `cutoff` (read again now: the trim's listing may be seconds old)."""
+    try:
+        return path.stat().st_mtime > cutoff
+    except FileNotFoundError:
+        return False
+
+
+def _remove(path: Path, cutoff: float = float("inf")) -> bool:
+    """Remove an entry unless it was used after `cutoff` (held out, red team 2026-12-06: an entry a build touched
+    after the trim listed it was removed by the listed time, and that build's link, or its library's copy, failed).
+    A library is looked at again under its lock, which `InlineBuilder.build` holds while it touches it."""
+    if not path.is_dir() or path.is_symlink():
+        if _used_since(path, cutoff):
+            return False
         try:
             path.unlink()
             return True
@@ -72,6 +86,8 @@ def _remove(path: Path) -> bool:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # being published (or checked) right now
+            return False
+        if _used_since(path, cutoff):
             return False
         shutil.rmtree(path, ignore_errors=True)
         return True
@@ -89,7 +105,7 @@ def trim(cache_dir: Path, budget_bytes: int, grace_s: float = GRACE_S, now: floa
     for used, size, path in found:
         if held <= budget_bytes * TRIM_TO or used > now - grace_s:
             break
-        if _remove(path):
+        if _remove(path, now - grace_s):
             held -= size
             result.removed += 1
             result.freed_bytes += size

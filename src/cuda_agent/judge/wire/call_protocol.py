@@ -189,10 +189,10 @@ def receive_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-    if not data:
-        raise ConnectionError("the other side closed the call socket")
-    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-        raise ConnectionError("a message was cut off")
+    if not data or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        for fd in fds:  # (held out, red team 2026-12-06: kept open by the reference worker, memfds full of memory)
+            os.close(fd)
+        raise ConnectionError("the other side closed the call socket" if not data else "a message was cut off")
     try:
         return json.loads(data), list(fds)
     except (ValueError, RecursionError) as exc:
