@@ -144,9 +144,11 @@ def test_a_copy_the_kernel_goes_on_with_after_the_stop_is_inside_the_call(callee
     os.ftruncate(fd, size)
     buffer = bytearray(size)
     os.preadv(fd, [buffer], 0)  # (the pages exist: the timing below is the copy's)
-    began = time.perf_counter()
-    os.preadv(fd, [buffer], 0)
-    copy_s = time.perf_counter() - began
+    copy_s = float("inf")
+    for _ in range(3):  # (the fastest: a copy slowed by a neighbour's load, 219 ms for 32, failed an honest window)
+        began = time.perf_counter()
+        os.preadv(fd, [buffer], 0)
+        copy_s = min(copy_s, time.perf_counter() - began)
     os.close(fd)
     del buffer
     calls = callee("if not state:\n"
