@@ -2,8 +2,9 @@
 bounded by the command's memory limit); without a bound one command fills the machine's disk for every episode and
 the judge beside it (held out, red team 2026-12-05: 32 GiB a file, any number of files).
 
-While a command runs its workspace is measured every `POLL_S` and the command is killed past `WORKSPACE_BYTES`
-(or `MAX_ENTRIES` files and folders); afterwards, a workspace still over either is brought back under them by
+While a command runs its workspace is measured every `POLL_S` (with the files its processes hold open after removing
+their names: `held_unlinked`) and the command is killed past `WORKSPACE_BYTES` (or `MAX_ENTRIES` files and folders,
+or a folder it cannot measure); afterwards, a workspace still over either is brought back under them by
 removing its largest files (or, for the count, its newest), and the agent is told which.
 """
 
