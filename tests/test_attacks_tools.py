@@ -19,6 +19,7 @@ from conftest import TASKS, fast_config
 from cuda_agent import sandbox
 from cuda_agent.agent import Environment, LoopConfig, ScriptedClient, run_episode
 from cuda_agent.judge import Judge
+from cuda_agent.workspace.candidate import load_candidate
 from cuda_agent.llm import reply_from
 
 AFFINE = TASKS / "affine_relu.py"
@@ -332,21 +333,23 @@ def test_a_command_started_just_before_the_episode_s_time_limit_ends_at_it(judge
     assert summary.wall_s < 6, (summary.wall_s, summary.stop)
 
 
-@pytest.mark.xfail(strict=True, reason="open: a judge call is bounded by the judge's own budgets (builds 600 s, "
-                                       "run 300 s, twice for a crash), not by the episode's time limit")
 def test_a_judge_call_started_just_before_the_episode_s_time_limit_ends_near_it(judge, tmp_path):
     """Red team 2026-12-06: `verify` at the last moment runs the whole evaluation, and a candidate killed by a signal
     is judged twice: a `model_new.py` that sleeps 3 s and then segfaults held a 2 s episode for ~10 s here (42 s on
-    a fresh cache); with the default budgets a 1,800 s episode can run ~20 minutes longer."""
-    import json as _json
-
+    a fresh cache); with the default budgets a 1,800 s episode can run ~20 minutes longer. The judge now takes the
+    episode's deadline: its waits on the candidate end there, no phase starts after it, and nothing is judged twice
+    past it; the verdict says it ran out of time (and is not kept as the workspace's answer)."""
     src = TASKS.parent / "candidates" / "affine_relu_ok"
+    judge.compile(load_candidate(src))  # the judge's own once-a-machine work (the precompiled header) done before
     setup = (f"cp -r {src}/kernels . && cp {src}/model_new.py . && printf 'import os, signal, time\\n"
              "time.sleep(3)\\nos.kill(os.getpid(), signal.SIGSEGV)\\n' >> model_new.py; sleep 1.2")
     reply = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c0", "type": "function", "function": {"name": "bash", "arguments": _json.dumps({"command": setup})}},
+        {"id": "c0", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": setup})}},
         {"id": "c1", "type": "function", "function": {"name": "verify", "arguments": "{}"}}]}
     run = tmp_path / "run"
     summary = run_episode(Environment(judge, run, use_sandbox=SANDBOX, bash_timeout=30), ScriptedClient([reply]),
                           AFFINE, run, LoopConfig(max_turns=1, time_limit_s=2.0))
     assert summary.wall_s < 5, (summary.wall_s, summary.stop)
+    records = [json.loads(line) for line in (run / "trajectory.jsonl").read_text().splitlines()]
+    verify = next(r for r in records if r.get("tool") == "verify")
+    assert "first failure: out of time" in verify["message"]["content"], verify

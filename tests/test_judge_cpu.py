@@ -1,9 +1,12 @@
 """End to end on the CPU backend: build, verify, audit, time and reward real candidates."""
 
+import time
+
 import pytest
 
 from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent.judge import Judge
+from cuda_agent.judge.verdict import OUT_OF_TIME
 from cuda_agent.judge.scoring.reward import milestone_reward
 from cuda_agent.task import TaskError, load_task
 from cuda_agent.workspace.candidate import load_candidate
@@ -341,12 +344,36 @@ def test_a_candidate_killed_by_a_signal_or_a_reference_failure_once_is_judged_ag
     assert verdict.warnings[-1] == warning
 
 
-def test_hang_is_killed_at_the_timeout(cache_dir, make_workspace):
+def test_a_crash_at_the_caller_s_deadline_is_not_judged_again(cpu_judge, monkeypatch):
+    """A deadline (an episode's time limit) passed: the candidate is not judged a second time after it."""
+    from cuda_agent.judge import judge as judge_module
+
+    runs = []
+
+    def crashes(evaluation):
+        runs.append(evaluation.verdict)
+        evaluation.verdict.error = "candidate process crashed with SIGSEGV (segmentation fault)"
+        time.sleep(0.3)
+
+    monkeypatch.setattr(judge_module.Evaluation, "run", crashes)
+    verdict = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok", deadline=time.monotonic() + 0.2)
+    assert len(runs) == 1 and "SIGSEGV" in verdict.error and not verdict.warnings, verdict
+
+
+def test_hang_is_killed_at_the_timeout_or_at_the_caller_s_deadline(cache_dir, make_workspace):
+    """A hang is waited for until its timeout; with a caller's deadline (an episode's time limit) before it, until
+    the deadline, and the verdict says the deadline ended it (not the candidate's failure: judged again, it may
+    pass)."""
     judge = Judge("cpu", fast_config(cache_dir, run_timeout_s=20))
     ws = make_workspace(edits={KERNEL: [("(void)config;", "(void)config; volatile int spin = 1; while (spin) {}")]})
     verdict = judge.evaluate(AFFINE, ws)
-    assert verdict.reward == -1 and "timed out" in verdict.error
+    assert verdict.reward == -1 and "timed out" in verdict.error and not verdict.error.startswith(OUT_OF_TIME)
     assert verdict.seconds < 120
+    cut = judge.evaluate(AFFINE, ws, deadline=time.monotonic() + 4)  # (its objects cached: cut in its run)
+    assert cut.reward == -1 and cut.error.startswith(OUT_OF_TIME) and "timed out" in cut.error, cut.error
+    assert cut.seconds < 8, cut.phases_s
+    late = judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok", deadline=time.monotonic() - 1)
+    assert late.error.startswith(OUT_OF_TIME) and "phases done: none" in late.error and late.seconds < 2, late
     assert_judge_still_works(judge, CANDIDATES / "affine_relu_ok")
 
 

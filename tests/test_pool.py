@@ -93,7 +93,7 @@ def test_an_evaluation_judged_again_alone_waits_for_those_in_flight_and_none_sta
     in_flight = [0]
 
     class Stub:
-        def evaluate(self, task, cand, alone=False):
+        def evaluate(self, task, cand, alone=False, deadline=None):
             with lock:
                 in_flight[0] += 1
                 started.append((cand, alone, in_flight[0]))
@@ -119,6 +119,30 @@ def test_an_evaluation_judged_again_alone_waits_for_those_in_flight_and_none_sta
     assert started[alone_at + 1:] == [("oom", "ended"), ("late", False, 1), ("late", "ended")], started
     assert "judged again alone" in verdicts[0].warnings[-1]
     assert [v.correct for v in verdicts] == [False, True, True, True]
+
+
+def test_no_evaluation_is_judged_again_alone_past_the_caller_s_deadline(cache_dir):
+    """Out of memory beside others, but the caller's deadline (an episode's time limit) has passed: the verdict
+    stands, and the deadline reached the judge."""
+    calls = []
+
+    class Stub:
+        def evaluate(self, task, cand, alone=False, deadline=None):
+            calls.append((alone, deadline))
+            time.sleep(0.2)
+            return Verdict(reward=-1, compiled=True, correct=False, error="CUDA out of memory. Tried to allocate")
+
+        def close(self):
+            pass
+
+    with JudgePool("cpu", fast_config(cache_dir), workers=2) as pool:
+        pool.judges[0].close()
+        pool.judges[0] = Stub()
+        deadline = time.monotonic() + 0.1
+        verdict = pool.evaluate(AFFINE, "oom", deadline=deadline)
+        assert calls == [(False, deadline)] and "out of memory" in verdict.error
+        verdict = pool.evaluate(AFFINE, "oom", deadline=time.monotonic() + 60)
+        assert [alone for alone, _ in calls] == [False, False, True], calls
 
 
 class SharedCountingLock(DeviceLock):

@@ -24,7 +24,7 @@ from .. import sandbox
 from ..judge import Judge
 from ..judge.pool import JudgePool
 from ..judge.trusted.freezer import descendants
-from ..judge.verdict import Verdict
+from ..judge.verdict import OUT_OF_TIME, Verdict
 from ..sandbox.cgroup import members
 from ..workspace.candidate import Candidate, CandidateError, load_candidate
 from . import disk, grep
@@ -333,7 +333,7 @@ class Tools:
 
     def tool_compile(self) -> str:
         cand = self._candidate()
-        result = self.judge.compile(cand)
+        result = self.judge.compile(cand, self._deadline())
         steps = ", ".join(f"{s.source}{' (cached)' if s.cached else ''}" for s in result.steps)
         if result.ok:
             return f"build ok in {result.seconds:.1f} s: {steps}"
@@ -343,9 +343,15 @@ class Tools:
         cand = self._candidate()
         verdict = self._verdicts.get(cand.hash)
         if verdict is None:
-            verdict = self.judge.evaluate(self.reference, cand)
-            self._verdicts[cand.hash] = verdict
+            verdict = self.judge.evaluate(self.reference, cand, deadline=self._deadline())
+            if not (verdict.error or "").startswith(OUT_OF_TIME):  # (cut short by the episode: not its answer)
+                self._verdicts[cand.hash] = verdict
         return verdict, cand
+
+    def _deadline(self) -> float | None:
+        """The episode's time limit, which the judge's work ends at too (red team 2026-12-06: a `verify` started
+        just before it ran a whole evaluation, twice for a crash)."""
+        return None if self.deadline == float("inf") else self.deadline
 
     def tool_verify(self) -> ToolResult:
         v, cand = self._judged()

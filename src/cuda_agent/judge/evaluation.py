@@ -31,7 +31,7 @@ from .scoring.score import score
 from .spares import Slot
 from .timekeeper import TimingFailed, TimingOutcome
 from .trusted_path import TrustedPath
-from .verdict import Verdict
+from .verdict import OUT_OF_TIME, Verdict
 from .verification import CandidatePath
 from .wire.process import WorkerDied, WorkerProcess
 
@@ -54,13 +54,20 @@ class Phases:
             self.notify(name, self.verdict.phases_s[name])
 
 
+class OutOfTime(Exception):
+    """The caller's deadline came before the next phase."""
+
+
 class Evaluation:
     def __init__(self, judge: Judge, task: Task, cand: Candidate, seeds: list[int], verdict: Verdict, slot: Slot,
-                 alone: bool):
+                 alone: bool, deadline: float = float("inf")):
         """`alone`: nothing else runs on the device from the moment the reference is this evaluation's to the
-        verdict."""
+        verdict. `deadline` (time.monotonic): the caller's (an episode's time limit); every wait on the candidate
+        (its builds, its process) ends there and no phase starts after it; the reference's own work is bounded by
+        its timeout."""
         self.judge, self.cfg = judge, judge.config
         self.task, self.cand, self.seeds, self.verdict, self.slot, self.alone = task, cand, seeds, verdict, slot, alone
+        self.deadline = deadline
         self.phases = Phases(verdict, judge.on_phase)
         self.ref: ReferenceWorker
         self.worker: WorkerProcess | None = None
@@ -94,9 +101,33 @@ class Evaluation:
             judge.store.put("memory", key, learnt)
             judge.memory.learn(learnt["total"])
 
+    def until(self, seconds: float) -> float:
+        """The deadline of a wait of `seconds` from now, cut at the caller's."""
+        return min(time.monotonic() + seconds, self.deadline)
+
+    def in_time(self) -> None:
+        """Between phases: OutOfTime when the caller's deadline has come."""
+        if time.monotonic() >= self.deadline:
+            raise OutOfTime
+
     def _phases(self, guess: bool) -> None:
+        cut = False
         try:
+            self._all_phases(guess)
+        except OutOfTime:
+            self.verdict.correct, cut = False, True
+        if cut or self.verdict.error and time.monotonic() >= self.deadline:
+            # a failure at the caller's deadline is the deadline's (a candidate cut short is not judged wrong)
+            why = f": {self.verdict.error}" if self.verdict.error else ""
+            done = ", ".join(p for p in self.verdict.phases_s if not p.endswith("queued")) or "none"
+            self.verdict.error = f"{OUT_OF_TIME}: the caller's time limit came before the verdict (phases done: " \
+                                 f"{done}){why}"
+
+    def _all_phases(self, guess: bool) -> None:
+        try:
+            self.in_time()
             self.build_candidate()
+            self.in_time()
             ready = self.reference_ready()
             if not self.load():
                 return
@@ -106,6 +137,7 @@ class Evaluation:
             # this order: no evaluation waits for one while it holds one after it)
             with self._guessed(ready.get("memory_guess", 0) if guess else 0), self.ref.lease(), self._alone():
                 self.phases.mark("reference_queued")
+                self.in_time()
                 begun = self.begin()
                 outcome = self.verify_and_time() if begun is not None else None
                 if outcome is not None and self.cfg.timing != "ours":
@@ -166,6 +198,7 @@ class Evaluation:
         if verdict.policy_violations or self.worker is None:
             verdict.error = f"policy violation: {verdict.policy_violations[0]}"
             return False
+        self.in_time()
         loaded = self._candidate_step("loaded")
         self.phases.mark("candidate_load")
         return loaded is not None
@@ -203,11 +236,13 @@ class Evaluation:
                 return None
             with judge.device_lock.shared():
                 self.phases.mark("verify_queued")
-                deadline = time.monotonic() + cfg.run_timeout_s
+                self.in_time()
+                deadline = self.until(cfg.run_timeout_s)
                 if not path.verify(deadline):
                     return None
                 self.phases.mark("verify")
             if judge.store.get("baselines", baseline_key) is None:  # torch.compile's baseline, for correct ones only
+                self.in_time()
                 began = time.monotonic()
                 unlocked = judge.compile_baseline(self.ref)
                 self.phases.mark("baseline_compile")
@@ -217,7 +252,9 @@ class Evaluation:
             waiting = time.monotonic()
             with judge.device_lock.exclusive():
                 self.phases.mark("device_queued")
-                deadline += time.monotonic() - waiting  # the candidate's time does not run while it waits
+                self.in_time()
+                # the candidate's time does not run while it waits (the caller's does)
+                deadline = min(deadline + time.monotonic() - waiting, self.deadline)
                 try:
                     outcome = judge.timekeeper.run(
                         baseline_key, lambda command, event: self.ref.call(command, event, cfg.reference_timeout_s),
@@ -263,7 +300,7 @@ class Evaluation:
             build_dir.mkdir(parents=True, exist_ok=True)
             self.cand.write_to(build_dir)
             return BuildResult(True, build_dir, 0.0)
-        build = self.judge.builder.build(self.cand, build_dir)
+        build = self.judge.builder.build(self.cand, build_dir, self.deadline)
         if build.ok and self.cfg.policy == "strict":
             self.verdict.policy_violations += [f"native code: {p}" for p in
                                                library_problems(build.module_path, self.cfg.rules.allowed_ops)]
@@ -291,7 +328,7 @@ class Evaluation:
         when the budget is spent. The worker has `run_timeout_s` plus the build budget from now, builds included:
         nothing is added back."""
         cfg, verdict, worker = self.cfg, self.verdict, self.worker
-        deadline = time.monotonic() + cfg.run_timeout_s + cfg.build_budget_s
+        deadline = self.until(cfg.run_timeout_s + cfg.build_budget_s)
         while True:
             msg = worker.receive(deadline)
             if msg.get("event") != "build":

@@ -111,27 +111,31 @@ class Judge:
         self.close()
 
     # ---- public --------------------------------------------------------------------------------------
-    def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate, alone: bool = False) -> Verdict:
+    def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate, alone: bool = False,
+                 deadline: float | None = None) -> Verdict:
         """Judge `candidate` against `reference`. With `alone`, nothing else runs on the device from the moment the
         reference is this evaluation's to the verdict (other evaluations on this judge wait; idle warm reference
         workers are stopped first). A candidate whose process is killed by a signal is judged once more in a fresh
         process (torch's profiler, which the op audit runs in that process, has crashed now and then on exit with
         correct kernels: measured in docs/judge.md), and so is one whose evaluation the reference worker's failure
         aborted (with a fresh reference worker: 5 of 229 verdicts on the H200 once); the verdict says so in
-        `warnings`, and a second failure of either kind stands."""
+        `warnings`, and a second failure of either kind stands. `deadline` (time.monotonic; an episode's time
+        limit): the candidate is waited for no longer, no phase starts after it, and a verdict it cut short is a
+        failure whose error begins with `OUT_OF_TIME` (never judged twice)."""
         task = reference if isinstance(reference, Task) else load_task(reference)
         cand = candidate if isinstance(candidate, Candidate) else load_candidate(candidate)
-        first = self._evaluate_once(task, cand, alone)
+        deadline = float("inf") if deadline is None else deadline
+        first = self._evaluate_once(task, cand, alone, deadline)
         self.cache_keeper.tick()
-        if not (first.error or "").startswith((CRASHED, ABORTED)):
+        if not (first.error or "").startswith((CRASHED, ABORTED)) or time.monotonic() >= deadline:
             return first
-        verdict = self._evaluate_once(task, cand, alone)
+        verdict = self._evaluate_once(task, cand, alone, deadline)
         why = first.error.splitlines()[0].removeprefix("candidate ")
         verdict.warnings.append(f"judged twice: the first {why[:300]}")
         verdict.seconds = round(verdict.seconds + first.seconds, 3)
         return verdict
 
-    def _evaluate_once(self, task: Task, cand: Candidate, alone: bool) -> Verdict:
+    def _evaluate_once(self, task: Task, cand: Candidate, alone: bool, deadline: float) -> Verdict:
         start = time.perf_counter()
         cfg = self.config
         seeds = list(cfg.seeds) if cfg.seeds else kernelbench.trial_seeds(trials=cfg.num_trials) \
@@ -151,17 +155,18 @@ class Judge:
         if self.backend.name != "cpu":  # the next evaluation's worker starts up while this one runs (on the cpu
             self.spares.top_up()        # backend the cores are the device: not beside a timed run)
         try:
-            Evaluation(self, task, cand, seeds, verdict, slot, alone).run()
+            Evaluation(self, task, cand, seeds, verdict, slot, alone, deadline).run()
         finally:
             slot.close(keep=cfg.keep_run_dirs)
             self.spares.top_up()  # more evaluations are likely: their workers start while this one is reported
         verdict.seconds = round(time.perf_counter() - start, 3)
         return verdict
 
-    def compile(self, candidate: Candidate) -> BuildResult:
-        """Build a candidate as an evaluation would (same sandbox, same cached objects), without running it."""
+    def compile(self, candidate: Candidate, deadline: float | None = None) -> BuildResult:
+        """Build a candidate as an evaluation would (same sandbox, same cached objects), without running it; no
+        longer than to `deadline` (time.monotonic)."""
         with tempfile.TemporaryDirectory(dir=self.cache_dir / "runs") as tmp:
-            return self.builder.build(candidate, Path(tmp))
+            return self.builder.build(candidate, Path(tmp), float("inf") if deadline is None else deadline)
 
     def conceal(self, path: Path) -> None:
         """Hide `path` from every candidate judged from now on (its process, its compilers, its `load_inline`

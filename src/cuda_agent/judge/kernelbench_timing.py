@@ -15,7 +15,6 @@ mode: KernelBench's baseline) the same way. Both run with the device to this eva
 from __future__ import annotations
 
 import math
-import time
 from typing import TYPE_CHECKING, Any
 
 from . import kernelbench
@@ -47,7 +46,7 @@ def measure(ev: Evaluation) -> dict[str, Any]:
             return {**record, "error": candidate["error"]}
         with ev.judge.device_lock.exclusive():
             ev.worker.send({"command": "kernelbench_time", "method": method.name})
-            timed = ev.worker.receive(time.monotonic() + ev.cfg.run_timeout_s)
+            timed = ev.worker.receive(ev.until(ev.cfg.run_timeout_s))
             if timed.get("event") != "kernelbench_timed" or "ms" not in timed:
                 return {**record, "error": f"the candidate failed KernelBench's timing: {timed.get('error', timed)}"}
             if not plausible(timed["ms"], method.trials):  # (its own report: a list of positive finite times)

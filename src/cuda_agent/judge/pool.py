@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -65,35 +66,43 @@ class JudgePool:
         self._in_flight = [0] * len(self.judges)
         self._lock = threading.Lock()
 
-    def submit(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Future[Verdict]:
-        """Judge in the background; the future's result is the verdict (or the TaskError/BackendError it raised)."""
+    def submit(self, reference: str | Path | Task, candidate: str | Path | Candidate,
+               deadline: float | None = None) -> Future[Verdict]:
+        """Judge in the background; the future's result is the verdict (or the TaskError/BackendError it raised).
+        `deadline`: `Judge.evaluate`'s."""
         with self._lock:
             index = min(range(len(self.judges)), key=self._in_flight.__getitem__)
             self._in_flight[index] += 1
-        future = self._executor.submit(self._evaluate, index, reference, candidate)
+        future = self._executor.submit(self._evaluate, index, reference, candidate, deadline)
         future.add_done_callback(lambda _: self._done(index))
         return future
 
-    def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
-        return self.submit(reference, candidate).result()
+    def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate,
+                 deadline: float | None = None) -> Verdict:
+        return self.submit(reference, candidate, deadline).result()
 
-    def _evaluate(self, index: int, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
+    def _evaluate(self, index: int, reference: str | Path | Task, candidate: str | Path | Candidate,
+                  deadline: float | None) -> Verdict:
         judge, turns = self.judges[index], self._turns[index]
+
+        def again(error: str) -> bool:  # short of memory beside the others, with time left to judge it alone
+            return self.workers > 1 and out_of_memory(error) and (deadline is None or time.monotonic() < deadline)
+
         try:
             with turns.shared():
-                verdict = judge.evaluate(reference, candidate)
-            if self.workers == 1 or not out_of_memory(verdict.error or ""):
+                verdict = judge.evaluate(reference, candidate, deadline=deadline)
+            if not again(verdict.error or ""):
                 return verdict
-        except TaskError as exc:  # the reference itself could not run: short of memory beside the others?
-            if self.workers == 1 or not out_of_memory(str(exc)):
+        except TaskError as exc:  # the reference itself could not run
+            if not again(str(exc)):
                 raise
         with turns.exclusive():
-            verdict = judge.evaluate(reference, candidate, alone=True)
+            verdict = judge.evaluate(reference, candidate, alone=True, deadline=deadline)
         verdict.warnings.append("ran out of device memory beside other evaluations: judged again alone")
         return verdict
 
-    def compile(self, candidate: Candidate) -> BuildResult:
-        return self.judges[0].compile(candidate)
+    def compile(self, candidate: Candidate, deadline: float | None = None) -> BuildResult:
+        return self.judges[0].compile(candidate, deadline)
 
     def conceal(self, path: Path) -> None:
         for judge in self.judges:

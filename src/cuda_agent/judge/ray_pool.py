@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,18 +46,20 @@ class JudgeActor:
         self.judge = Judge(backend, config, compile_threads=compile_threads(workers))
         self.tasks = Path(tempfile.mkdtemp(prefix="ray-judge-tasks-"))
 
-    def evaluate(self, task: Task, candidate: Candidate) -> dict[str, Any]:
+    def evaluate(self, task: Task, candidate: Candidate, time_left_s: float | None = None) -> dict[str, Any]:
+        """`time_left_s`: the caller's deadline as seconds from the call (clocks differ between nodes)."""
+        deadline = None if time_left_s is None else time.monotonic() + time_left_s
         local = task.path
         if not (local.is_file() and local.read_text() == task.source):  # another node, or the file changed since
             local = self.tasks / hashlib.sha256(task.source.encode()).hexdigest()[:16] / task.path.name
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(task.source)
-        verdict = self.judge.evaluate(Task(local, task.source), candidate)
+        verdict = self.judge.evaluate(Task(local, task.source), candidate, deadline=deadline)
         verdict.task["path"] = str(task.path)
         return verdict.to_dict()
 
-    def compile(self, candidate: Candidate) -> BuildResult:
-        return self.judge.compile(candidate)
+    def compile(self, candidate: Candidate, time_left_s: float | None = None) -> BuildResult:
+        return self.judge.compile(candidate, None if time_left_s is None else time.monotonic() + time_left_s)
 
     def conceal(self, path: Path) -> None:
         self.judge.conceal(path)
@@ -102,8 +105,10 @@ class RayJudgePool:
             self._in_flight[index] += 1
         return index
 
-    def submit(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Future[Verdict]:
-        """Judge on the actor with the fewest evaluations in flight; the future's result is the verdict."""
+    def submit(self, reference: str | Path | Task, candidate: str | Path | Candidate,
+               deadline: float | None = None) -> Future[Verdict]:
+        """Judge on the actor with the fewest evaluations in flight; the future's result is the verdict.
+        `deadline`: `Judge.evaluate`'s (this process's clock)."""
         task = reference if isinstance(reference, Task) else load_task(reference)
         cand = candidate if isinstance(candidate, Candidate) else load_candidate(candidate)
         index = self._least_busy()
@@ -118,17 +123,18 @@ class RayJudgePool:
                 cause = getattr(exc, "cause", None)
                 result.set_exception(cause if isinstance(cause, Exception) else exc)
 
-        self.actors[index].evaluate.remote(task, cand).future().add_done_callback(done)
+        self.actors[index].evaluate.remote(task, cand, _left(deadline)).future().add_done_callback(done)
         return result
 
-    def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate) -> Verdict:
-        return self.submit(reference, candidate).result()
+    def evaluate(self, reference: str | Path | Task, candidate: str | Path | Candidate,
+                 deadline: float | None = None) -> Verdict:
+        return self.submit(reference, candidate, deadline).result()
 
-    def compile(self, candidate: Candidate) -> BuildResult:
+    def compile(self, candidate: Candidate, deadline: float | None = None) -> BuildResult:
         """Build as an evaluation would, on an actor (the agent's `compile` tool)."""
         index = self._least_busy()
         try:
-            return self._ray.get(self.actors[index].compile.remote(candidate))
+            return self._ray.get(self.actors[index].compile.remote(candidate, _left(deadline)))
         finally:
             with self._lock:
                 self._in_flight[index] -= 1
@@ -156,3 +162,8 @@ class RayJudgePool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _left(deadline: float | None) -> float | None:
+    """A deadline of this process's clock as seconds from now, for an actor on another node."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

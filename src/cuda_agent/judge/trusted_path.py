@@ -99,7 +99,7 @@ class TrustedPath(Verification):
     def strict_extras(self) -> bool:
         """The kernelbench policy's extra checks, after the timing: each failure a finding. False when one ended the
         candidate's process (nothing more can be asked of it)."""
-        deadline = time.monotonic() + self.cfg.run_timeout_s
+        deadline = self.ev.until(self.cfg.run_timeout_s)
         for label, seed, sizes, scale, reload in self.extras:
             reply = self._check(label, seed, sizes, scale, deadline, reload)
             if reply is not None and not reply.ok:

@@ -8,6 +8,8 @@ from typing import Any
 
 NOISY_TIMING = "timing too noisy"  # how the warning of a correct candidate whose timing could not be trusted begins
 UNCREDITED = "no speedup credited"  # (kernelbench policy) how it begins where timed calls gave wrong outputs
+OUT_OF_TIME = "out of time"  # how the error begins where the caller's deadline ended the evaluation (not a finding
+# about the candidate: judged again, it may pass)
 
 
 @dataclass

@@ -98,9 +98,10 @@ class Builder:
         self.budget_s = budget_s
 
     # ---- public --------------------------------------------------------------------------------------
-    def build(self, candidate: Candidate, build_dir: Path) -> BuildResult:
+    def build(self, candidate: Candidate, build_dir: Path, deadline: float = float("inf")) -> BuildResult:
+        """`deadline` (time.monotonic): the caller's, where it comes before the budget's end."""
         start = time.perf_counter()
-        deadline = time.monotonic() + (self.budget_s if self.budget_s is not None else float("inf"))
+        deadline = min(deadline, time.monotonic() + (self.budget_s if self.budget_s is not None else float("inf")))
         build_dir = Path(build_dir)
         build_dir.mkdir(parents=True, exist_ok=True)
         candidate.write_to(build_dir)
