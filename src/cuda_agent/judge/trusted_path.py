@@ -40,7 +40,8 @@ class TrustedPath(Verification):
             worker.send_fds([theirs.fileno()])
             worker.send({"command": "serve"})
             self.ev.ref.send_fds([ours.fileno()])
-            attached = self.ev.ref.ask(Attach(found, launchers, str(cgroup) if cgroup else None, READ_LIMIT),
+            own = str(self.ev.slot.run_dir / "build") if self.cfg.policy == "strict" else None
+            attached = self.ev.ref.ask(Attach(found, launchers, str(cgroup) if cgroup else None, READ_LIMIT, own),
                                        self.cfg.reference_timeout_s)
         self.scales = attached.scales  # whether every call's inputs are scaled by a factor drawn for it
         return True

@@ -332,6 +332,7 @@ class Reference:
                    "host_us_median": statistics.median(call.host_us for call in timed)}
         return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
                 "cpu_outside_calls_us": calls.outside_ns / 1e3, "memory_peak": calls.memory_peak(),
+                **({"cpu_samples": calls.sampled()} if calls.sampled() else {}),
                 "checked_calls": sorted(picked), "calls_checked_for_their_length": len(forced), **gpu, **errors64,
                 "wrong_timed_calls": len(findings),
                 **({"findings": findings[:1] + ([f"and {len(findings) - 1} more timed calls"] if findings[1:] else [])}
@@ -604,6 +605,8 @@ def start(req: dict, chan: Channel) -> dict:
             side.pop("calls").close()
         side["calls"] = ref.calls_class()(sock, [cmd.worker_pid], cmd.worker_pid, cmd.read_limit, cgroup=cmd.cgroup,
                                           others=list(cmd.others))
+        if cmd.own is not None and not isinstance(side["calls"], GpuCalls):
+            side["calls"].sample(Path(cmd.own))
         if isinstance(side["calls"], GpuCalls):  # the clock's overheads, measured on the baseline callee
             side["calls"].clock = ref.baseline_calls()
         return Attached(scales=bool(ref.req.get("scaled_inputs")) and ref.scale_holds())

@@ -39,6 +39,7 @@ from ..wire.call_protocol import (
 from ..wire.input_buffers import NAME, InputBuffer, layout_of
 from ..wire.process import close_fds
 from .compare import Leaf
+from .cpu_sampler import CpuSampler, unavailable
 from .freezer import CandidateGone, Freezer, thread_states
 from .readback import aliased_pages, mapped_files, process_reader, read_outputs, read_scattered, tensor_spans
 
@@ -88,6 +89,21 @@ class Calls:
         self.outside_gaps = 0  # the gaps between calls in which any of it was taken
         # (cpu) bytes of the outputs of the last HELD_CALLS calls, at places drawn here: read again after each call
         self.probes: deque[tuple[int, list[tuple[str, int, int]], bytes]] = deque(maxlen=HELD_CALLS)
+        self.sampler: CpuSampler | None = None
+        self.sampler_unavailable: str | None = None
+
+    def sample(self, own: Path) -> None:
+        """(strict, cpu) Sample where its calls spend their CPU time, `own` holding the libraries built for it
+        (`cpu_sampler.py`); where the kernel allows no perf events, the verdict's timing says why."""
+        self.sampler_unavailable = unavailable()
+        if self.sampler_unavailable is None:
+            self.sampler = CpuSampler(self.worker_pid, [own])
+
+    def sampled(self) -> dict:
+        """What the sampler saw (or why there was none); {} where none was asked for."""
+        if self.sampler_unavailable:
+            return {"unavailable": self.sampler_unavailable}
+        return self.sampler.summary() if self.sampler else {}
 
     def load(self, inputs: list) -> InputBuffer:
         """Write a call's inputs into the buffer of their layout (new layouts are sent to the candidate first)."""
@@ -114,6 +130,8 @@ class Calls:
         ident = next(i for i, b in self.buffers.values() if b is self.current)
         k, self.calls = self.calls, self.calls + 1
         cpu0 = self._cpu_before(k)
+        if self.sampler is not None:
+            self.sampler.arm()
         t0 = time.perf_counter_ns()
         self._resume(f"call {k}")
         try:
@@ -131,7 +149,9 @@ class Calls:
             self.freezer.settle()
             self.stopped_cpu = self.freezer.cpu_by_pid()
             cpu1 = sum(self.stopped_cpu.values())
-        except CandidateGone as exc:
+            if self.sampler is not None:
+                self.sampler.collect()
+        except (CandidateGone, FileNotFoundError, ProcessLookupError) as exc:
             raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
         reply = self._checked_reply(k, reply)
         spans = tensor_spans(reply.outputs)
@@ -306,6 +326,8 @@ class Calls:
         if not isinstance(reply, Ended):
             raise CallFailed(f"the process answered {str(reply)[:200]} to the end of its calls")
         violations = [str(v) for v in reply.violations][:100]
+        if self.sampler is not None:  # the trusted side's own view first: the report above is the candidate's
+            violations[:0] = self.sampler.violations()
         if reply.calls != self.calls:  # (red team B: a native loop of the candidate's answered the others; a second
             # line only: the count comes from the candidate's process, which a proxy could rewrite as well)
             violations.insert(0, f"the harness's callee served {reply.calls} of the {self.calls} calls made: the "
@@ -319,4 +341,6 @@ class Calls:
         self.buffers = {}
         self.sock.close()
         self.freezer.close()
+        if self.sampler is not None:
+            self.sampler.close()
 

@@ -18,6 +18,7 @@ class Attach:
     others: list[int]  # the sandbox's launchers: stopped and resumed with it
     cgroup: str | None  # the sandbox's cgroup folder (one hierarchy's): its processes, subgroups included
     read_limit: int  # bytes read of one output at most
+    own: str | None = None  # (strict, cpu) the folder of the libraries the judge built for it: its CPU time sampled
     COMMAND: ClassVar[str] = "attach"
 
 

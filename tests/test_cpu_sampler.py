@@ -1,0 +1,75 @@
+"""The trusted side's own view of where the candidate's CPU time goes (judge/trusted/cpu_sampler.py): torch compute
+is found from outside the process even where the in-process op audit's report has been rewritten (modelled here by
+switching the audit off: what a candidate that forges the harness's report achieves)."""
+
+import pytest
+
+from conftest import CANDIDATES, TASKS
+from cuda_agent.judge import evaluation as evaluation_module
+from cuda_agent.judge.trusted import cpu_sampler
+
+AFFINE = TASKS / "affine_relu.py"
+UNAVAILABLE = cpu_sampler.unavailable()
+needs_perf = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no perf events here: {UNAVAILABLE}")
+
+TORCH_FORWARD = "return torch.relu(x * self.scale + self.shift) * 0.5"
+THREADED_FORWARD = """out = []
+        worker = threading.Thread(target=lambda: out.append(torch.relu(x * self.scale + self.shift) * 0.5))
+        worker.start()
+        worker.join()
+        return out[0]"""
+
+
+@pytest.fixture
+def audit_forged(monkeypatch):
+    """The in-process audit reports nothing, as a candidate that rewrites its report would have it."""
+    real = evaluation_module.Evaluation.candidate_request
+    monkeypatch.setattr(evaluation_module.Evaluation, "candidate_request",
+                        lambda self, **changed: {**real(self, **changed), "audit_ops": False})
+
+
+@needs_perf
+def test_an_honest_kernel_spends_its_calls_in_its_own_library(cpu_judge):
+    verdict = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
+    sampled = verdict.timing["candidate"]["cpu_samples"]
+    assert verdict.reward >= 1 and not verdict.policy_violations, verdict.error
+    assert sampled["samples"] >= cpu_sampler.MIN_SAMPLES, sampled
+    shares = sampled["shares"]
+    assert shares["foreign"] / (shares["own"] + shares["foreign"]) < 0.4, sampled
+
+
+@needs_perf
+@pytest.mark.parametrize("forward", [TORCH_FORWARD, THREADED_FORWARD], ids=["in_forward", "in_a_thread_per_call"])
+def test_torch_compute_is_found_from_outside_when_the_audit_s_report_is_forged(cpu_judge, make_workspace,
+                                                                               audit_forged, forward):
+    """Without the sampler these are correct, reward 1 or more, under strict; a thread started and joined inside each
+    call is sampled too (the threads it starts inherit the events)."""
+    ws = make_workspace(edits={"model_new.py": [
+        ("import torch\n", "import threading\n\nimport torch\n"),
+        ("return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)", forward)]})
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    sampled = verdict.timing.get("candidate", {}).get("cpu_samples")
+    assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
+    assert verdict.policy_violations[0].startswith("torch compute: "), verdict.policy_violations
+    assert "libtorch_cpu.so" in verdict.policy_violations[0]
+
+
+def test_a_sample_is_placed_by_the_file_its_address_maps(tmp_path):
+    """Its own libraries are those under the judge's build folder only: a library of the same name elsewhere (a copy
+    of torch's, renamed, in a folder it writes) is foreign; the interpreter and the C runtime are neither."""
+    sampler = cpu_sampler.CpuSampler(0, [tmp_path / "build"])
+    assert sampler._kind(f"{tmp_path}/build/cuda_extension.so") == "own"
+    assert sampler._kind(f"{tmp_path}/build/extensions/m/m.so") == "own"
+    assert sampler._kind(f"{tmp_path}/buildx/cuda_extension.so") == "foreign"
+    assert sampler._kind(f"{tmp_path}/candidate/cuda_extension.so") == "foreign"
+    assert sampler._kind("/usr/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so") == "foreign"
+    assert sampler._kind("[anonymous]") == "foreign"  # code generated at run time
+    assert sampler._kind("/usr/lib/x86_64-linux-gnu/libc.so.6") == "interpreter"
+    assert sampler._kind("/usr/lib/libpython3.11.so.1.0") == "interpreter"
+    sampler.counts = {"own": 10, "foreign": 90, "interpreter": 300}  # the interpreter's and runtime's aside
+    sampler.foreign_files = {"/x/libtorch_cpu.so": 90}
+    assert sampler.violations()[0].startswith("torch compute: 90% ")
+    sampler.counts = {"own": 21, "foreign": 79, "interpreter": 5}
+    assert sampler.violations() == []
+    sampler.counts = {"own": 0, "foreign": 30, "interpreter": 100}  # too few samples to decide
+    assert sampler.violations() == []
