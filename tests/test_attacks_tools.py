@@ -338,18 +338,19 @@ def test_a_judge_call_started_just_before_the_episode_s_time_limit_ends_near_it(
     is judged twice: a `model_new.py` that sleeps 3 s and then segfaults held a 2 s episode for ~10 s here (42 s on
     a fresh cache); with the default budgets a 1,800 s episode can run ~20 minutes longer. The judge now takes the
     episode's deadline: its waits on the candidate end there, no phase starts after it, and nothing is judged twice
-    past it; the verdict says it ran out of time (and is not kept as the workspace's answer)."""
+    past it; the verdict says it ran out of time (and is not kept as the workspace's answer). Here: a 4 s episode,
+    `verify` started within its first second or so, a candidate that sleeps 6 s (12 s and more without the deadline)."""
     src = TASKS.parent / "candidates" / "affine_relu_ok"
     judge.compile(load_candidate(src))  # the judge's own once-a-machine work (the precompiled header) done before
     setup = (f"cp -r {src}/kernels . && cp {src}/model_new.py . && printf 'import os, signal, time\\n"
-             "time.sleep(3)\\nos.kill(os.getpid(), signal.SIGSEGV)\\n' >> model_new.py; sleep 1.2")
+             "time.sleep(6)\\nos.kill(os.getpid(), signal.SIGSEGV)\\n' >> model_new.py")
     reply = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c0", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": setup})}},
         {"id": "c1", "type": "function", "function": {"name": "verify", "arguments": "{}"}}]}
     run = tmp_path / "run"
     summary = run_episode(Environment(judge, run, use_sandbox=SANDBOX, bash_timeout=30), ScriptedClient([reply]),
-                          AFFINE, run, LoopConfig(max_turns=1, time_limit_s=2.0))
-    assert summary.wall_s < 5, (summary.wall_s, summary.stop)
+                          AFFINE, run, LoopConfig(max_turns=1, time_limit_s=4.0))
+    assert summary.wall_s < 8, (summary.wall_s, summary.stop)
     records = [json.loads(line) for line in (run / "trajectory.jsonl").read_text().splitlines()]
     verify = next(r for r in records if r.get("tool") == "verify")
     assert "first failure: out of time" in verify["message"]["content"], verify

@@ -62,7 +62,9 @@ def test_kernelbench_s_timing_runs_beside_ours_on_the_gpu_for_a_workspace_and_a_
             assert v.correct and not kb.get("error"), (v.error, kb)
             assert kb["method"] == method and kb["stats_ms"]["candidate"]["num_trials"] == 100, kb
             assert kb["compile_ms"] and not kb["compile_error"], kb
-            assert 1 / 3 < kb["speedup_vs_eager"] / v.speedup_vs_eager < 3, (kb, v.speedup_vs_eager)
+            # (our times, credited or not: a timing too noisy to credit still measured both; H200 2026-12-06)
+            ours = v.times_us["eager"] / v.times_us["candidate"]
+            assert 1 / 3 < kb["speedup_vs_eager"] / ours < 3, (kb, v.times_us, v.reason)
 
 
 def test_a_single_file_built_for_an_older_gpu_gets_machine_code_for_this_one(gpu_judge, tmp_path):

@@ -326,8 +326,8 @@ class Calls:
         if not isinstance(reply, Ended):
             raise CallFailed(f"the process answered {str(reply)[:200]} to the end of its calls")
         violations = [str(v) for v in reply.violations][:100]
-        if self.sampler is not None:  # the trusted side's own view first: the report above is the candidate's
-            violations[:0] = self.sampler.violations()
+        if self.sampler is not None:  # the trusted side's own view, beside the report above (the candidate's: where
+            violations += self.sampler.violations()  # it is honest it names the op)
         if reply.calls != self.calls:  # (red team B: a native loop of the candidate's answered the others; a second
             # line only: the count comes from the candidate's process, which a proxy could rewrite as well)
             violations.insert(0, f"the harness's callee served {reply.calls} of the {self.calls} calls made: the "

@@ -1,0 +1,83 @@
+"""What the trusted CPU sampler costs the candidate it samples (judge/trusted/cpu_sampler.py).
+
+The candidate's calls are sampled and the baselines' are not, so whatever the sampling costs is charged to the
+candidate alone. This times a fixed piece of work (a pointwise chain on 2^20 floats, torch's threads as the judge
+leaves them) in a child process, in alternating rounds with and without the sampler's events on all its threads
+(opened, drained and placed after each round as the judge does after each call), and reports the ratio of the
+medians.
+
+    python3 benchmarks/cpu_sampler_overhead.py [--rounds 20] [--iters 200] [--out sampler.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import write
+
+from cuda_agent.judge.trusted import cpu_sampler
+
+CHILD = """
+import sys, time, torch
+x = torch.randn(1 << 20)
+for line in sys.stdin:
+    began = time.perf_counter()
+    for _ in range(int(line)):
+        torch.relu(x * 2.0 + 0.1)
+    print(time.perf_counter() - began, flush=True)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    why = cpu_sampler.unavailable()
+    if why:
+        sys.exit(f"no sampler here: {why}")
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+
+    def round_s() -> float:
+        child.stdin.write(f"{args.iters}\n")
+        child.stdin.flush()
+        return float(child.stdout.readline())
+
+    round_s()  # torch's threads started, caches warm
+    times: dict[str, list[float]] = {"plain": [], "sampled": []}
+    samples = 0
+    for r in range(args.rounds):
+        for mode in (("plain", "sampled") if r % 2 else ("sampled", "plain")):
+            if mode == "plain":
+                times[mode].append(round_s())
+                continue
+            os.kill(child.pid, signal.SIGSTOP)  # opened on a stopped process, as before a call
+            sampler = cpu_sampler.CpuSampler(child.pid, [])
+            sampler.arm()
+            os.kill(child.pid, signal.SIGCONT)
+            times[mode].append(round_s())
+            sampler.collect()
+            samples += sum(sampler.counts.values())
+            sampler.close()
+    child.stdin.close()
+    child.wait()
+    plain, sampled = statistics.median(times["plain"]), statistics.median(times["sampled"])
+    rows = [{"mode": mode, "median_ms_per_iter": round(statistics.median(ts) / args.iters * 1e3, 4),
+             "min_ms_per_iter": round(min(ts) / args.iters * 1e3, 4)} for mode, ts in times.items()]
+    write(args.out, "CPU sampler overhead", rows, ["mode", "median_ms_per_iter", "min_ms_per_iter"],
+          {"rounds": args.rounds, "iters": args.iters, "period_us": cpu_sampler.PERIOD_NS / 1e3,
+           "samples": samples, "sampled_over_plain": round(sampled / plain, 4),
+           "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+
+
+if __name__ == "__main__":
+    main()
