@@ -66,6 +66,7 @@ def test_a_sample_is_placed_by_the_file_its_address_maps(tmp_path):
     assert sampler._kind("[anonymous]") == "foreign"  # code generated at run time
     assert sampler._kind("/usr/lib/x86_64-linux-gnu/libc.so.6") == "interpreter"
     assert sampler._kind("/usr/lib/libpython3.11.so.1.0") == "interpreter"
+    assert sampler._kind("/site-packages/torch/lib/libgomp.so.1") == "interpreter"  # (it schedules its own kernels too)
     sampler.counts = {"own": 10, "foreign": 90, "interpreter": 300}  # the interpreter's and runtime's aside
     sampler.foreign_files = {"/x/libtorch_cpu.so": 90}
     assert sampler.violations()[0].startswith("torch compute: 90% ")

@@ -11,7 +11,8 @@ stopped after each call, in the file its address maps (`/proc/PID/maps`):
 - `own`: the libraries the judge built for it (its build folder, read-only to it);
 - `foreign`: compute it did not write: torch's and its math libraries, and anything not named below (a copy of
   torch's library under another name, code generated at run time);
-- `interpreter`: Python, torch's Python binding and the C/C++ runtime (calls, allocation, copies of arguments).
+- `interpreter`: Python, torch's Python binding and the C/C++ and OpenMP runtimes (calls, allocation, copies of
+  arguments, scheduling threads).
 
 The rule (strict): more than `FOREIGN_SHARE` of the calls' samples in compiled code (own or foreign: the interpreter
 and runtime aside) foreign is torch compute. The allowed ops (allocation, views, fills, copies) do not come near it
@@ -34,7 +35,8 @@ FOREIGN_SHARE = 0.8  # the share of the calls' compiled-code samples in foreign 
 MIN_SAMPLES = 40  # fewer compiled-code samples decide nothing
 RING_PAGES = 16  # each thread's ring of samples (read after every call: 4,096 samples of 16 bytes)
 INTERPRETER = ("libpython", "python3", "libtorch_python", "libc.so", "libc-", "libm.so", "libstdc++", "libgcc_s",
-               "ld-linux", "libpthread", "[vdso]", "[vsyscall]")
+               "ld-linux", "libpthread", "libgomp", "libiomp", "[vdso]", "[vsyscall]")  # (OpenMP's runtime only
+# schedules: the work of a parallel region runs in the code that opened it, the candidate's own or torch's)
 _PAGE = mmap.PAGESIZE
 _NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine)
 _libc = ctypes.CDLL(None, use_errno=True)
