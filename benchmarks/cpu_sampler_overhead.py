@@ -1,10 +1,10 @@
-"""What the trusted CPU sampler costs the candidate it samples (judge/trusted/cpu_sampler.py).
+"""What the trusted CPU sampler costs the calls it watches (judge/trusted/cpu_sampler.py): why no timed call is.
 
-The candidate's calls are sampled and the baselines' are not, so whatever the sampling costs is charged to the
-candidate alone. This times a fixed piece of work (a pointwise chain on 2^20 floats, torch's threads as the judge
-leaves them) in a child process, in alternating rounds with and without the sampler's events on all its threads
-(opened, drained and placed after each round as the judge does after each call), and reports the ratio of the
-medians.
+The baselines are never sampled, so whatever sampling costs a timed call would be charged to the candidate alone.
+This times a fixed piece of work (a pointwise chain on 2^20 floats, torch's threads as the judge leaves them) in a
+child process, in alternating rounds with and without the sampler's events on all its threads (opened before each
+round and drained, placed and closed after it, as the judge does around a sampled call), and reports the ratio of
+the medians.
 
     python3 benchmarks/cpu_sampler_overhead.py [--rounds 20] [--iters 200] [--out sampler.json]
 """

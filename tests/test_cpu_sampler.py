@@ -33,7 +33,7 @@ def test_an_honest_kernel_spends_its_calls_in_its_own_library(cpu_judge):
     verdict = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
     sampled = verdict.timing["candidate"]["cpu_samples"]
     assert verdict.reward >= 1 and not verdict.policy_violations, verdict.error
-    assert sampled["samples"] >= cpu_sampler.MIN_SAMPLES, sampled
+    assert sampled["samples"] >= cpu_sampler.MIN_SAMPLES and sampled["calls"] > cpu_sampler.SAMPLED_CALLS, sampled
     shares = sampled["shares"]
     assert shares["foreign"] / (shares["own"] + shares["foreign"]) < 0.4, sampled
 
@@ -72,5 +72,6 @@ def test_a_sample_is_placed_by_the_file_its_address_maps(tmp_path):
     assert sampler.violations()[0].startswith("torch compute: 90% ")
     sampler.counts = {"own": 21, "foreign": 79, "interpreter": 5}
     assert sampler.violations() == []
-    sampler.counts = {"own": 0, "foreign": 30, "interpreter": 100}  # too few samples to decide
+    sampler.counts = {"own": 0, "foreign": 15, "interpreter": 100}  # too few samples to decide
     assert sampler.violations() == []
+

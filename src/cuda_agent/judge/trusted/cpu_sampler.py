@@ -1,12 +1,12 @@
 """Where the candidate's CPU time goes, seen from outside its process (the cpu backend's trusted path, strict).
 
 The in-process op audit (a profiler in the candidate's own process) says whether `forward` computed with torch's
-ops; a candidate that rewrites the harness's report passes it. This sampler is the trusted side's own view: a
-`perf_event_open` task-clock event on every thread of the candidate's worker and CPU, opened by the reference worker
-before its first call (it is stopped) and inherited by every thread started after, samples the instruction pointer
-every `PERIOD_NS` of a thread's CPU time (the kernel's interrupt, which nothing in the process can see or switch off:
-`PR_TASK_PERF_EVENTS_DISABLE` only reaches events the caller created). Each sample is placed, while the candidate is
-stopped after each call, in the file its address maps (`/proc/PID/maps`):
+ops; a candidate that rewrites the harness's report passes it. This sampler is the trusted side's own view: for a
+sampled call, a `perf_event_open` task-clock event on every thread of the candidate's worker and every CPU, opened by
+the reference worker while the candidate is stopped and inherited by every thread it starts in the call, samples the
+instruction pointer every `PERIOD_NS` of a thread's CPU time (the kernel's interrupt, which nothing in the process
+can switch off: `PR_TASK_PERF_EVENTS_DISABLE` only reaches events the caller created). After the call (stopped) each
+sample is placed by the file its address maps (`/proc/PID/maps`):
 
 - `own`: the libraries the judge built for it (its build folder, read-only to it);
 - `foreign`: compute it did not write: torch's and its math libraries, and anything not named below (a copy of
@@ -14,11 +14,16 @@ stopped after each call, in the file its address maps (`/proc/PID/maps`):
 - `interpreter`: Python, torch's Python binding and the C/C++ and OpenMP runtimes (calls, allocation, copies of
   arguments, scheduling threads).
 
-The rule (strict): more than `FOREIGN_SHARE` of the calls' samples in compiled code (own or foreign: the interpreter
-and runtime aside) foreign is torch compute. The allowed ops (allocation, views, fills, copies) do not come near it
-in a candidate that computes its outputs itself (an honest kernel of the tests: 15%; torch's ops in `forward`:
-100%), and a candidate that pads its own share to pass spends at least a quarter as much time again as the torch
-compute it hides: what torch's kernels could win it is bounded by that.
+Sampling slows the calls it watches (events on a thread cost at every context switch: 15-40% on a busy 2-core
+machine), so no timed call is sampled: the verification calls are, and `SAMPLED_CALLS` extra calls put among the
+timed ones at places drawn by the trusted side (their outputs compared, their windows not timed); the candidate
+cannot tell them apart before they run.
+
+The rule (strict): more than `FOREIGN_SHARE` of the sampled compiled-code samples (own or foreign: the runtimes
+aside) foreign is torch compute. The allowed ops (allocation, views, fills, copies) do not come near it in a
+candidate that computes its outputs itself (an honest kernel of the tests: 15%; torch's ops in `forward`: 100%),
+and a candidate that pads its own share to pass spends at least a quarter as much time again as the torch compute
+it hides: what torch's kernels could win it is bounded by that.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ import os
 import struct
 from pathlib import Path
 
-PERIOD_NS = 250_000  # a sample per 250 us of a thread's CPU time (~0.1% of it spent on sampling)
+PERIOD_NS = 50_000  # a sample per 50 us of a thread's CPU time (sampled calls are never timed)
+SAMPLED_CALLS = 12  # extra sampled calls among the timed ones
 FOREIGN_SHARE = 0.8  # the share of the calls' compiled-code samples in foreign code beyond which it is torch compute
-MIN_SAMPLES = 40  # fewer compiled-code samples decide nothing
+MIN_SAMPLES = 20  # fewer compiled-code samples decide nothing (an honest kernel at 40% foreign passes 20 samples
+# past 80% with probability 1e-4; the tests' at 15%, never)
 RING_PAGES = 16  # each thread's ring of samples (read after every call: 4,096 samples of 16 bytes)
 INTERPRETER = ("libpython", "python3", "libtorch_python", "libc.so", "libc-", "libm.so", "libstdc++", "libgcc_s",
                "ld-linux", "libpthread", "libgomp", "libiomp", "[vdso]", "[vsyscall]")  # (OpenMP's runtime only
@@ -111,18 +118,17 @@ class _Event:
 
 
 class CpuSampler:
-    """The sampled calls of one candidate worker: `arm` before its first call (stopped), `collect` after each."""
+    """The sampled calls of one candidate worker: `arm` before such a call (stopped), `collect` after it."""
 
     def __init__(self, pid: int, own: list[Path]):
         self.pid, self.own = pid, [str(p) for p in own]
         self.events: list[_Event] = []
         self.counts = {"own": 0, "foreign": 0, "interpreter": 0}
         self.foreign_files: dict[str, int] = {}
+        self.calls = 0
 
     def arm(self) -> None:
-        """Events on every thread it has and every CPU (once: the threads it starts later inherit them)."""
-        if self.events:
-            return
+        """Events on every thread it has and every CPU (the threads it starts in the call inherit them)."""
         try:
             for name in os.listdir(f"/proc/{self.pid}/task"):
                 for cpu in _online_cpus():
@@ -132,17 +138,22 @@ class CpuSampler:
             raise
 
     def collect(self) -> None:
-        """After a call: its samples placed (the candidate is stopped, its maps as they were in the call)."""
-        regions = self._regions()
-        starts = [r[0] for r in regions]
-        for event in self.events:
-            for ip in event.drain():
-                i = bisect.bisect_right(starts, ip) - 1
-                path = regions[i][2] if i >= 0 and ip < regions[i][1] else "[unmapped]"
-                kind = self._kind(path)
-                self.counts[kind] += 1
-                if kind == "foreign":
-                    self.foreign_files[path] = self.foreign_files.get(path, 0) + 1
+        """After the call: its samples placed (the candidate is stopped, its maps as they were in the call), its
+        events closed."""
+        try:
+            regions = self._regions()
+            starts = [r[0] for r in regions]
+            for event in self.events:
+                for ip in event.drain():
+                    i = bisect.bisect_right(starts, ip) - 1
+                    path = regions[i][2] if i >= 0 and ip < regions[i][1] else "[unmapped]"
+                    kind = self._kind(path)
+                    self.counts[kind] += 1
+                    if kind == "foreign":
+                        self.foreign_files[path] = self.foreign_files.get(path, 0) + 1
+            self.calls += 1
+        finally:
+            self.close()
 
     def _regions(self) -> list[tuple[int, int, str]]:
         regions = []
@@ -166,7 +177,7 @@ class CpuSampler:
         """For the verdict's timing: the samples, their shares, the foreign files most sampled."""
         samples = sum(self.counts.values())
         top = sorted(self.foreign_files.items(), key=lambda item: -item[1])[:3]
-        return {"samples": samples, "period_us": PERIOD_NS / 1e3,
+        return {"calls": self.calls, "samples": samples, "period_us": PERIOD_NS / 1e3,
                 "shares": {k: round(n / samples, 4) for k, n in self.counts.items()} if samples else {},
                 "foreign_files": {os.path.basename(p): n for p, n in top}}
 

@@ -79,7 +79,7 @@ class GpuCalls(Calls):
         self.staged = inputs
         return self._select(inputs)
 
-    def call(self, deadline: float, fn: str = "", flush=None) -> CallRecord:
+    def call(self, deadline: float, fn: str = "", flush=None, sampled: bool = False) -> CallRecord:
         assert self.current is not None and self.staged is not None, "load inputs first"
         ident = next(i for i, b in self.buffers.values() if b is self.current)
         k, self.calls = self.calls, self.calls + 1

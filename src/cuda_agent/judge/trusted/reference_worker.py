@@ -48,6 +48,7 @@ from ..wire.trusted_commands import (
 )
 from . import baseline_callee
 from .compare import compare_leaves, compare_trial, unfit
+from .cpu_sampler import SAMPLED_CALLS
 from .gpu_calls import RESOLUTION_US, GpuCalls, quantiles
 from .readback import Unreadable, layout, overlaps_itself
 from .trusted_calls import CallFailed, Calls
@@ -219,7 +220,7 @@ class Reference:
             out, out64 = self.reference_outputs(inputs, fp64)
         calls.load(inputs)
         try:
-            call = calls.call(deadline, fn)
+            call = calls.call(deadline, fn, sampled=True)  # (a verification call: not timed)
         except CallFailed as exc:
             raise CallFailed(f"{label}: {exc}", exc.how) from None
         return {**self._judge_call(calls, call, out, out64, label, kernelbench_rule), "call_us": call.window_us}
@@ -288,10 +289,10 @@ class Reference:
             # context switch (~7 us on the H200), so empty calls between timed ones would charge the callee it
             empty.extend([clock.empty_window(deadline) for _ in range(EMPTY_CALLS + 1)][1:])
 
-        def one(label: str, picked: bool):
+        def one(label: str, picked: bool, sampled: bool = False):
             inputs = make_inputs(self.module, rng.randrange(2**31), self.device, None, self.draw_scale(rng))
             calls.load(inputs)
-            call = calls.call(deadline, fn, flush)
+            call = calls.call(deadline, fn, flush, sampled)
             if not picked and calls.must_check(call):
                 picked = True
                 forced.append(label)
@@ -317,7 +318,12 @@ class Reference:
         picked = draw_checks(rng, 0, iters, check_bits)
         if clock is not None:
             empty_calls()
-        timed = [one(f"timed call {i} (fresh values in the timed buffers)", i in picked) for i in range(iters)]
+        sampled = set(rng.sample(range(iters), min(iters, SAMPLED_CALLS))) if calls.sampler else set()
+        timed = []
+        for i in range(iters):
+            if i in sampled:  # an extra call, watched by the CPU sampler: its outputs compared, its window not timed
+                one(f"sampled call before timed call {i}", True, sampled=True)
+            timed.append(one(f"timed call {i} (fresh values in the timed buffers)", i in picked))
         if clock is not None:
             empty_calls()
         windows, cpu = [call.window_us for call in timed], [call.cpu_us for call in timed]

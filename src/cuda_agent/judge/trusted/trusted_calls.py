@@ -121,17 +121,19 @@ class Calls:
         self.current = self.buffers[key][1]
         return self.current
 
-    def call(self, deadline: float, fn: str = "", flush=None) -> CallRecord:
+    def call(self, deadline: float, fn: str = "", flush=None, sampled: bool = False) -> CallRecord:
         """One call (of `fn`, where the callee serves several) on the inputs loaded last, after `flush()` (the
-        caches); CallFailed when the callee does not answer `done` in time."""
+        caches); CallFailed when the callee does not answer `done` in time. `sampled`: watched by the sampler, where
+        there is one (never a timed call: it slows the call)."""
         assert self.current is not None, "load inputs first"
         if flush is not None:
             flush()
         ident = next(i for i, b in self.buffers.values() if b is self.current)
         k, self.calls = self.calls, self.calls + 1
         cpu0 = self._cpu_before(k)
-        if self.sampler is not None:
-            self.sampler.arm()
+        sampler = self.sampler if sampled else None
+        if sampler is not None:
+            sampler.arm()
         t0 = time.perf_counter_ns()
         self._resume(f"call {k}")
         try:
@@ -149,8 +151,8 @@ class Calls:
             self.freezer.settle()
             self.stopped_cpu = self.freezer.cpu_by_pid()
             cpu1 = sum(self.stopped_cpu.values())
-            if self.sampler is not None:
-                self.sampler.collect()
+            if sampler is not None:
+                sampler.collect()
         except (CandidateGone, FileNotFoundError, ProcessLookupError) as exc:
             raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
         reply = self._checked_reply(k, reply)
