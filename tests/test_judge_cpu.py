@@ -595,8 +595,9 @@ def test_a_process_left_running_from_init_fails(cpu_judge, tmp_path):
     helper = python_candidate(tmp_path, "scale, shift", "import subprocess; self.p = subprocess.Popen(['sleep', '30'])",
                               "x.new_zeros(x.shape)")
     verdict = cpu_judge.evaluate(AFFINE, helper)
-    assert verdict.reward == -1 and "left processes running" in verdict.error and "sleep" in verdict.error, \
-        verdict.error
+    # (strict: refused from the start since 2026-12-06; the kernelbench policy still finds it left running)
+    assert verdict.reward == -1 and ("left processes running" in verdict.error and "sleep" in verdict.error
+                                     or "Operation not permitted" in verdict.error), verdict.error
 
 
 LATE_THREAD = """#include <torch/types.h>
@@ -656,7 +657,9 @@ def test_a_library_the_candidate_builds_and_loads_itself_is_checked(cpu_judge, t
                      "    def __init__(self, scale, shift):\n        super().__init__()\n\n"
                      "    def forward(self, x):\n        return x.new_zeros(x.shape)\n")
     verdict = cpu_judge.evaluate(AFFINE, probe)
-    assert verdict.reward == -1 and "links 'dlsym'" in verdict.error, verdict.error
+    # (strict: since 2026-12-06 the compiler cannot even be started from the candidate's process)
+    assert verdict.reward == -1 and ("links 'dlsym'" in verdict.error or "Operation not permitted" in verdict.error), \
+        verdict.error
 
 
 def test_no_timed_call_sees_input_values_seen_before(cpu_judge, make_workspace):

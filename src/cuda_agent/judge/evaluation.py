@@ -73,6 +73,9 @@ class Evaluation:
         self.worker: WorkerProcess | None = None
         self.build: BuildResult | None = None
         self.weights = 0  # tensors in Model's state dict (the reference's `begun`)
+        # seconds left to the candidate's load and construction (`_candidate_step`, the time spent waiting on it):
+        # the two share one `run_timeout_s + build_budget_s` (each had its own, twice the bound; red team 2026-12-06)
+        self.loading_left = self.cfg.run_timeout_s + self.cfg.build_budget_s
 
     def run(self) -> None:
         """The evaluation under the judge's memory budget: what this task is known to need is held throughout; a
@@ -310,7 +313,11 @@ class Evaluation:
         """The candidate's next message (its load_inline builds served on the way); None when it failed or broke the
         policy there (the verdict says which)."""
         verdict = self.verdict
-        msg = self.serve_builds()
+        began = time.monotonic()
+        try:
+            msg = self.serve_builds(deadline=self.until(self.loading_left))
+        finally:
+            self.loading_left -= time.monotonic() - began
         verdict.policy_violations = list(dict.fromkeys(verdict.policy_violations + msg.get("violations", [])))
         if verdict.policy_violations:
             verdict.error = f"policy violation: {verdict.policy_violations[0]}"
@@ -321,14 +328,14 @@ class Evaluation:
             return msg
         return None
 
-    def serve_builds(self, inline: list[dict] | None = None) -> dict[str, Any]:
+    def serve_builds(self, inline: list[dict] | None = None, deadline: float | None = None) -> dict[str, Any]:
         """The worker's next message, building the `load_inline` calls it asks for on the way (workspace/inline.py),
         each recorded in `inline` (default: the verdict's build record). The evaluation's builds share one budget:
         at most `max_builds` calls and `build_budget_s` seconds with the workspace's build, each call's build stopped
         when the budget is spent. The worker has `run_timeout_s` plus the build budget from now, builds included:
         nothing is added back."""
         cfg, verdict, worker = self.cfg, self.verdict, self.worker
-        deadline = self.until(cfg.run_timeout_s + cfg.build_budget_s)
+        deadline = self.until(cfg.run_timeout_s + cfg.build_budget_s) if deadline is None else deadline
         while True:
             msg = worker.receive(deadline)
             if msg.get("event") != "build":

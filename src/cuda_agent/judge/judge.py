@@ -238,8 +238,11 @@ class Judge:
             return None
         compute = compute_packages() if self._blocks_compute_packages() else []  # numpy & co. cannot be imported
         pool = [Path(self.output_pool).parent] if self.output_pool else []
-        view = sandbox.View(writable=[run_dir / "candidate"],
-                            readable=[run_dir / "build", run_dir / "public", run_dir / "task", *pool],
+        # (its own folder, on the judge's disk, only read: a candidate writes to its private /tmp and /dev/shm, whose
+        # memory its cgroup bounds; held out, red team 2026-12-06: fallocate() in a writable folder of the judge's
+        # disk took all of it in milliseconds, for every evaluation and store beside it)
+        view = sandbox.View(readable=[run_dir / "candidate", run_dir / "build", run_dir / "public", run_dir / "task",
+                                      *pool],
                             hidden=[*self.builder.confined, *map(Path, compute)])
         return sandbox.Sandbox(view, self.limits, cwd=run_dir / "candidate")
 

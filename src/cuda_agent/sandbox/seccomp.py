@@ -36,8 +36,10 @@ class SeccompError(OSError):
     """The filter could not be installed here."""
 
 
-def _program(arch: int, calls: dict[str, int], refused: tuple[int, ...]) -> bytes:
-    """Classic BPF over `struct seccomp_data` (nr at 0, arch at 4, args[0] low word at 16)."""
+def _program(arch: int, calls: dict[str, int], refused: tuple[int, ...], kill: bool = True) -> bytes:
+    """Classic BPF over `struct seccomp_data` (nr at 0, arch at 4, args[0] low word at 16). `kill`: a new process
+    kills this one; otherwise its system call answers EPERM."""
+    new_process = _RET_KILL_PROCESS if kill else _RET_ERRNO | errno.EPERM
     insns: list[tuple[int, int, int, int]] = []
 
     def op(code: int, k: int, jt: int = 0, jf: int = 0) -> None:
@@ -55,7 +57,7 @@ def _program(arch: int, calls: dict[str, int], refused: tuple[int, ...]) -> byte
     for name in ("fork", "vfork"):
         if name in calls:
             op(_JEQ_K, calls[name], 0, 1)
-            op(_RET_K, _RET_KILL_PROCESS)
+            op(_RET_K, new_process)
     for nr in refused:
         op(_JEQ_K, nr, 0, 1)
         op(_RET_K, _RET_ERRNO | errno.EPERM)
@@ -64,17 +66,18 @@ def _program(arch: int, calls: dict[str, int], refused: tuple[int, ...]) -> byte
     op(_LD_W_ABS, 16)
     op(_JSET_K, _CLONE_THREAD, 0, 1)
     op(_RET_K, _RET_ALLOW)
-    op(_RET_K, _RET_KILL_PROCESS)
+    op(_RET_K, new_process)
     return b"".join(struct.pack("HBBI", *insn) for insn in insns)
 
 
-def forbid_new_processes() -> None:
-    """Install the filter on every thread of this process; raises SeccompError where the kernel refuses."""
+def forbid_new_processes(kill: bool = True) -> None:
+    """Install the filter on every thread of this process; raises SeccompError where the kernel refuses. `kill`
+    false: a new process is refused (EPERM) rather than fatal (filters stack: a later killing one still kills)."""
     machine = platform.machine()
     if machine not in _ARCH:
         raise SeccompError(errno.ENOSYS, f"no seccomp filter for {machine}")
     arch, nr_seccomp, calls, refused = _ARCH[machine]
-    code = _program(arch, calls, refused)
+    code = _program(arch, calls, refused, kill)
     prog_buf = ctypes.create_string_buffer(code, len(code))
 
     class SockFprog(ctypes.Structure):

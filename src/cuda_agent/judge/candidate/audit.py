@@ -35,6 +35,13 @@ class OpAudit(TorchDispatchMode):
 CANARY = "lerp"  # the op the trusted side's challenge asks the audited session to see a given number of times
 
 
+# TorchScript's fusers run a fused group of torch ops as one kernel of their own (NNC: `fused_mul_add_relu...`, on the
+# CPU or compiled with NVRTC on the GPU) that dispatches nothing but its outputs' allocation; the profiler records it
+# by these names (held out, red team 2026-12-06: `torch.jit.script` warmed up in `__init__` was correct under
+# strict, no violation, every element computed by NNC)
+TORCHSCRIPT_FUSED = ("fused_", "prim::TensorExprGroup", "prim::FusionGroup", "prim::CudaFusionGroup")
+
+
 class ThreadAudit:
     """Ops that any thread runs while the candidate's calls go on.
 
@@ -88,6 +95,10 @@ class ThreadAudit:
         except RuntimeError:  # someone else stopped the profiler: the challenge finds nothing recorded
             events = []
         for e in events:
+            if e.name.startswith(TORCHSCRIPT_FUSED):  # torch's compute, whichever thread ran it
+                key = f"{e.name[:80]} (a TorchScript fusion kernel)"
+                self.violations[key] = self.violations.get(key, 0) + 1
+                continue
             if not e.name.startswith("aten::") or e.name[6:] in self.allowed:
                 continue
             if e.name == f"aten::{CANARY}" and e.device_resource_id == self.harness:

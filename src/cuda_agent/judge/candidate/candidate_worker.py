@@ -15,6 +15,7 @@ Usage (by the judge): python -m cuda_agent.judge.candidate.candidate_worker REQU
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import os
@@ -307,6 +308,14 @@ class LoadedCandidate:
             candidate_dirs, import_path(candidate_dirs, [os.getcwd(), req["build_dir"]])) if req["audit_ops"] else None
         if self.introspection:
             self.introspection.arm()
+        if req["audit_ops"]:
+            # strict: no process of the candidate's, even while it loads (answered EPERM; fatal once ModelNew is
+            # built). Held out, red team 2026-12-06: g++ run from ModelNew.__init__ built torch's own AOTInductor
+            # library of the reference's computation, whose runner dispatches no op but the allocation of its
+            # output: correct at torch.compile's speed under strict, reward 2, no violation. Its native code comes
+            # through the judge's builds (load_inline included), checked there.
+            with contextlib.suppress(SeccompError):  # (`initialise` says so where the kernel refuses filters)
+                forbid_new_processes(kill=False)
         try:
             model_cls = getattr(import_file(Path(req["build_dir"]) / "model_new.py", "model_new"), "ModelNew")
         except Exception as exc:

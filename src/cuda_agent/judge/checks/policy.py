@@ -15,8 +15,11 @@ from ..config import PolicyConfig
 
 # Python packages that compute (array libraries, their BLAS): under the strict policy the candidate's process cannot
 # import them at all, since the op audit sees only torch's dispatcher (`compute_packages` hides them from its view).
+# (pyarrow, pandas, PIL: held out, red team 2026-12-06: Arrow's compute kernels over the input's memory, wrapped with
+# `foreign_buffer` and returned with `torch.frombuffer`, were correct under strict with no kernel of the candidate's
+# and nothing the op audit sees; Pillow's ImageMath computes on float images the same way)
 COMPUTE_PACKAGES = ("numpy", "scipy", "numba", "numexpr", "cupy", "jax", "jaxlib", "tensorflow", "sklearn", "mkl",
-                    "tvm", "llvmlite")
+                    "tvm", "llvmlite", "pyarrow", "pandas", "polars", "duckdb", "PIL")
 
 _CXX_CALL = re.compile(r"\b(?:torch|at)::((?:\w+::)*)(\w+)\s*(?:<[^<>;]*>)?\s*\(")
 _INCLUDE = re.compile(r"#\s*include\s*[<\"]([^>\"]+)[>\"]")

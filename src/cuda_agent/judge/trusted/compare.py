@@ -44,6 +44,7 @@ def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, a
     sq = {"diff": 0.0, "ref": 0.0, "diff64": 0.0, "eager64": 0.0, "ref64": 0.0}
     for start in range(0, cf.numel(), CHUNK):
         cc, rr = cf[start:start + CHUNK].double(), rf[start:start + CHUNK].double()
+        same = None  # where both hold the reference's own infinity (left out of every error sum below)
         if bool(torch.isnan(rr).any()):
             return {**res, "ok": False, "reason": f"{where}: the reference's own output has "
                                                   f"{int(torch.isnan(rr).sum())}+ NaN elements on these inputs: "
@@ -71,6 +72,8 @@ def compare_tensor(c: torch.Tensor, r: torch.Tensor, r64: torch.Tensor | None, a
                 f"index {start + worst}: got {float(cc[worst]):.6g}, expected {float(rr[worst]):.6g})")}
         if r64f is not None:
             r6 = r64f[start:start + CHUNK].double()
+            if same is not None:  # (inf - inf: every error against fp64 read NaN, and the precision rule, which
+                r6 = torch.where(same, 0.0, r6)  # takes their max, passed anything: red team 2026-12-06)
             sq["diff64"] += float(((cc - r6) ** 2).sum())
             sq["eager64"] += float(((rr - r6) ** 2).sum())
             sq["ref64"] += float((r6 * r6).sum())
