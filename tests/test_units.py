@@ -503,6 +503,45 @@ def test_baselines_measured_while_the_machine_changed_are_not_cached_and_timed_a
     assert store.get("baselines", "key") is None
 
 
+def test_a_cached_torch_compile_slower_than_eager_is_timed_again_where_a_reward_3_rests_on_it(tmp_path):
+    """A slowdown that lasted exactly torch.compile's baseline timing escapes the eager check after it (red team,
+    2026-12-06: cached at 6,001 us beside eager's 4,699, its real time ~1,400): where the cached torch.compile is
+    slower than the cached eager and the candidate would get reward 3, the baselines are timed again; a torch.compile
+    truly slower than eager, timed again, stands."""
+    from cuda_agent.judge.config import JudgeConfig
+    from cuda_agent.judge.store import Store
+    from cuda_agent.judge.timekeeper import Timekeeper
+
+    def stats(us):
+        return {"median_us": us, "p20_us": us, "p80_us": us}
+
+    def machine(compile_us: float):
+        log = []
+
+        def ref(command, event):
+            log.append(command["command"])
+            if command["command"] == "time":
+                return {"eager": stats(4700.0), "compile": stats(compile_us), "compile_error": None}
+            return {"stats": stats(4700.0)}
+        return ref, log
+
+    store = Store(tmp_path / "judge.sqlite")
+    store.put("baselines", "key", {"eager": stats(4700.0), "compile": stats(6000.0), "compile_error": None})
+    ref, log = machine(1400.0)
+    outcome = Timekeeper(JudgeConfig(cache_dir=tmp_path), store).run("key", ref, lambda record: stats(2000.0))
+    assert log.count("time") == 1 and "slower than the cached eager" in outcome.record["remeasured_because"]
+    assert outcome.baselines["compile"]["median_us"] == 1400.0  # 2,000 us: reward 2, not 3
+    store.put("baselines", "key", {"eager": stats(4700.0), "compile": stats(6000.0), "compile_error": None})
+    ref, log = machine(6000.0)  # truly slower: timed again once, then believed
+    outcome = Timekeeper(JudgeConfig(cache_dir=tmp_path), store).run("key", ref, lambda record: stats(2000.0))
+    assert log.count("time") == 1 and outcome.baselines["compile"]["median_us"] == 6000.0 and not outcome.noisy
+    outcome = Timekeeper(JudgeConfig(cache_dir=tmp_path), store).run("key", ref, lambda record: stats(2000.0))
+    assert log.count("time") == 1 and outcome.record["source"] == "cache"  # (confirmed: not timed a third time)
+    ref, log = machine(6000.0)  # no reward 3 rests on it (slower than both): not timed again
+    outcome = Timekeeper(JudgeConfig(cache_dir=tmp_path), store).run("key", ref, lambda record: stats(8000.0))
+    assert log.count("time") == 0, log
+
+
 def test_a_timing_on_a_shared_gpu_credits_no_speed_and_its_baselines_are_not_cached(tmp_path):
     """The trusted GPU clock marks a timing whose empty calls showed another context's work (`gpu_shared`): work the
     candidate left running would slow eager and torch.compile. Any such timing is a problem (after the attempts: too
