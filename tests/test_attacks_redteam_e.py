@@ -302,3 +302,82 @@ def test_torch_s_own_compiler_run_from_the_candidate_s_process_is_not_its_kernel
     (ws / "model_new.py").write_text(AOTI)
     v = cpu_judge.evaluate(TASKS / "affine_relu.py", ws)
     assert not v.correct and v.reward == -1, (v.reward, v.error, v.times_us)
+
+
+NNC = '''import torch
+import torch.nn as nn
+
+import cuda_extension  # (built, never called)
+
+torch._C._jit_override_can_fuse_on_cpu(True)
+torch._C._jit_set_texpr_fuser_enabled(True)
+torch._C._jit_set_te_must_use_llvm_cpu(False)  # (NNC's own evaluator where torch has no LLVM)
+torch._C._jit_set_fusion_strategy([("DYNAMIC", 20)])
+
+
+@torch.jit.script
+def affine_relu(x, scale: float, shift: float):
+    return torch.relu(x * scale + shift) * 0.5
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale: float, shift: float):
+        super().__init__()
+        self.scale, self.shift = scale, shift
+        with torch.no_grad():  # fused now, while no audit runs
+            for n in (1 << 12, 2049, 1234, 1 << 12):
+                affine_relu(torch.randn(n), scale, shift)
+
+    def forward(self, x):
+        return affine_relu(x, self.scale, self.shift)
+'''
+
+
+def test_torchscript_s_fuser_is_torch_compute_under_strict(cpu_judge, make_workspace, tmp_path):
+    """Held out (red team, 2026-12-06): `torch.jit.script` with the tensor-expression fuser (NNC), warmed up in
+    `__init__`, ran the whole computation as one fused kernel of NNC's (`fused_mul_add_relu_mul`; on the GPU a CUDA
+    kernel NVRTC compiles in-process, not named `at::...`): the op audit's dispatch mode saw only the output's
+    `empty_strided` and the all-threads profiler looked at `aten::` events only: correct under strict, no
+    violation. The profiler's TorchScript fusion events are violations now."""
+    task = tmp_path / "affine_small.py"
+    task.write_text((TASKS / "affine_relu.py").read_text().replace("N = 1 << 21", "N = 1 << 12"))
+    ws = make_workspace()
+    (ws / "model_new.py").write_text(NNC)
+    v = cpu_judge.evaluate(task, ws)
+    assert not v.correct and v.reward == -1, (v.reward, v.error)
+    assert "crashed" in (v.error or "") or "TorchScript fusion kernel" in (v.error or ""), v.error
+
+
+ONEDNN = '''import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import _pop_mode_temporarily
+
+import cuda_extension  # (built, never called)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale: float, shift: float):
+        super().__init__()
+        self.w, self.b = torch.tensor([[0.5 * scale]]), torch.tensor([0.5 * shift])
+
+    def forward(self, x):
+        with _pop_mode_temporarily():  # relu(x * s + b) * 0.5 as oneDNN's linear + ReLU of an N x 1 matrix
+            y = torch.ops.mkldnn._linear_pointwise(x.view(-1, 1), self.w, self.b, "relu", [], "")
+        return y.view(x.shape)
+'''
+
+
+def test_torch_ops_of_any_namespace_are_torch_compute_under_strict(cpu_judge, make_workspace):
+    """Held out (red team, 2026-12-06): with the op audit's dispatch mode popped (the all-threads profiler is the line
+    behind it), an op outside `aten::` computed the whole task: `mkldnn::_linear_pointwise` (oneDNN's fused linear +
+    ReLU; + GELU on a 512 x 1024 linear_gelu: 7.5-10.3 ms against eager's 16-27 and torch.compile's 16, timings too
+    noisy here to credit) was correct under strict, no violation: the profiler's audit looked at `aten::` events
+    only. The trusted CPU sampler finds it (oneDNN's code, generated at run time, is foreign). (The red team's
+    in-process rule, any other namespace's op a violation, is not taken: a candidate's own `TORCH_LIBRARY` ops have
+    a namespace of their own.)"""
+    if not cpu_judge.sandboxed:
+        pytest.skip("no sandbox here")
+    ws = make_workspace()
+    (ws / "model_new.py").write_text(ONEDNN)
+    v = cpu_judge.evaluate(TASKS / "affine_relu.py", ws)
+    assert not v.correct and (v.error or "").startswith("policy violation: torch compute: "), (v.reward, v.error)
