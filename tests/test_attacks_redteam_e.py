@@ -380,4 +380,60 @@ def test_torch_ops_of_any_namespace_are_torch_compute_under_strict(cpu_judge, ma
     ws = make_workspace()
     (ws / "model_new.py").write_text(ONEDNN)
     v = cpu_judge.evaluate(TASKS / "affine_relu.py", ws)
-    assert not v.correct and (v.error or "").startswith("policy violation: torch compute: "), (v.reward, v.error)
+    # (the in-process audit names the op first since the sampler could be dodged: see the next test)
+    assert not v.correct and (v.error or "").startswith(("policy violation: torch compute: ",
+                                                         "policy violation: torch op mkldnn::")), (v.reward, v.error)
+
+
+DODGE = '''import time
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import _pop_mode_temporarily
+
+import cuda_extension
+
+PROBE_NS, GAP_NS, WATCHED = 300_000, 1_500, 3
+
+
+def watched() -> bool:  # the sampler's interrupts (every 50 us of CPU time) as gaps in a 300 us spin
+    clock = time.perf_counter_ns
+    end = clock() + PROBE_NS
+    last, gaps = clock(), 0
+    while last < end:
+        now = clock()
+        if now - last > GAP_NS:
+            gaps += 1
+        last = now
+    return gaps >= WATCHED
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale: float, shift: float):
+        super().__init__()
+        self.scale, self.shift = scale, shift
+        self.w, self.b = torch.tensor([[0.5 * scale]]), torch.tensor([0.5 * shift])
+
+    def forward(self, x):
+        if watched():
+            return cuda_extension.affine_relu_forward(x, self.scale, self.shift, 0)
+        with _pop_mode_temporarily():
+            y = torch.ops.mkldnn._linear_pointwise(x.view(-1, 1), self.w, self.b, "relu", [], "")
+        return y.view(x.shape)
+'''
+
+
+def test_torch_compute_only_where_the_sampler_does_not_watch_is_still_seen(cpu_judge, make_workspace):
+    """Held out (red team E, 2026-12-06, on 7ea8c9f): the trusted CPU sampler watches the verification calls and 12
+    extra untimed calls, never a timed one, and its task-clock interrupts (every 50 us of a thread's CPU time) show
+    in a 300 us spin at the start of a call as gaps of microseconds at that cadence. The candidate ran its own kernel
+    where it saw them (31 sampled calls: 7% foreign) and oneDNN's `mkldnn::_linear_pointwise`, dispatch mode popped,
+    in the timed calls: correct under strict, no violation (the same candidate always on oneDNN: -1 from the
+    sampler, 100% foreign). The in-process audit now counts torch's ops of every namespace (a second line; the
+    sampler's own blind spot, the unwatched timed calls, stays)."""
+    if not cpu_judge.sandboxed:
+        pytest.skip("no sandbox here")
+    ws = make_workspace()
+    (ws / "model_new.py").write_text(DODGE)
+    v = cpu_judge.evaluate(TASKS / "affine_relu.py", ws)
+    assert not v.correct and v.reward == -1, (v.reward, v.error, (v.timing.get("candidate") or {}).get("cpu_samples"))

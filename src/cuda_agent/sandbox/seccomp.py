@@ -1,6 +1,8 @@
 """A seccomp filter that ends the process the moment it tries to start another one.
 
-Installed by the candidate's worker once `ModelNew` is built: from then on `fork`, `vfork` and `clone` without
+Under the strict policy a first filter, installed before the candidate's code is imported, answers new processes
+with EPERM (red team 2026-12-06: a compiler run from `__init__` built torch's own AOTInductor library). Installed by
+the candidate's worker once `ModelNew` is built: from then on `fork`, `vfork` and `clone` without
 `CLONE_THREAD` (what `fork()`, `subprocess` and `posix_spawn` use) kill the whole process with SIGSYS, so work
 handed to a child process can neither escape the op audit, the trusted side's freezer nor the judge's timeout.
 Threads stay allowed (`clone3` answers ENOSYS, so the C library falls back to `clone`, which is inspected). Any

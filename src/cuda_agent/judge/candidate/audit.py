@@ -42,6 +42,25 @@ CANARY = "lerp"  # the op the trusted side's challenge asks the audited session 
 TORCHSCRIPT_FUSED = ("fused_", "prim::TensorExprGroup", "prim::FusionGroup", "prim::CudaFusionGroup")
 
 
+def _torch_ops() -> frozenset[str]:
+    """torch's own dispatcher ops outside `aten` (and `profiler`, record_function's): `mkldnn::`, `quantized::`,
+    `prims::`..., as registered when this module is imported, before any candidate code (a candidate's own
+    `TORCH_LIBRARY` ops, registered later, are not among them). None is an allocation or a view. Held out (red team
+    E, 2026-12-06): `mkldnn::_linear_pointwise` in the timed calls, which the CPU sampler never watches (its
+    interrupts, every 50 us, show in a 300 us spin at the start of a call, so the candidate computed itself only
+    where they did): correct under strict, no violation."""
+    import torch
+
+    try:
+        names = torch._C._dispatch_get_all_op_names()
+    except AttributeError:  # (a torch without it: aten's rule alone)
+        return frozenset()
+    return frozenset(n.split(".")[0] for n in names if not n.startswith(("aten::", "profiler::")))
+
+
+TORCH_OPS = _torch_ops()
+
+
 class ThreadAudit:
     """Ops that any thread runs while the candidate's calls go on.
 
@@ -98,6 +117,9 @@ class ThreadAudit:
             if e.name.startswith(TORCHSCRIPT_FUSED):  # torch's compute, whichever thread ran it
                 key = f"{e.name[:80]} (a TorchScript fusion kernel)"
                 self.violations[key] = self.violations.get(key, 0) + 1
+                continue
+            if not e.name.startswith("aten::") and e.name in TORCH_OPS:  # torch's op of another namespace: compute
+                self.violations[e.name] = self.violations.get(e.name, 0) + 1
                 continue
             if not e.name.startswith("aten::") or e.name[6:] in self.allowed:
                 continue

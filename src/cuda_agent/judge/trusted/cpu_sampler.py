@@ -16,14 +16,15 @@ sample is placed by the file its address maps (`/proc/PID/maps`):
 
 Sampling slows the calls it watches (events on a thread cost at every context switch: 15-40% on a busy 2-core
 machine), so no timed call is sampled: the verification calls are, and `SAMPLED_CALLS` extra calls put among the
-timed ones at places drawn by the trusted side (their outputs compared, their windows not timed); the candidate
-cannot tell them apart before they run.
+timed ones at places drawn by the trusted side (their outputs compared, their windows not timed). Open (red team E,
+2026-12-06): a candidate can tell a sampled call while it runs (the interrupts show as gaps in a spin) and compute
+with torch only in the others; sampling every call, the baselines' too, would leave nothing to tell apart.
 
 The rule (strict): more than `FOREIGN_SHARE` of the sampled compiled-code samples (own or foreign: the runtimes
-aside) foreign is torch compute. The allowed ops (allocation, views, fills, copies) do not come near it in a
-candidate that computes its outputs itself (an honest kernel of the tests: 15%; torch's ops in `forward`: 100%),
-and a candidate that pads its own share to pass spends at least a quarter as much time again as the torch compute
-it hides: what torch's kernels could win it is bounded by that.
+aside) foreign, and more than `FOREIGN_OF_ALL` of all samples, is torch compute. The allowed ops (allocation,
+views, fills, copies) do not come near it in a candidate that computes its outputs itself (an honest kernel of the
+tests: 15%; torch's ops in `forward`: 100%), and a candidate that pads its share to pass spends at least as much
+time again as the torch compute it hides: what torch's kernels could win it is bounded by that.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from pathlib import Path
 PERIOD_NS = 50_000  # a sample per 50 us of a thread's CPU time (sampled calls are never timed)
 SAMPLED_CALLS = 12  # extra sampled calls among the timed ones
 FOREIGN_SHARE = 0.8  # the share of the calls' compiled-code samples in foreign code beyond which it is torch compute
+FOREIGN_OF_ALL = 0.5  # ... and of all its samples: a candidate whose only compiled code is allowed ops (allocation,
+# fills: a constant output) spends its calls in the interpreter, where torch's compute in `forward` spends them in
+# torch (77% of all samples in the tests' attack)
 MIN_SAMPLES = 20  # fewer compiled-code samples decide nothing (an honest kernel at 40% foreign passes 20 samples
 # past 80% with probability 1e-4; the tests' at 15%, never)
 RING_PAGES = 16  # each thread's ring of samples (read after every call: 4,096 samples of 16 bytes)
@@ -183,7 +187,8 @@ class CpuSampler:
 
     def violations(self) -> list[str]:
         compiled = self.counts["own"] + self.counts["foreign"]
-        if compiled < MIN_SAMPLES or self.counts["foreign"] <= FOREIGN_SHARE * compiled:
+        if compiled < MIN_SAMPLES or self.counts["foreign"] <= FOREIGN_SHARE * compiled or \
+                self.counts["foreign"] <= FOREIGN_OF_ALL * sum(self.counts.values()):
             return []
         where = ", ".join(f"{name} {n}" for name, n in self.summary()["foreign_files"].items())
         return [f"torch compute: {self.counts['foreign'] / compiled:.0%} of the calls' CPU time in compiled code, "
