@@ -325,7 +325,8 @@ class Reference:
         timed = []
         for i in range(iters):
             if i in sampled:  # an extra call, watched by the CPU sampler: its outputs compared, its window not timed
-                one(f"sampled call before timed call {i} (fresh values in the timed buffers)", True, sampled=True)
+                one(f"timed call {i} (fresh values in the timed buffers; an extra call before it, watched by the CPU "
+                    "sampler, not timed)", True, sampled=True)
             timed.append(one(f"timed call {i} (fresh values in the timed buffers)", i in picked))
         if clock is not None:
             empty_calls()
