@@ -32,6 +32,7 @@ keep=/tmp/recipe-h200  # survives between two calls of one warm machine
 mkdir -p "$keep"
 run=$keep/run-${ARM:-full}-${SEED:-0}
 OUT=${OUT:-$PWD/recipe-out}
+export PYTHONPATH=$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}  # this checkout, and the wheels installed below
 
 prepare() {  # the model (converted once a machine), the tasks, what RESTORE brought, the other runs to reuse
   mkdir -p "$OUT" "$run"

@@ -829,6 +829,20 @@ def test_a_worker_that_ends_on_its_command_pipe_says_why_in_its_log(tmp_path, re
     assert done.returncode == 0 and done.stderr.decode().strip().splitlines()[-1] == said, done.stderr
 
 
+def test_a_dead_worker_is_described_by_its_exception_s_line_not_by_the_advice_after_it():
+    """Seen on the H100 (fortieth session): a reference worker's CUDA error was quoted as its log's last line, torch's
+    "Compile with `TORCH_USE_CUDA_DSA` ..." advice, which does not say what went wrong."""
+    from cuda_agent.judge.wire.process import error_line
+
+    cuda = ["Traceback (most recent call last):", '  File "reference_worker.py", line 9, in run',
+            "torch.AcceleratorError: CUDA error: out of memory",
+            "CUDA kernel errors might be asynchronously reported at some other API call.",
+            "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions."]
+    assert error_line(cuda) == "torch.AcceleratorError: CUDA error: out of memory"
+    assert error_line(cuda + ["worker ends: its command pipe was closed"]) == "worker ends: its command pipe was closed"
+    assert error_line(["loading", "still loading"]) == "still loading"
+
+
 def test_checked_timed_calls_are_drawn_one_by_one_so_past_checks_say_nothing_of_later_ones():
     """Held out (red team, 2026-12-05): the pause after a checked call is longer (the reference's runs), so a candidate
     can count the checks as they pass; with a fixed number of them it knew when the last had passed and could be

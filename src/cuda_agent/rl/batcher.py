@@ -92,6 +92,8 @@ class BatchSampler:
             except BaseException as exc:  # every waiting episode hears of it
                 for request in batch:
                     request.error = exc
+            if self.device.type == "cuda":  # the batch's cache back to the GPU: the judge's workers share it
+                torch.cuda.empty_cache()
             for request in batch:
                 request.done.set()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -220,7 +221,7 @@ class WorkerProcess:
         if limits:
             return f" ({', '.join(limits)})"
         tail = self.log_tail(4000).strip().splitlines()
-        return f": {fault_site(tail) or tail[-1][:300]}" if tail else ""
+        return f": {fault_site(tail) or error_line(tail)[:300]}" if tail else ""
 
     def log_tail(self, limit: int = 4000) -> str:
         return self._log.tail(limit)
@@ -345,6 +346,17 @@ def run_worker(start: Callable[[dict, Channel], dict[str, Handler]], fallback_ev
     except Exception as exc:
         traceback.print_exc()
         chan.send(fallback_event, error=f"{Path(sys.argv[0]).stem} failed: {one_line(exc)}{raised_at(exc)}")
+
+
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+
+
+def error_line(lines: list[str]) -> str:
+    """The line of a worker's log that says what went wrong: why it ended when it says, else the last exception's own
+    line (a CUDA error's is followed by torch's advice on debugging it), else the last line."""
+    if lines[-1].startswith("worker ends:"):
+        return lines[-1]
+    return next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), lines[-1])
 
 
 def fault_site(lines: list[str]) -> str | None:
