@@ -268,3 +268,32 @@ def test_no_expert_episode_starts_once_the_time_is_up(tmp_path):
     with pytest.raises(TimeoutError, match="time limit reached in the expert's episodes"):
         play_expert(pool, [reference], tmp_path / "expert", ("direct",), out_of_time=lambda: True)
     assert not (tmp_path / "expert" / "softmax").exists() and not (tmp_path / "expert" / "episodes.jsonl").exists()
+
+
+def test_expert_episodes_playing_at_the_deadline_end_there_and_are_not_kept(tmp_path, monkeypatch):
+    """Seen on the H100 (fortieth session): the recipe's time limit came while 16 expert episodes were inside judge
+    calls of 50-180 s, and the recipe was killed 30 s later. Each episode now has the time left as its own limit
+    (its judge calls end there too), and one cut short is removed, to be played again by the rerun."""
+    import time
+    from types import SimpleNamespace
+
+    from cuda_agent.agent.summary import EpisodeSummary, Stop
+    from cuda_agent.rl.expert import episodes
+
+    limits = []
+
+    def cut_short(env, client, task, run_dir, config):
+        limits.append(config.time_limit_s)
+        (Path(run_dir) / "trajectory.jsonl").write_text("{}\n")
+        return EpisodeSummary(reference=str(task), model="scripted", stop=Stop.TIME_LIMIT.value, turns=2)
+
+    monkeypatch.setattr(episodes, "run_episode", cut_short)
+    monkeypatch.setattr(episodes, "Environment", lambda pool, run_dir, **kw: Path(run_dir).mkdir(parents=True))
+    reference = tmp_path / "softmax.py"
+    reference.write_text(task(*FAMILIES["softmax"]))
+    pool = SimpleNamespace(backend=SimpleNamespace(name="cpu"), sandboxed=False)
+    with pytest.raises(TimeoutError, match="time limit reached in the expert's episodes"):
+        episodes.play_expert(pool, [reference], tmp_path / "expert", ("direct",), deadline=time.monotonic() + 30)
+    assert len(limits) == 1 and 25 < limits[0] <= 30, limits
+    assert not (tmp_path / "expert" / "softmax" / "direct-0").exists()
+    assert not (tmp_path / "expert" / "episodes.jsonl").exists()

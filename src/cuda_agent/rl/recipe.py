@@ -156,8 +156,8 @@ class Recipe:
                                                   compact=cfg.stage.compact, judge=self.judge),
                                     lambda folder: {"runs": [e.run_dir for e in play_expert(
                                         self.pool, self.train, folder, cfg.expert_shapes, parallel=self.pool.workers,
-                                        log=self.log, compact=cfg.stage.compact,
-                                        out_of_time=self.steps.out_of_time)[0]]})
+                                        log=self.log, compact=cfg.stage.compact, out_of_time=self.steps.out_of_time,
+                                        deadline=time.monotonic() + self.steps.left("expert"))[0]]})
             self.episodes["expert"] = expert["runs"]
             model = self._stage("sft", cfg.stage_config("rft", cfg.sft_steps, cfg.sft_batch), model, ("expert",))
             heldout["sft"] = self._evaluate("sft", model)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Callable
 
 from ...agent.environment import Environment
 from ...agent.loop import LoopConfig, run_episode
-from ...agent.summary import EpisodeSummary
+from ...agent.summary import EpisodeSummary, Stop
 from ...judge.pool import JudgePool
 from ...llm import ScriptedClient
 from .formulas import Unsupported
@@ -96,13 +97,15 @@ def script(program: Program, backend: str, shape: str) -> list[dict]:
 
 def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str, ...] = SHAPES, per_task: int = 1,
                 parallel: int = 1, log: Callable[[str], None] = print, compact: bool = False,
-                out_of_time: Callable[[], bool] = lambda: False) -> tuple[list[ExpertEpisode], dict[str, str]]:
+                out_of_time: Callable[[], bool] = lambda: False,
+                deadline: float | None = None) -> tuple[list[ExpertEpisode], dict[str, str]]:
     """Every shape `per_task` times on each task the expert can fuse, as run folders `out/TASK/SHAPE-K` (`parallel`
     at once, with the compact tool set and prompt when `compact`, as the model to be trained on them will see it);
     returns the episodes and, for each task it cannot fuse, why (also in `out/skipped.json`). `log` hears
     of each task skipped and each episode ended. Resumable: an episode whose folder holds its summary is read back,
     not played again; each one played is appended to `out/episodes.jsonl` as it ends. Once `out_of_time()`, no
-    episode starts: TimeoutError (a rerun plays the rest)."""
+    episode starts: TimeoutError (a rerun plays the rest); the episodes playing end at `deadline` (time.monotonic),
+    their judge calls too, and are not kept (TimeoutError)."""
     backend = pool.backend.name
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,10 +133,14 @@ def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str
         if out_of_time():
             raise TimeoutError(f"time limit reached in the expert's episodes ({out.name})")
         shutil.rmtree(run_dir, ignore_errors=True)  # an episode cut short by a crash is played again
+        limit = None if deadline in (None, float("inf")) else max(0.0, deadline - time.monotonic())
         summary = run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed, compact=compact,
                                           episodes_root=out),
                               ScriptedClient(replies),
-                              task, run_dir, LoopConfig(max_turns=len(replies)))
+                              task, run_dir, LoopConfig(max_turns=len(replies), time_limit_s=limit))
+        if summary.stop == Stop.TIME_LIMIT or (limit is not None and time.monotonic() >= deadline):
+            shutil.rmtree(run_dir, ignore_errors=True)  # cut short (a judge call may have ended early): not kept
+            raise TimeoutError(f"time limit reached in the expert's episodes ({out.name})")
         episode = _episode(task, shape, run_dir, summary)
         with lock:
             with open(out / "episodes.jsonl", "a") as f:
