@@ -1,12 +1,12 @@
-"""What the trusted CPU sampler costs the calls it watches (judge/trusted/cpu_sampler.py): why no timed call is.
+"""What the trusted CPU sampler costs the calls it watches (judge/trusted/cpu_sampler.py), at several periods.
 
-The baselines are never sampled, so whatever sampling costs a timed call would be charged to the candidate alone.
-This times a fixed piece of work (a pointwise chain on 2^20 floats, torch's threads as the judge leaves them) in a
-child process, in alternating rounds with and without the sampler's events on all its threads (opened before each
-round and drained, placed and closed after it, as the judge does around a sampled call), and reports the ratio of
-the medians.
+Every call of a sampled callee is watched (the candidate's under strict, and the baselines' beside it, so both pay
+the same), so what sampling costs a call must stay small. This times a fixed piece of work (a pointwise chain on
+2^20 floats, torch's threads as the judge leaves them) in a child process, in alternating rounds without the
+sampler and with its events (opened once, on the stopped process, and drained and placed after every round, as
+the judge does around its calls), and reports, per period, the ratio of the medians.
 
-    python3 benchmarks/cpu_sampler_overhead.py [--rounds 20] [--iters 200] [--out sampler.json]
+    python3 benchmarks/cpu_sampler_overhead.py [--periods-us 250,1000] [--rounds 20] [--iters 200] [--out FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ for line in sys.stdin:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--periods-us", default="250,1000")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None)
@@ -53,29 +54,32 @@ def main() -> None:
         return float(child.stdout.readline())
 
     round_s()  # torch's threads started, caches warm
-    times: dict[str, list[float]] = {"plain": [], "sampled": []}
-    samples = 0
-    for r in range(args.rounds):
-        for mode in (("plain", "sampled") if r % 2 else ("sampled", "plain")):
-            if mode == "plain":
+    rows = []
+    for period_us in (int(p) for p in args.periods_us.split(",")):
+        times: dict[str, list[float]] = {"plain": [], "sampled": []}
+        samples = 0
+        for r in range(args.rounds):
+            for mode in (("plain", "sampled") if r % 2 else ("sampled", "plain")):
+                if mode == "plain":
+                    times[mode].append(round_s())
+                    continue
+                os.kill(child.pid, signal.SIGSTOP)  # opened on a stopped process, as before a call
+                sampler = cpu_sampler.CpuSampler(child.pid, [], period_ns=period_us * 1000)
+                sampler.arm()
+                os.kill(child.pid, signal.SIGCONT)
                 times[mode].append(round_s())
-                continue
-            os.kill(child.pid, signal.SIGSTOP)  # opened on a stopped process, as before a call
-            sampler = cpu_sampler.CpuSampler(child.pid, [])
-            sampler.arm()
-            os.kill(child.pid, signal.SIGCONT)
-            times[mode].append(round_s())
-            sampler.collect()
-            samples += sum(sampler.counts.values())
-            sampler.close()
+                sampler.collect()
+                samples += sum(sampler.counts.values())
+                sampler.close()
+        plain, sampled = statistics.median(times["plain"]), statistics.median(times["sampled"])
+        rows.append({"period_us": period_us, "plain_ms_per_iter": round(plain / args.iters * 1e3, 4),
+                     "sampled_ms_per_iter": round(sampled / args.iters * 1e3, 4),
+                     "sampled_over_plain": round(sampled / plain, 4), "samples": samples})
     child.stdin.close()
     child.wait()
-    plain, sampled = statistics.median(times["plain"]), statistics.median(times["sampled"])
-    rows = [{"mode": mode, "median_ms_per_iter": round(statistics.median(ts) / args.iters * 1e3, 4),
-             "min_ms_per_iter": round(min(ts) / args.iters * 1e3, 4)} for mode, ts in times.items()]
-    write(args.out, "CPU sampler overhead", rows, ["mode", "median_ms_per_iter", "min_ms_per_iter"],
-          {"rounds": args.rounds, "iters": args.iters, "period_us": cpu_sampler.PERIOD_NS / 1e3,
-           "samples": samples, "sampled_over_plain": round(sampled / plain, 4),
+    write(args.out, "CPU sampler overhead", rows, ["period_us", "plain_ms_per_iter", "sampled_ms_per_iter",
+                                                   "sampled_over_plain", "samples"],
+          {"rounds": args.rounds, "iters": args.iters,
            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
 
 

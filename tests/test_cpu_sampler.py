@@ -33,7 +33,8 @@ def test_an_honest_kernel_spends_its_calls_in_its_own_library(cpu_judge):
     verdict = cpu_judge.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")
     sampled = verdict.timing["candidate"]["cpu_samples"]
     assert verdict.reward >= 1 and not verdict.policy_violations, verdict.error
-    assert sampled["samples"] >= cpu_sampler.MIN_SAMPLES and sampled["calls"] > cpu_sampler.SAMPLED_CALLS, sampled
+    timed = verdict.timing["candidate"]["iters"]  # every call is watched, the timed ones too
+    assert sampled["samples"] >= cpu_sampler.MIN_SAMPLES and sampled["calls"] > timed, (sampled, timed)
     shares = sampled["shares"]
     assert shares["foreign"] / (shares["own"] + shares["foreign"]) < 0.4, sampled
 
@@ -77,3 +78,24 @@ def test_a_sample_is_placed_by_the_file_its_address_maps(tmp_path):
     sampler.counts = {"own": 0, "foreign": 15, "interpreter": 100}  # too few samples to decide
     assert sampler.violations() == []
 
+
+
+@needs_perf
+def test_torch_compute_only_in_calls_that_look_unwatched_is_found_when_the_audit_s_report_is_forged(
+        cpu_judge, make_workspace, audit_forged):
+    """Held out (red team E, 2026-12-06): the sampler watched the verification calls and 12 extra untimed calls, and
+    its interrupts (every 50 us) showed as gaps in a 300 us spin: the candidate ran its own kernel where it saw them
+    and oneDNN's fused linear + ReLU in the timed calls (7% foreign in the calls sampled), held only by the
+    in-process audit, whose report a candidate can forge. Every call is watched now, the timed ones too: there is no
+    unwatched call to keep torch for."""
+    from test_attacks_redteam_e import DODGE
+
+    if not cpu_judge.sandboxed:
+        pytest.skip("no sandbox here")
+    ws = make_workspace()
+    (ws / "model_new.py").write_text(DODGE.replace("with _pop_mode_temporarily():", "if True:  # (no audit to pop)"))
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    sampled = verdict.timing.get("candidate", {}).get("cpu_samples")
+    assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
+    assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
+        (verdict.error, verdict.policy_violations, sampled)

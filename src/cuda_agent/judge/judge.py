@@ -40,6 +40,7 @@ from .references import ReferenceFailed, ReferencePool, ReferenceWorker
 from .spares import Spares
 from .store import Store
 from .timekeeper import Timekeeper
+from .trusted import cpu_sampler
 from .verdict import Verdict
 from .wire.process import WorkerProcess
 
@@ -185,8 +186,12 @@ class Judge:
 
     # ---- what its evaluations use -----------------------------------------------------------------------
     def baseline_key(self, task: Task, verdict: Verdict) -> str:
-        """Baselines are cached per (task, backend, device, torch version, timing settings)."""
+        """Baselines are cached per (task, backend, device, torch version, timing settings, clock; sampled or not:
+        on the cpu backend's trusted path under strict, every call is, which slows it a little)."""
         clock = "trusted-clock" if self.backend.trusted_clock else "in-process-clock"
+        if self.backend.name == "cpu" and self.backend.trusted_clock and self.config.policy == "strict" and \
+                cpu_sampler.unavailable() is None:
+            clock += f"|sampled-{cpu_sampler.PERIOD_NS}ns"
         return "|".join([task.hash, self.backend.name, str(verdict.device), verdict.torch_version,
                          self.config.timing_key(), clock])
 

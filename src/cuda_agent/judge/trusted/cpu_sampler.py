@@ -1,12 +1,14 @@
 """Where the candidate's CPU time goes, seen from outside its process (the cpu backend's trusted path, strict).
 
 The in-process op audit (a profiler in the candidate's own process) says whether `forward` computed with torch's
-ops; a candidate that rewrites the harness's report passes it. This sampler is the trusted side's own view: for a
-sampled call, a `perf_event_open` task-clock event on every thread of the candidate's worker and every CPU, opened by
-the reference worker while the candidate is stopped and inherited by every thread it starts in the call, samples the
-instruction pointer every `PERIOD_NS` of a thread's CPU time (the kernel's interrupt, which nothing in the process
-can switch off: `PR_TASK_PERF_EVENTS_DISABLE` only reaches events the caller created). After the call (stopped) each
-sample is placed by the file its address maps (`/proc/PID/maps`):
+ops; a candidate that rewrites the harness's report passes it. This sampler is the trusted side's own view: a
+`perf_event_open` task-clock event on every thread of the candidate's worker and every CPU, opened by the reference
+worker before the first call (the candidate stopped) and kept until its calls end, inherited by every thread it
+starts, samples the instruction pointer every `PERIOD_NS` of a thread's CPU time (the kernel's interrupt, which
+nothing in the process can switch off: `PR_TASK_PERF_EVENTS_DISABLE` only reaches events the caller created). The
+candidate runs only in its calls (it is stopped between them), so every call is watched, timed ones too, and the
+period runs on across calls (short calls add up). After each call (stopped) its samples are placed by the file their
+address maps (`/proc/PID/maps`):
 
 - `own`: the libraries the judge built for it (its build folder, read-only to it);
 - `foreign`: compute it did not write: torch's and its math libraries, and anything not named below (a copy of
@@ -14,17 +16,16 @@ sample is placed by the file its address maps (`/proc/PID/maps`):
 - `interpreter`: Python, torch's Python binding and the C/C++ and OpenMP runtimes (calls, allocation, copies of
   arguments, scheduling threads).
 
-Sampling slows the calls it watches (events on a thread cost at every context switch: 15-40% on a busy 2-core
-machine), so no timed call is sampled: the verification calls are, and `SAMPLED_CALLS` extra calls put among the
-timed ones at places drawn by the trusted side (their outputs compared, their windows not timed). Open (red team E,
-2026-12-06): a candidate can tell a sampled call while it runs (the interrupts show as gaps in a spin) and compute
-with torch only in the others; sampling every call, the baselines' too, would leave nothing to tell apart.
+Sampling slows what it watches (each interrupt costs ~20 us of a thread's time in this VM, so 50 us cost 40%;
+`benchmarks/cpu_sampler_overhead.py`), so the period is long and the baseline callee is watched the same way beside
+the candidate (its samples judge nothing): both pay the same share. Watching only some calls, as before, let a
+candidate tell them while they ran (red team E: the interrupts as gaps in a spin) and use torch in the others.
 
-The rule (strict): more than `FOREIGN_SHARE` of the sampled compiled-code samples (own or foreign: the runtimes
-aside) foreign, and more than `FOREIGN_OF_ALL` of all samples, is torch compute. The allowed ops (allocation,
-views, fills, copies) do not come near it in a candidate that computes its outputs itself (an honest kernel of the
-tests: 15%; torch's ops in `forward`: 100%), and a candidate that pads its share to pass spends at least as much
-time again as the torch compute it hides: what torch's kernels could win it is bounded by that.
+The rule (strict): more than `FOREIGN_SHARE` of the compiled-code samples (own or foreign: the runtimes aside)
+foreign, and more than `FOREIGN_OF_ALL` of all samples, is torch compute. The allowed ops (allocation, views, fills,
+copies) do not come near it in a candidate that computes its outputs itself (an honest kernel of the tests: 15%;
+torch's ops in `forward`: 100%), and a candidate that pads its share to pass spends at least as much time again as
+the torch compute it hides: what torch's kernels could win it is bounded by that.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ import os
 import struct
 from pathlib import Path
 
-PERIOD_NS = 50_000  # a sample per 50 us of a thread's CPU time (sampled calls are never timed)
-SAMPLED_CALLS = 12  # extra sampled calls among the timed ones
+PERIOD_NS = 1_000_000  # a sample per ms of a thread's CPU time (every call is watched, timed ones too)
 FOREIGN_SHARE = 0.8  # the share of the calls' compiled-code samples in foreign code beyond which it is torch compute
 FOREIGN_OF_ALL = 0.5  # ... and of all its samples: a candidate whose only compiled code is allowed ops (allocation,
 # fills: a constant output) spends its calls in the interpreter, where torch's compute in `forward` spends them in
@@ -53,11 +53,11 @@ _NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _open_event(tid: int, cpu: int) -> int:
+def _open_event(tid: int, cpu: int, period_ns: int = PERIOD_NS) -> int:
     """A task-clock sampling event on thread `tid` (and the threads it starts) on `cpu`, user space only, enabled;
     its descriptor. (A ring of samples is refused on an inherited event of every CPU: one per CPU, then.)"""
     attr = bytearray(128)  # perf_event_attr: type SOFTWARE, config TASK_CLOCK, sample IP; inherit, exclude kernel, hv
-    struct.pack_into("IIQQQQQ", attr, 0, 1, 128, 1, PERIOD_NS, 1, 0, (1 << 1) | (1 << 5) | (1 << 6))
+    struct.pack_into("IIQQQQQ", attr, 0, 1, 128, 1, period_ns, 1, 0, (1 << 1) | (1 << 5) | (1 << 6))
     buf = (ctypes.c_char * len(attr)).from_buffer(attr)
     fd = _libc.syscall(_NR_PERF_EVENT_OPEN, buf, tid, cpu, -1, 8)  # PERF_FLAG_FD_CLOEXEC
     if fd < 0:
@@ -90,8 +90,8 @@ def unavailable() -> str | None:
 class _Event:
     """One thread's event on one CPU, and its ring of samples."""
 
-    def __init__(self, tid: int, cpu: int):
-        self.fd = _open_event(tid, cpu)
+    def __init__(self, tid: int, cpu: int, period_ns: int):
+        self.fd = _open_event(tid, cpu, period_ns)
         try:
             self.ring = mmap.mmap(self.fd, (RING_PAGES + 1) * _PAGE)
         except OSError:
@@ -122,42 +122,42 @@ class _Event:
 
 
 class CpuSampler:
-    """The sampled calls of one candidate worker: `arm` before such a call (stopped), `collect` after it."""
+    """The calls of one callee's worker: `arm` before its first call (stopped), `collect` after each, `close` at
+    the end. `own`: the folders of the libraries built for it (none: the baseline callee, watched for its share of
+    the cost only)."""
 
-    def __init__(self, pid: int, own: list[Path]):
-        self.pid, self.own = pid, [str(p) for p in own]
+    def __init__(self, pid: int, own: list[Path], period_ns: int = PERIOD_NS):
+        self.pid, self.own, self.period_ns = pid, [str(p) for p in own], period_ns
         self.events: list[_Event] = []
         self.counts = {"own": 0, "foreign": 0, "interpreter": 0}
         self.foreign_files: dict[str, int] = {}
         self.calls = 0
 
     def arm(self) -> None:
-        """Events on every thread it has and every CPU (the threads it starts in the call inherit them)."""
+        """Events on every thread it has and every CPU (the threads it starts inherit them); once."""
+        if self.events:
+            return
         try:
             for name in os.listdir(f"/proc/{self.pid}/task"):
                 for cpu in _online_cpus():
-                    self.events.append(_Event(int(name), cpu))
+                    self.events.append(_Event(int(name), cpu, self.period_ns))
         except OSError:
             self.close()
             raise
 
     def collect(self) -> None:
-        """After the call: its samples placed (the candidate is stopped, its maps as they were in the call), its
-        events closed."""
-        try:
-            regions = self._regions()
-            starts = [r[0] for r in regions]
-            for event in self.events:
-                for ip in event.drain():
-                    i = bisect.bisect_right(starts, ip) - 1
-                    path = regions[i][2] if i >= 0 and ip < regions[i][1] else "[unmapped]"
-                    kind = self._kind(path)
-                    self.counts[kind] += 1
-                    if kind == "foreign":
-                        self.foreign_files[path] = self.foreign_files.get(path, 0) + 1
-            self.calls += 1
-        finally:
-            self.close()
+        """After a call: its samples placed (the candidate is stopped, its maps as they were in the call)."""
+        regions = self._regions()
+        starts = [r[0] for r in regions]
+        for event in self.events:
+            for ip in event.drain():
+                i = bisect.bisect_right(starts, ip) - 1
+                path = regions[i][2] if i >= 0 and ip < regions[i][1] else "[unmapped]"
+                kind = self._kind(path)
+                self.counts[kind] += 1
+                if kind == "foreign":
+                    self.foreign_files[path] = self.foreign_files.get(path, 0) + 1
+        self.calls += 1
 
     def _regions(self) -> list[tuple[int, int, str]]:
         regions = []
@@ -181,13 +181,13 @@ class CpuSampler:
         """For the verdict's timing: the samples, their shares, the foreign files most sampled."""
         samples = sum(self.counts.values())
         top = sorted(self.foreign_files.items(), key=lambda item: -item[1])[:3]
-        return {"calls": self.calls, "samples": samples, "period_us": PERIOD_NS / 1e3,
+        return {"calls": self.calls, "samples": samples, "period_us": self.period_ns / 1e3,
                 "shares": {k: round(n / samples, 4) for k, n in self.counts.items()} if samples else {},
                 "foreign_files": {os.path.basename(p): n for p, n in top}}
 
     def violations(self) -> list[str]:
         compiled = self.counts["own"] + self.counts["foreign"]
-        if compiled < MIN_SAMPLES or self.counts["foreign"] <= FOREIGN_SHARE * compiled or \
+        if not self.own or compiled < MIN_SAMPLES or self.counts["foreign"] <= FOREIGN_SHARE * compiled or \
                 self.counts["foreign"] <= FOREIGN_OF_ALL * sum(self.counts.values()):
             return []
         where = ", ".join(f"{name} {n}" for name, n in self.summary()["foreign_files"].items())

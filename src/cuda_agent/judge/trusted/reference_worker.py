@@ -48,7 +48,6 @@ from ..wire.trusted_commands import (
 )
 from . import baseline_callee
 from .compare import compare_leaves, compare_trial, unfit
-from .cpu_sampler import SAMPLED_CALLS
 from .gpu_calls import RESOLUTION_US, GpuCalls, quantiles
 from .readback import Unreadable, layout, overlaps_itself
 from .trusted_calls import CallFailed, Calls
@@ -220,7 +219,7 @@ class Reference:
             out, out64 = self.reference_outputs(inputs, fp64)
         calls.load(inputs)
         try:
-            call = calls.call(deadline, fn, sampled=True)  # (a verification call: not timed)
+            call = calls.call(deadline, fn)
         except CallFailed as exc:
             raise CallFailed(f"{label}: {exc}", exc.how) from None
         return {**self._judge_call(calls, call, out, out64, label, kernelbench_rule), "call_us": call.window_us}
@@ -289,10 +288,10 @@ class Reference:
             # context switch (~7 us on the H200), so empty calls between timed ones would charge the callee it
             empty.extend([clock.empty_window(deadline) for _ in range(EMPTY_CALLS + 1)][1:])
 
-        def one(label: str, picked: bool, sampled: bool = False):
+        def one(label: str, picked: bool):
             inputs = make_inputs(self.module, rng.randrange(2**31), self.device, None, self.draw_scale(rng))
             calls.load(inputs)
-            call = calls.call(deadline, fn, flush, sampled)
+            call = calls.call(deadline, fn, flush)
             if not picked and calls.must_check(call):
                 picked = True
                 forced.append(label)
@@ -321,13 +320,7 @@ class Reference:
         picked = draw_checks(rng, 0, iters, check_bits)
         if clock is not None:
             empty_calls()
-        sampled = set(rng.sample(range(iters), min(iters, SAMPLED_CALLS))) if calls.sampler else set()
-        timed = []
-        for i in range(iters):
-            if i in sampled:  # an extra call, watched by the CPU sampler: its outputs compared, its window not timed
-                one(f"timed call {i} (fresh values in the timed buffers; an extra call before it, watched by the CPU "
-                    "sampler, not timed)", True, sampled=True)
-            timed.append(one(f"timed call {i} (fresh values in the timed buffers)", i in picked))
+        timed = [one(f"timed call {i} (fresh values in the timed buffers)", i in picked) for i in range(iters)]
         if clock is not None:
             empty_calls()
         windows, cpu = [call.window_us for call in timed], [call.cpu_us for call in timed]
@@ -411,6 +404,8 @@ class Reference:
                 {key: self.req.get(key)
                  for key in ("task_path", "backend", "allow_tf32", "compile_mode", "output_pool")}
                 | {"seed": self.req["init_seed"]}, BASELINE_READ_LIMIT, self.calls_class())
+            if self.req.get("policy") == "strict" and not isinstance(self.baseline, GpuCalls):
+                self.baseline.sample(None)  # (its calls pay what the candidate's sampled calls pay: cpu_sampler.py)
         if isinstance(self.baseline, GpuCalls) and (self.baseline.overhead_us is None
                                                     or self.baseline.calibration_problem):
             self.baseline.calibrate(make_inputs(self.module, secrets.randbelow(2**31), self.device),

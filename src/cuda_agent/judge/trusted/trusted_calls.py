@@ -92,12 +92,13 @@ class Calls:
         self.sampler: CpuSampler | None = None
         self.sampler_unavailable: str | None = None
 
-    def sample(self, own: Path) -> None:
-        """(strict, cpu) Sample where its calls spend their CPU time, `own` holding the libraries built for it
-        (`cpu_sampler.py`); where the kernel allows no perf events, the verdict's timing says why."""
+    def sample(self, own: Path | None) -> None:
+        """(strict, cpu) Sample where every call spends its CPU time, `own` holding the libraries built for it
+        (`cpu_sampler.py`; None: the baseline callee, sampled to pay what the candidate pays); where the kernel
+        allows no perf events, the verdict's timing says why."""
         self.sampler_unavailable = unavailable()
         if self.sampler_unavailable is None:
-            self.sampler = CpuSampler(self.worker_pid, [own])
+            self.sampler = CpuSampler(self.worker_pid, [own] if own is not None else [])
 
     def sampled(self) -> dict:
         """What the sampler saw (or why there was none); {} where none was asked for."""
@@ -121,19 +122,18 @@ class Calls:
         self.current = self.buffers[key][1]
         return self.current
 
-    def call(self, deadline: float, fn: str = "", flush=None, sampled: bool = False) -> CallRecord:
+    def call(self, deadline: float, fn: str = "", flush=None) -> CallRecord:
         """One call (of `fn`, where the callee serves several) on the inputs loaded last, after `flush()` (the
-        caches); CallFailed when the callee does not answer `done` in time. `sampled`: watched by the sampler, where
-        there is one (never a timed call: it slows the call)."""
+        caches), watched by the sampler where there is one; CallFailed when the callee does not answer `done` in
+        time."""
         assert self.current is not None, "load inputs first"
         if flush is not None:
             flush()
         ident = next(i for i, b in self.buffers.values() if b is self.current)
         k, self.calls = self.calls, self.calls + 1
         cpu0 = self._cpu_before(k)
-        sampler = self.sampler if sampled else None
-        if sampler is not None:
-            sampler.arm()
+        if self.sampler is not None:
+            self.sampler.arm()
         t0 = time.perf_counter_ns()
         self._resume(f"call {k}")
         try:
@@ -151,8 +151,8 @@ class Calls:
             self.freezer.settle()
             self.stopped_cpu = self.freezer.cpu_by_pid()
             cpu1 = sum(self.stopped_cpu.values())
-            if sampler is not None:
-                sampler.collect()
+            if self.sampler is not None:
+                self.sampler.collect()
         except (CandidateGone, FileNotFoundError, ProcessLookupError) as exc:
             raise CallFailed(f"the process ended during call {k} ({exc})", "ended") from None
         reply = self._checked_reply(k, reply)
