@@ -55,6 +55,35 @@ def test_torch_compute_is_found_from_outside_when_the_audit_s_report_is_forged(c
     assert "libtorch_cpu.so" in verdict.policy_violations[0]
 
 
+def test_events_that_cannot_be_opened_fail_the_call_saying_which_limit(monkeypatch):
+    """Events are threads x CPUs (torch starts a thread a CPU: 4,096 events on a 64-core machine): the open-file
+    limit is raised to its hard limit first, and where they still cannot all be opened the call fails saying how
+    many, why and what to do (nothing half-open is kept: an unwatched call is not judged under strict)."""
+    import errno
+    import os
+    import resource
+
+    opened = []
+
+    def refuse_the_third(tid, cpu, period_ns):
+        if len(opened) == 2:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        opened.append(tid)
+        return os.open(os.devnull, os.O_RDONLY)
+
+    monkeypatch.setattr(cpu_sampler, "_open_event", refuse_the_third)
+    monkeypatch.setattr(cpu_sampler, "_online_cpus", lambda: [0, 1, 2])
+    monkeypatch.setattr(cpu_sampler._Event, "__init__", lambda self, tid, cpu, period_ns: setattr(
+        self, "fd", cpu_sampler._open_event(tid, cpu, period_ns)) or setattr(self, "ring", open(os.devnull, "rb")))
+    sampler = cpu_sampler.CpuSampler(os.getpid(), [])
+    with pytest.raises(cpu_sampler.SamplerFailed, match=r"could not open its \d+ events \(\d+ threads x \d+ CPUs: "
+                                                        r"Too many open files\); raise the open-file limit"):
+        sampler.arm()
+    assert sampler.events == [] and len(opened) == 2
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft == hard
+
+
 def test_a_sample_is_placed_by_the_file_its_address_maps(tmp_path):
     """Its own libraries are those under the judge's build folder only: a library of the same name elsewhere (a copy
     of torch's, renamed, in a folder it writes) is foreign; the interpreter and the C runtime are neither."""

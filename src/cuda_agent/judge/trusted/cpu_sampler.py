@@ -34,6 +34,7 @@ import bisect
 import ctypes
 import mmap
 import os
+import resource
 import struct
 from pathlib import Path
 
@@ -64,6 +65,17 @@ def _open_event(tid: int, cpu: int, period_ns: int = PERIOD_NS) -> int:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return fd
+
+
+class SamplerFailed(RuntimeError):
+    """The events could not be opened (too many for the limits of this machine): str() says which and what to do."""
+
+
+def _raise_open_file_limit() -> None:
+    """The soft limit on open files up to the hard one: events are threads x CPUs (torch starts a thread a CPU)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _online_cpus() -> list[int]:
@@ -137,13 +149,18 @@ class CpuSampler:
         """Events on every thread it has and every CPU (the threads it starts inherit them); once."""
         if self.events:
             return
+        _raise_open_file_limit()
+        threads, cpus = os.listdir(f"/proc/{self.pid}/task"), _online_cpus()
         try:
-            for name in os.listdir(f"/proc/{self.pid}/task"):
-                for cpu in _online_cpus():
+            for name in threads:
+                for cpu in cpus:
                     self.events.append(_Event(int(name), cpu, self.period_ns))
-        except OSError:
+        except OSError as exc:
             self.close()
-            raise
+            raise SamplerFailed(
+                f"the trusted CPU sampler could not open its {len(threads) * len(cpus)} events ({len(threads)} "
+                f"threads x {len(cpus)} CPUs: {exc.strerror}); raise the open-file limit (ulimit -n) or "
+                "kernel.perf_event_mlock_kb, or judge with --policy kernelbench") from None
 
     def collect(self) -> None:
         """After a call: its samples placed (the candidate is stopped, its maps as they were in the call)."""

@@ -39,7 +39,7 @@ from ..wire.call_protocol import (
 from ..wire.input_buffers import NAME, InputBuffer, layout_of
 from ..wire.process import close_fds
 from .compare import Leaf
-from .cpu_sampler import CpuSampler, unavailable
+from .cpu_sampler import CpuSampler, SamplerFailed, unavailable
 from .freezer import CandidateGone, Freezer, thread_states
 from .readback import aliased_pages, mapped_files, process_reader, read_outputs, read_scattered, tensor_spans
 
@@ -133,7 +133,10 @@ class Calls:
         k, self.calls = self.calls, self.calls + 1
         cpu0 = self._cpu_before(k)
         if self.sampler is not None:
-            self.sampler.arm()
+            try:
+                self.sampler.arm()
+            except SamplerFailed as exc:  # (what cannot be watched is not judged under strict)
+                raise CallFailed(str(exc)) from None
         t0 = time.perf_counter_ns()
         self._resume(f"call {k}")
         try:
