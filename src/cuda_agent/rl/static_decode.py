@@ -133,7 +133,7 @@ class StaticDecoder:
         scores = scores.masked_fill(hidden, float("-inf"))
         weights = torch.softmax(scores.transpose(2, 3).reshape(b, self.kv_heads, g, -1), dim=-1)
         weights = weights.view(b, self.kv_heads, g, blocks, SPLIT).transpose(2, 3).to(v.dtype)
-        return (weights @ v).sum(2)  # (b, kv, g, head_dim)
+        return (weights @ v).sum(2, dtype=torch.float32).to(v.dtype)  # (b, kv, g, head_dim): blocks summed in fp32
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """Feed `token` (b, 1): the logits of the token after it. On CUDA the step is captured as a graph at its
