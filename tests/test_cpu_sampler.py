@@ -2,6 +2,8 @@
 is found from outside the process even where the in-process op audit's report has been rewritten (modelled here by
 switching the audit off: what a candidate that forges the harness's report achieves)."""
 
+import struct
+
 import pytest
 
 from conftest import CANDIDATES, TASKS
@@ -82,6 +84,27 @@ def test_events_that_cannot_be_opened_fail_the_call_saying_which_limit(monkeypat
     assert sampler.events == [] and len(opened) == 2
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert soft == hard
+
+
+def test_samples_the_full_ring_lost_count_as_foreign():
+    """A call that fills a thread's ring with its own code first (4,096 samples: 4 s of CPU on one CPU) would have the
+    rest of the call unseen: the kernel's count of lost samples counts as foreign."""
+    ring = bytearray((cpu_sampler.RING_PAGES + 1) * cpu_sampler._PAGE)
+    at = cpu_sampler._PAGE
+    struct.pack_into("IHHQ", ring, at, 9, 0, 16, 0x1234)  # a sample, then 4,000 lost
+    struct.pack_into("IHHQQ", ring, at + 16, 2, 0, 24, 7, 4000)
+    struct.pack_into("QQ", ring, 1024, 40, 0)  # data_head, data_tail
+    event = cpu_sampler._Event.__new__(cpu_sampler._Event)
+    event.ring = ring
+    assert event.drain() == ([0x1234], 4000)
+    assert struct.unpack_from("Q", ring, 1032)[0] == 40  # read up to the head
+    sampler = cpu_sampler.CpuSampler(0, ["/build"])
+    sampler.events = [event]
+    struct.pack_into("IHHQQ", ring, at + 40, 2, 0, 24, 7, 100)
+    struct.pack_into("Q", ring, 1024, 64)
+    sampler._regions = lambda: []
+    sampler.collect()
+    assert sampler.counts["foreign"] == 100 and sampler.foreign_files == {cpu_sampler.LOST: 100}
 
 
 def test_a_sample_is_placed_by_the_file_its_address_maps(tmp_path):

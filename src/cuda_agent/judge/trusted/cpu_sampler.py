@@ -45,7 +45,9 @@ FOREIGN_OF_ALL = 0.5  # ... and of all its samples: a candidate whose only compi
 # torch (77% of all samples in the tests' attack)
 MIN_SAMPLES = 20  # fewer compiled-code samples decide nothing (an honest kernel at 40% foreign passes 20 samples
 # past 80% with probability 1e-4; the tests' at 15%, never)
-RING_PAGES = 16  # each thread's ring of samples (read after every call: 4,096 samples of 16 bytes)
+RING_PAGES = 16  # each thread's ring of samples (read after every call: 4,096 samples of 16 bytes, 4 s of a
+# thread's CPU time on one CPU in one call; samples it loses beyond that count as foreign)
+LOST = "[lost: the ring was full]"
 INTERPRETER = ("libpython", "python3", "libtorch_python", "libc.so", "libc-", "libm.so", "libstdc++", "libgcc_s",
                "ld-linux", "libpthread", "libgomp", "libiomp", "[vdso]", "[vsyscall]")  # (OpenMP's runtime only
 # schedules: the work of a parallel region runs in the code that opened it, the candidate's own or torch's)
@@ -110,13 +112,13 @@ class _Event:
             os.close(self.fd)
             raise
 
-    def drain(self) -> list[int]:
-        """The addresses sampled since the last drain."""
+    def drain(self) -> tuple[list[int], int]:
+        """The addresses sampled since the last drain, and how many samples the full ring lost meanwhile."""
         size = RING_PAGES * _PAGE
         head, tail = struct.unpack_from("QQ", self.ring, 1024)  # data_head, data_tail
         data = self.ring[_PAGE:_PAGE + size]
         data = data + data  # a record that wraps reads straight on
-        ips = []
+        ips, lost = [], 0
         while tail < head:
             at = tail % size
             kind, _, length = struct.unpack_from("IHH", data, at)
@@ -124,9 +126,11 @@ class _Event:
                 break
             if kind == 9:  # PERF_RECORD_SAMPLE: the ip
                 ips.append(struct.unpack_from("Q", data, at + 8)[0])
+            elif kind == 2:  # PERF_RECORD_LOST: id, lost
+                lost += struct.unpack_from("Q", data, at + 16)[0]
             tail += length
         struct.pack_into("Q", self.ring, 1032, head)
-        return ips
+        return ips, lost
 
     def close(self) -> None:
         self.ring.close()
@@ -167,7 +171,11 @@ class CpuSampler:
         regions = self._regions()
         starts = [r[0] for r in regions]
         for event in self.events:
-            for ip in event.drain():
+            ips, lost = event.drain()
+            if lost:  # (the ring held a call's first RING_PAGES of samples: what it could not see is not its own)
+                self.counts["foreign"] += lost
+                self.foreign_files[LOST] = self.foreign_files.get(LOST, 0) + lost
+            for ip in ips:
                 i = bisect.bisect_right(starts, ip) - 1
                 path = regions[i][2] if i >= 0 and ip < regions[i][1] else "[unmapped]"
                 kind = self._kind(path)
