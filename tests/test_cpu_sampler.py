@@ -36,7 +36,8 @@ def test_an_honest_kernel_spends_its_calls_in_its_own_library(cpu_judge):
     sampled = verdict.timing["candidate"]["cpu_samples"]
     assert verdict.reward >= 1 and not verdict.policy_violations, verdict.error
     timed = verdict.timing["candidate"]["iters"]  # every call is watched, the timed ones too
-    assert sampled["samples"] >= cpu_sampler.MIN_SAMPLES and sampled["calls"] > timed, (sampled, timed)
+    # (a sample a ms of CPU time: some 20-110 a verdict here, the count of timed calls varying with the machine's noise)
+    assert sampled["samples"] >= 10 and sampled["calls"] > timed, (sampled, timed)
     shares = sampled["shares"]
     assert shares["foreign"] / (shares["own"] + shares["foreign"]) < 0.4, sampled
 
@@ -87,21 +88,21 @@ def test_events_that_cannot_be_opened_fail_the_call_saying_which_limit(monkeypat
 
 
 def test_samples_the_full_ring_lost_count_as_foreign():
-    """A call that fills a thread's ring with its own code first (4,096 samples: 4 s of CPU on one CPU) would have the
+    """A call that fills a thread's ring with its own code first (2,048 samples: 2 s of CPU on one CPU) would have the
     rest of the call unseen: the kernel's count of lost samples counts as foreign."""
     ring = bytearray((cpu_sampler.RING_PAGES + 1) * cpu_sampler._PAGE)
     at = cpu_sampler._PAGE
-    struct.pack_into("IHHQ", ring, at, 9, 0, 16, 0x1234)  # a sample, then 4,000 lost
-    struct.pack_into("IHHQQ", ring, at + 16, 2, 0, 24, 7, 4000)
-    struct.pack_into("QQ", ring, 1024, 40, 0)  # data_head, data_tail
+    struct.pack_into("IHHQIIQ", ring, at, 9, 0, 32, 0x1234, 5, 6, 99)  # a sample (ip, pid, tid, time), 4,000 lost
+    struct.pack_into("IHHQQ", ring, at + 32, 2, 0, 24, 7, 4000)
+    struct.pack_into("QQ", ring, 1024, 56, 0)  # data_head, data_tail
     event = cpu_sampler._Event.__new__(cpu_sampler._Event)
     event.ring = ring
-    assert event.drain() == ([0x1234], 4000)
-    assert struct.unpack_from("Q", ring, 1032)[0] == 40  # read up to the head
+    assert event.drain() == ([(0x1234, 6, 99)], 4000)
+    assert struct.unpack_from("Q", ring, 1032)[0] == 56  # read up to the head
     sampler = cpu_sampler.CpuSampler(0, ["/build"])
     sampler.events = [event]
-    struct.pack_into("IHHQQ", ring, at + 40, 2, 0, 24, 7, 100)
-    struct.pack_into("Q", ring, 1024, 64)
+    struct.pack_into("IHHQQ", ring, at + 56, 2, 0, 24, 7, 100)
+    struct.pack_into("Q", ring, 1024, 80)
     sampler._regions = lambda: []
     sampler.collect()
     assert sampler.counts["foreign"] == 100 and sampler.foreign_files == {cpu_sampler.LOST: 100}

@@ -24,18 +24,21 @@ candidate tell them while they ran (red team E: the interrupts as gaps in a spin
 The rule (strict): more than `FOREIGN_SHARE` of the compiled-code samples (own or foreign: the runtimes aside)
 foreign, and more than `FOREIGN_OF_ALL` of all samples, is torch compute. The allowed ops (allocation, views, fills,
 copies) do not come near it in a candidate that computes its outputs itself (an honest kernel of the tests: 15%;
-torch's ops in `forward`: 100%), and a candidate that pads its share to pass spends at least as much time again as
-the torch compute it hides: what torch's kernels could win it is bounded by that.
+torch's ops in `forward`: 100%). A candidate that pads its share to pass must do it on torch's own thread, after or
+before torch's work, for at least a quarter of its time (own samples of other threads taken beside a thread in
+foreign code count for nothing: red team F); what torch's kernels could win it is bounded by that.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import ctypes
 import mmap
 import os
 import resource
 import struct
+import sysconfig
 from pathlib import Path
 
 PERIOD_NS = 1_000_000  # a sample per ms of a thread's CPU time (every call is watched, timed ones too)
@@ -43,14 +46,19 @@ FOREIGN_SHARE = 0.8  # the share of the calls' compiled-code samples in foreign 
 FOREIGN_OF_ALL = 0.5  # ... and of all its samples: a candidate whose only compiled code is allowed ops (allocation,
 # fills: a constant output) spends its calls in the interpreter, where torch's compute in `forward` spends them in
 # torch (77% of all samples in the tests' attack)
+BESIDE_NS = 5_000_000  # a sample outside foreign code within this of a foreign sample of another thread ran beside
+# torch's compute: it dilutes nothing (held out, red team F: a thread of its own spinning on a spare core while torch
+# computed on the other made 63% of the samples own, for nothing on the clock; a pad that runs alone costs its time)
+RUN_GAP_NS = 20_000_000  # consecutive foreign samples of a thread further apart than this are two runs
 MIN_SAMPLES = 20  # fewer compiled-code samples decide nothing (an honest kernel at 40% foreign passes 20 samples
 # past 80% with probability 1e-4; the tests' at 15%, never)
-RING_PAGES = 16  # each thread's ring of samples (read after every call: 4,096 samples of 16 bytes, 4 s of a
+RING_PAGES = 16  # each thread's ring of samples (read after every call: 2,048 samples of 32 bytes, 2 s of a
 # thread's CPU time on one CPU in one call; samples it loses beyond that count as foreign)
 LOST = "[lost: the ring was full]"
 INTERPRETER = ("libpython", "python3", "libtorch_python", "libc.so", "libc-", "libm.so", "libstdc++", "libgcc_s",
                "ld-linux", "libpthread", "libgomp", "libiomp", "[vdso]", "[vsyscall]")  # (OpenMP's runtime only
 # schedules: the work of a parallel region runs in the code that opened it, the candidate's own or torch's)
+_SPECIAL = ("[vdso]", "[vsyscall]")  # the kernel's own (no file; no name the candidate can give a mapping)
 _PAGE = mmap.PAGESIZE
 _NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -59,14 +67,36 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def _open_event(tid: int, cpu: int, period_ns: int = PERIOD_NS) -> int:
     """A task-clock sampling event on thread `tid` (and the threads it starts) on `cpu`, user space only, enabled;
     its descriptor. (A ring of samples is refused on an inherited event of every CPU: one per CPU, then.)"""
-    attr = bytearray(128)  # perf_event_attr: type SOFTWARE, config TASK_CLOCK, sample IP; inherit, exclude kernel, hv
-    struct.pack_into("IIQQQQQ", attr, 0, 1, 128, 1, period_ns, 1, 0, (1 << 1) | (1 << 5) | (1 << 6))
+    attr = bytearray(128)  # perf_event_attr: type SOFTWARE, config TASK_CLOCK, sample IP, TID, TIME; inherit,
+    # exclude kernel, hv
+    struct.pack_into("IIQQQQQ", attr, 0, 1, 128, 1, period_ns, 1 | 2 | 4, 0, (1 << 1) | (1 << 5) | (1 << 6))
     buf = (ctypes.c_char * len(attr)).from_buffer(attr)
     fd = _libc.syscall(_NR_PERF_EVENT_OPEN, buf, tid, cpu, -1, 8)  # PERF_FLAG_FD_CLOEXEC
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return fd
+
+
+_RUNTIME: set[str] = set()
+_FILE_PAGES: dict[str, set[bytes]] = {}  # "major:minor inode" of a foreign file -> its pages' digests
+WRITTEN = "written"  # a file's executable mapping some of whose pages were written (copy-on-write)
+
+
+def _runtime_files() -> set[str]:
+    """"major:minor inode" of the interpreter's and runtimes' files as this (trusted) process maps them, and of its
+    Python's extension modules (`lib-dynload`): the same files, bound read-only, in the candidate's sandbox."""
+    if not _RUNTIME:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                parts = line.split(maxsplit=5)
+                if len(parts) > 5 and "x" in parts[1] and os.path.basename(parts[5].strip()).startswith(INTERPRETER):
+                    _RUNTIME.add(f"{parts[3]} {parts[4]}")
+        dynload = Path(sysconfig.get_path("platstdlib")) / "lib-dynload"
+        for path in dynload.glob("*.so") if dynload.is_dir() else []:
+            st = path.stat()
+            _RUNTIME.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} {st.st_ino}")
+    return _RUNTIME
 
 
 class SamplerFailed(RuntimeError):
@@ -112,8 +142,9 @@ class _Event:
             os.close(self.fd)
             raise
 
-    def drain(self) -> tuple[list[int], int]:
-        """The addresses sampled since the last drain, and how many samples the full ring lost meanwhile."""
+    def drain(self) -> tuple[list[tuple[int, int, int]], int]:
+        """The samples since the last drain, (address, thread, time), and how many samples the full ring lost
+        meanwhile."""
         size = RING_PAGES * _PAGE
         head, tail = struct.unpack_from("QQ", self.ring, 1024)  # data_head, data_tail
         data = self.ring[_PAGE:_PAGE + size]
@@ -124,8 +155,9 @@ class _Event:
             kind, _, length = struct.unpack_from("IHH", data, at)
             if length == 0:
                 break
-            if kind == 9:  # PERF_RECORD_SAMPLE: the ip
-                ips.append(struct.unpack_from("Q", data, at + 8)[0])
+            if kind == 9:  # PERF_RECORD_SAMPLE: the ip, pid and tid, time
+                ip, _, tid, when = struct.unpack_from("QIIQ", data, at + 8)
+                ips.append((ip, tid, when))
             elif kind == 2:  # PERF_RECORD_LOST: id, lost
                 lost += struct.unpack_from("Q", data, at + 16)[0]
             tail += length
@@ -137,6 +169,28 @@ class _Event:
         os.close(self.fd)
 
 
+def _foreign_spans(placed: list[tuple[str, int, int]]) -> list[tuple[int, int, int]]:
+    """(start, end, thread) of each run of a thread's consecutive foreign samples (none of its other samples
+    between, each within `RUN_GAP_NS` of the last: the thread was in foreign code, or in the kernel, which is not
+    sampled, all along), widened by `BESIDE_NS` each side."""
+    spans = []
+    by_thread: dict[int, list[tuple[int, str]]] = {}
+    for kind, tid, when in placed:
+        by_thread.setdefault(tid, []).append((when, kind))
+    for tid, samples in by_thread.items():
+        run = None
+        for when, kind in sorted(samples):
+            if kind == "foreign" and run is not None and when - run[1] <= RUN_GAP_NS:
+                run[1] = when
+                continue
+            if run is not None:
+                spans.append((run[0] - BESIDE_NS, run[1] + BESIDE_NS, tid))
+            run = [when, when] if kind == "foreign" else None
+        if run is not None:
+            spans.append((run[0] - BESIDE_NS, run[1] + BESIDE_NS, tid))
+    return spans
+
+
 class CpuSampler:
     """The calls of one callee's worker: `arm` before its first call (stopped), `collect` after each, `close` at
     the end. `own`: the folders of the libraries built for it (none: the baseline callee, watched for its share of
@@ -146,6 +200,10 @@ class CpuSampler:
         self.pid, self.own, self.period_ns = pid, [str(p) for p in own], period_ns
         self.events: list[_Event] = []
         self.counts = {"own": 0, "foreign": 0, "interpreter": 0}
+        self._pages: dict[tuple[str, int], bool] = {}  # own pages found copies of foreign ones
+        self._foreign_pages: set[bytes] = set()
+        self._foreign_pages_read, self._files_hashed = False, set()
+        self.beside = {"own": 0, "interpreter": 0}  # of those, samples taken beside foreign code on another thread
         self.foreign_files: dict[str, int] = {}
         self.calls = 0
 
@@ -170,37 +228,118 @@ class CpuSampler:
         """After a call: its samples placed (the candidate is stopped, its maps as they were in the call)."""
         regions = self._regions()
         starts = [r[0] for r in regions]
+        placed = []
         for event in self.events:
             ips, lost = event.drain()
             if lost:  # (the ring held a call's first RING_PAGES of samples: what it could not see is not its own)
                 self.counts["foreign"] += lost
                 self.foreign_files[LOST] = self.foreign_files.get(LOST, 0) + lost
-            for ip in ips:
+            for ip, tid, when in ips:
                 i = bisect.bisect_right(starts, ip) - 1
-                path = regions[i][2] if i >= 0 and ip < regions[i][1] else "[unmapped]"
-                kind = self._kind(path)
+                path, file_id, offset = regions[i][2:] if i >= 0 and ip < regions[i][1] else ("[unmapped]", "", 0)
+                kind = self._kind(path, file_id)
+                if kind == "own" and self._copied(path, offset + (ip - regions[i][0]) // _PAGE * _PAGE, regions):
+                    kind, file_id, path = "foreign", WRITTEN, f"{path} (a copy of foreign code)"
                 self.counts[kind] += 1
+                placed.append((kind, tid, when))
                 if kind == "foreign":
+                    path = f"{path} (its pages written)" if file_id == WRITTEN and "(" not in path else path
                     self.foreign_files[path] = self.foreign_files.get(path, 0) + 1
+        spans = _foreign_spans(placed)
+        balance: dict[int, int] = {}  # foreign samples less the others, by thread
+        for kind, tid, _ in placed:
+            balance[tid] = balance.get(tid, 0) + (1 if kind == "foreign" else -1)
+        # a thread mostly in foreign code in this call was torch's along it (its time in the kernel, not sampled,
+        # too): what the other threads ran in the call ran beside it. (Left: torch on one thread, padded on that
+        # same thread by a quarter of its time; torch's other cores given up.)
+        torch_threads = {tid for tid, n in balance.items() if n > 0}
+        for kind, tid, when in placed:  # what ran beside torch's compute, on another thread, hides none of it
+            if kind != "foreign" and (torch_threads - {tid} or
+                                      any(lo <= when <= hi and other != tid for lo, hi, other in spans)):
+                self.beside[kind] += 1
         self.calls += 1
 
-    def _regions(self) -> list[tuple[int, int, str]]:
-        regions = []
-        with open(f"/proc/{self.pid}/maps") as maps:
-            for line in maps:
+    def _regions(self) -> list[tuple[int, int, str, str, int]]:
+        """The executable mappings: (start, end, path, "major:minor inode", file offset), the "major:minor inode"
+        WRITTEN where any of its pages
+        is no longer the file's (copy-on-write: smaps' Anonymous): its code is not that file's, whatever its path
+        (held out, red team F: torch's text overwritten, in place, by private writable mappings of the judge-built
+        library's file holding torch's bytes: 72% "own")."""
+        regions, current = [], None
+        with open(f"/proc/{self.pid}/smaps") as smaps:
+            for line in smaps:
                 parts = line.split(maxsplit=5)
-                if "x" in parts[1]:
-                    lo, hi = (int(a, 16) for a in parts[0].split("-"))
-                    regions.append((lo, hi, parts[5].strip() if len(parts) > 5 else "[anonymous]"))
-        return sorted(regions)
+                if len(parts) >= 5 and "-" in parts[0] and len(parts[1]) == 4 and ":" not in parts[0]:
+                    current = None
+                    if "x" in parts[1]:
+                        lo, hi = (int(a, 16) for a in parts[0].split("-"))
+                        current = [lo, hi, parts[5].strip() if len(parts) > 5 else "[anonymous]",
+                                   f"{parts[3]} {parts[4]}", int(parts[2], 16)]
+                        regions.append(current)
+                elif current is not None and parts[0] == "Anonymous:" and int(parts[1]) > 0 and current[3] != "00:00 0":
+                    current[3] = WRITTEN
+        return sorted(tuple(r) for r in regions)
 
-    def _kind(self, path: str) -> str:
+    def _kind(self, path: str, file_id: str | None = None) -> str:
+        if file_id == WRITTEN:  # (its code is not its file's)
+            return "foreign"
         if any(path.startswith(own + "/") for own in self.own):
             return "own"
+        if path in _SPECIAL:
+            return "interpreter"
         name = os.path.basename(path)
-        if name.startswith(INTERPRETER) or "/lib-dynload/" in path:
+        if (name.startswith(INTERPRETER) or "/lib-dynload/" in path) and self._installed(path, file_id):
             return "interpreter"
         return "foreign"
+
+    def _installed(self, path: str, file_id: str | None) -> bool:
+        """Whether the file the candidate maps is one of the runtime's files as the trusted side itself maps them
+        (device and inode): a name is the candidate's to choose (held out, red team F: torch's code copied into a
+        memfd named `x/libc.so.6` and mapped over its own text, /memfd:x/libc.so.6 (deleted), read as the C runtime;
+        as would an anonymous mapping named the same way, or a file of that name in a folder it writes). (None: not
+        known, the tests' names.)"""
+        return file_id is None or file_id in _runtime_files()
+
+    def _copied(self, path: str, offset: int, regions) -> bool:
+        """Whether the page of an own library's file at `offset` is, byte for byte, a page of a foreign library the
+        candidate maps (held out, red team F: torch's hot text pages `.incbin`-ed into its own library, whose file
+        was then mapped, unwritten, over torch's text at their places: 78% "own" under the checks above). Pages of
+        one repeated byte (padding) aside."""
+        key = (path, offset)
+        if key not in self._pages:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    page = f.read(_PAGE)
+            except OSError:
+                page = b""
+            if not self._foreign_pages_read:
+                self._read_foreign_pages(regions)
+            self._pages[key] = len(page) == _PAGE and page.count(page[:1]) != _PAGE and \
+                hashlib.blake2b(page, digest_size=16).digest() in self._foreign_pages
+        return self._pages[key]
+
+    def _read_foreign_pages(self, regions) -> None:
+        """Digests of every page-aligned page of the foreign files the candidate maps executable (once: cached by
+        file for the process)."""
+        self._foreign_pages_read = True
+        for _, _, path, file_id, _ in regions:
+            if file_id in ("", WRITTEN, "00:00 0") or self._kind(path, file_id) != "foreign" or \
+                    path in self._files_hashed:
+                continue
+            self._files_hashed.add(path)
+            if file_id not in _FILE_PAGES:
+                digests = set()
+                try:
+                    with open(path, "rb") as f:
+                        st = os.fstat(f.fileno())
+                        if f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} {st.st_ino}" == file_id:
+                            while page := f.read(_PAGE):
+                                digests.add(hashlib.blake2b(page, digest_size=16).digest())
+                except OSError:
+                    pass
+                _FILE_PAGES[file_id] = digests
+            self._foreign_pages |= _FILE_PAGES[file_id]
 
     def summary(self) -> dict:
         """For the verdict's timing: the samples, their shares, the foreign files most sampled."""
@@ -208,17 +347,20 @@ class CpuSampler:
         top = sorted(self.foreign_files.items(), key=lambda item: -item[1])[:3]
         return {"calls": self.calls, "samples": samples, "period_us": self.period_ns / 1e3,
                 "shares": {k: round(n / samples, 4) for k, n in self.counts.items()} if samples else {},
+                "beside_foreign": dict(self.beside),
                 "foreign_files": {os.path.basename(p): n for p, n in top}}
 
     def violations(self) -> list[str]:
-        compiled = self.counts["own"] + self.counts["foreign"]
-        if not self.own or compiled < MIN_SAMPLES or self.counts["foreign"] <= FOREIGN_SHARE * compiled or \
-                self.counts["foreign"] <= FOREIGN_OF_ALL * sum(self.counts.values()):
+        foreign = self.counts["foreign"]
+        own, interpreter = (self.counts[k] - self.beside[k] for k in ("own", "interpreter"))
+        if not self.own or foreign + self.counts["own"] < MIN_SAMPLES or foreign <= FOREIGN_SHARE * (own + foreign) \
+                or foreign <= FOREIGN_OF_ALL * (own + foreign + interpreter):
             return []
         where = ", ".join(f"{name} {n}" for name, n in self.summary()["foreign_files"].items())
-        return [f"torch compute: {self.counts['foreign'] / compiled:.0%} of the calls' CPU time in compiled code, "
-                f"sampled from outside the process, ran in code the candidate did not write ({where}; its own "
-                f"libraries {self.counts['own']} of {compiled} samples)"]
+        beside = f" ({self.beside['own']} more beside it on other threads)" if self.beside["own"] else ""
+        return [f"torch compute: {foreign / (own + foreign):.0%} of the calls' CPU time in compiled code, sampled "
+                f"from outside the process, ran in code the candidate did not write ({where}; its own libraries "
+                f"{own} of {own + foreign} samples{beside})"]
 
     def close(self) -> None:
         for event in self.events:
