@@ -164,9 +164,13 @@ class ModelNew(nn.Module):
 '''
 
 
-def _verdict_of(cpu_judge, ws):
-    verdict = cpu_judge.evaluate(AFFINE, ws)
-    return verdict, verdict.timing.get("candidate", {}).get("cpu_samples")
+def assert_torch_compute_found(cpu_judge, ws, task=AFFINE) -> None:
+    """The candidate judged: -1, its first violation the sampler's."""
+    verdict = cpu_judge.evaluate(task, ws)
+    sampled = verdict.timing.get("candidate", {}).get("cpu_samples")
+    assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
+    assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
+        (verdict.error, verdict.policy_violations, sampled)
 
 
 @needs_perf
@@ -184,10 +188,7 @@ def test_torch_s_code_mapped_again_from_a_memfd_named_like_the_c_runtime_is_stil
         pytest.skip("no sandbox here")
     ws = make_workspace()
     (ws / "model_new.py").write_text(DISGUISED)
-    verdict, sampled = _verdict_of(cpu_judge, ws)
-    assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
-    assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
-        (verdict.error, verdict.policy_violations, sampled)
+    assert_torch_compute_found(cpu_judge, ws)
 
 
 @needs_perf
@@ -205,10 +206,7 @@ def test_own_code_spinning_beside_torch_on_a_spare_core_dilutes_nothing(cpu_judg
     (ws / "kernels" / "pad.cpp").write_text(PAD_KERNEL)
     (ws / "kernels" / "pad_binding.cpp").write_text(PAD_BINDING)
     (ws / "model_new.py").write_text("import os\n" + PADDED)
-    verdict, sampled = _verdict_of(cpu_judge, ws)
-    assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
-    assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
-        (verdict.error, verdict.policy_violations, sampled)
+    assert_torch_compute_found(cpu_judge, ws)
 
 
 def test_a_sample_is_an_interpreter_s_only_in_the_very_file_of_that_name(tmp_path):
@@ -247,10 +245,7 @@ def test_torch_s_code_written_into_private_pages_of_its_own_library_s_file_is_no
         pytest.skip("no sandbox here")
     ws = make_workspace()
     (ws / "model_new.py").write_text(AS_OWN)
-    verdict, sampled = _verdict_of(cpu_judge, ws)
-    assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
-    assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
-        (verdict.error, verdict.policy_violations, sampled)
+    assert_torch_compute_found(cpu_judge, ws)
 
 
 SPIN_KERNEL = r'''#include <chrono>
@@ -320,11 +315,7 @@ def test_own_code_run_after_torch_s_for_a_third_of_its_time_does_not_hide_it(cpu
     (ws / "kernels" / "pad.cpp").write_text(SPIN_KERNEL)
     (ws / "kernels" / "pad_binding.cpp").write_text(SPIN_BINDING)
     (ws / "model_new.py").write_text(PADDED_AFTER)
-    verdict = cpu_judge.evaluate(task, ws)
-    sampled = verdict.timing.get("candidate", {}).get("cpu_samples")
-    assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
-    assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
-        (verdict.error, verdict.policy_violations, sampled)
+    assert_torch_compute_found(cpu_judge, ws, task)
 
 
 HOT = """import sys, time
@@ -462,7 +453,4 @@ def test_torch_s_code_copied_into_its_own_library_by_the_assembler_is_not_its_ow
     (ws / "kernels" / "blob.cpp").write_text(blob)
     (ws / "kernels" / "blob_binding.cpp").write_text(BLOB_BINDING)
     (ws / "model_new.py").write_text(BLOB_MODEL.replace("RANGES_HERE", json.dumps(ranges)))
-    verdict, sampled = _verdict_of(cpu_judge, ws)
-    assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
-    assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
-        (verdict.error, verdict.policy_violations, sampled)
+    assert_torch_compute_found(cpu_judge, ws)

@@ -246,9 +246,10 @@ class CpuSampler:
                     path = f"{path} (its pages written)" if file_id == WRITTEN and "(" not in path else path
                     self.foreign_files[path] = self.foreign_files.get(path, 0) + 1
         spans = _foreign_spans(placed)
-        balance: dict[int, int] = {}  # foreign samples less the others, by thread
-        for kind, tid, _ in placed:
-            balance[tid] = balance.get(tid, 0) + (1 if kind == "foreign" else -1)
+        balance: dict[int, int] = {}  # foreign samples less own ones, by thread (the interpreter's count for neither:
+        for kind, tid, _ in placed:  # under load a torch thread's Python outweighed its few torch samples in a call)
+            if kind != "interpreter":
+                balance[tid] = balance.get(tid, 0) + (1 if kind == "foreign" else -1)
         # a thread mostly in foreign code in this call was torch's along it (its time in the kernel, not sampled,
         # too): what the other threads ran in the call ran beside it. (Left: torch on one thread, padded on that
         # same thread by a quarter of its time; torch's other cores given up.)
