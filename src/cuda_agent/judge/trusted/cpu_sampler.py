@@ -8,13 +8,15 @@ starts, samples the instruction pointer every `PERIOD_NS` of a thread's CPU time
 nothing in the process can switch off: `PR_TASK_PERF_EVENTS_DISABLE` only reaches events the caller created). The
 candidate runs only in its calls (it is stopped between them), so every call is watched, timed ones too, and the
 period runs on across calls (short calls add up). After each call (stopped) its samples are placed by the file their
-address maps (`/proc/PID/maps`):
+address maps (`/proc/PID/smaps`):
 
-- `own`: the libraries the judge built for it (its build folder, read-only to it);
+- `own`: the libraries the judge built for it (its build folder, read-only to it), unless their pages were written
+  (copy-on-write) or are byte for byte a foreign library's (red team F);
 - `foreign`: compute it did not write: torch's and its math libraries, and anything not named below (a copy of
   torch's library under another name, code generated at run time);
 - `interpreter`: Python, torch's Python binding and the C/C++ and OpenMP runtimes (calls, allocation, copies of
-  arguments, scheduling threads).
+  arguments, scheduling threads): the very files the trusted side maps (device and inode: a mapping's name is the
+  candidate's to choose).
 
 Sampling slows what it watches (each interrupt costs ~20 us of a thread's time in this VM, so 50 us cost 40%;
 `benchmarks/cpu_sampler_overhead.py`), so the period is long and the baseline callee is watched the same way beside
