@@ -38,6 +38,8 @@ def test_an_honest_kernel_spends_its_calls_in_its_own_library(cpu_judge):
     timed = verdict.timing["candidate"]["iters"]  # every call is watched, the timed ones too
     # (a sample a ms of CPU time: some 20-110 a verdict here, the count of timed calls varying with the machine's noise)
     assert sampled["samples"] >= 10 and sampled["calls"] > timed, (sampled, timed)
+    for baseline in ("eager", "compile"):  # watched alike: they pay what the candidate's calls pay
+        assert verdict.timing[baseline]["cpu_samples"]["samples"] > 0, verdict.timing[baseline]
     shares = sampled["shares"]
     assert shares["foreign"] / (shares["own"] + shares["foreign"]) < 0.4, sampled
 
