@@ -22,6 +22,7 @@ from cuda_agent.agent import Environment, LoopConfig, OpenAIClient, ScriptedClie
 from cuda_agent.llm import parse_text_tool_calls
 from cuda_agent.agent.loop import parse_files
 from cuda_agent.agent.tools import clip
+from cuda_agent.task import TaskError
 from cuda_agent.cli import app
 from cuda_agent.judge import Judge
 from cuda_agent.task import import_file
@@ -81,6 +82,19 @@ def test_file_tools_edit_exactly_and_refuse_what_they_must(env):
     assert "kernels/a.cpp:1: int a = 3;" in env.step("grep", {"pattern": r"a = \d"}).observation
     assert "unknown tool" in env.step("teleport", {}).observation
     assert "bad arguments" in env.step("read_file", {"file": "x"}).observation
+
+
+def test_a_reference_the_judge_cannot_run_is_not_answered_as_bad_arguments(env, judge, monkeypatch):
+    """Seen on the H100 (the recipe's fifth attempt): a reference worker that died of the device's memory raised
+    TaskError out of `verify`, answered as the call's "bad arguments" and counted as the policy's malformed call."""
+    def dies(*args, **kwargs):
+        raise TaskError("reference affine_relu.py: the reference worker exited with code 0: RuntimeError: "
+                        "cuMemCreate failed: CUDA error 2 (out of memory)")
+
+    monkeypatch.setattr(judge, "evaluate", dies)
+    step = env.step("verify", {})
+    assert step.info.get("error") and "bad arguments" not in step.observation, step.observation
+    assert "could not run the task's reference" in step.observation and "out of memory" in step.observation
 
 
 def test_wrongly_typed_arguments_are_answered_as_bad_arguments_and_limits_hold(env, judge, tmp_path):

@@ -377,6 +377,20 @@ def test_hang_is_killed_at_the_timeout_or_at_the_caller_s_deadline(cache_dir, ma
     assert_judge_still_works(judge, CANDIDATES / "affine_relu_ok")
 
 
+def test_a_slow_torch_compile_baseline_ends_at_the_caller_s_deadline(cpu_judge, tmp_path):
+    """torch.compile's baseline (compiled once a task, after the candidate is verified) can take minutes on a large
+    model: with a caller's deadline (an episode's time limit) before it ends, the wait ends there and the verdict
+    says the deadline cut it (it ran to its own timeout before: a recipe's time limit was overrun by minutes)."""
+    task = tmp_path / "affine_relu_slow_compile.py"
+    slow = "        if torch.compiler.is_compiling():  # (compiled code only)\n            time.sleep(120)\n"
+    source = AFFINE.read_text().replace("        return torch.relu(", slow + "        return torch.relu(")
+    task.write_text("import time\n" + source)
+    assert_judge_still_works(cpu_judge, CANDIDATES / "affine_relu_ok")  # (built: the deadline is for the rest)
+    verdict = cpu_judge.evaluate(task, CANDIDATES / "affine_relu_ok", deadline=time.monotonic() + 30)
+    assert verdict.error.startswith(OUT_OF_TIME) and "verify" in verdict.error, verdict.error
+    assert verdict.seconds < 45, verdict.phases_s
+
+
 def test_compile_error_reports_file_and_line(cpu_judge, make_workspace):
     ws = make_workspace(edits={KERNEL: [(STORE, "out[i] = undefined_symbol;")]})
     verdict = cpu_judge.evaluate(AFFINE, ws)

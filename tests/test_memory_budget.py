@@ -3,7 +3,8 @@
 import threading
 import time
 
-from cuda_agent.judge.memory_budget import SHARE, MemoryBudget
+from cuda_agent.backend import CpuBackend, CudaBackend
+from cuda_agent.judge.memory_budget import SHARE, MemoryBudget, evaluation_need
 
 
 def hold_in_thread(budget, need, log, name, seconds=0.2):
@@ -54,3 +55,36 @@ def test_a_task_never_judged_is_guessed_from_its_weights_and_inputs_drawn_withou
     assert weights > 0 and ref.memory_guess() == GUESS * (weights + tensor_bytes(ref.module.get_inputs()))
     ref.module.get_inputs = lambda: [__import__("torch").ones(3).numpy()]  # cannot be drawn on the meta device
     assert ref.memory_guess() == 0
+
+
+def test_an_evaluation_promises_its_processes_contexts_beside_its_task_s_need():
+    """Sixteen evaluations of a task judged before, on an 80 GB GPU: each promises its reference's and a candidate's
+    peaks and its three processes' CUDA contexts, so fewer run at once than the peaks alone would let in (on the
+    H100 they did, and reference workers died of "out of memory" creating memory)."""
+    gb = 1 << 30
+    assert CpuBackend.process_memory == 0 and CudaBackend.process_memory >= 512 << 20
+    contexts = 3 * CudaBackend.process_memory
+    known = {"peak": 2.5 * gb, "candidate": gb, "total": 80 * gb}
+    assert evaluation_need({}, contexts) == 0  # never judged: its guess is held later, with the contexts
+    assert evaluation_need({"peak": 2 * gb}, contexts) == 4 * gb + contexts  # no candidate said: as much again
+    budget, lock, inside = MemoryBudget(), threading.Lock(), []
+    budget.learn(known["total"])
+
+    def evaluation():
+        with budget.hold(evaluation_need(known, contexts)):
+            with lock:
+                inside.append(1)
+                most.append(len(inside))
+            time.sleep(0.05)
+            with lock:
+                inside.pop()
+
+    most: list[int] = []
+    threads = [threading.Thread(target=evaluation) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    data = known["peak"] + known["candidate"]
+    assert 16 * data <= SHARE * known["total"]  # the peaks alone would have let all sixteen in
+    assert len(most) == 16 and max(most) * (data + contexts) <= SHARE * known["total"] and max(most) < 16, most

@@ -75,6 +75,9 @@ class Backend:
     # Whether the trusted side (the reference worker) draws the inputs, runs the clock and reads the outputs of every
     # candidate call (judge/trusted/trusted_calls.py); else the candidate's worker does (`CudaBackend.use_clock`).
     trusted_clock: bool = False
+    # Device memory each of an evaluation's processes holds before it allocates anything (its CUDA context), which the
+    # judge's memory budget charges beside what the task needs.
+    process_memory: int = 0
     cxx: str = field(default_factory=lambda: os.environ.get("CXX", "g++"))
 
     # ---- building (judge process) -------------------------------------------------------------
@@ -262,6 +265,7 @@ class CudaBackend(Backend):
     timing_method: str = ""
     trusted_clock: bool = True
     compiles_beside_timing: bool = True
+    process_memory: int = 640 << 20  # (idle workers on the H100, torch 2.11: 532-656 MiB each in nvidia-smi)
     nvcc: str = ""
     arch: str = ""
 

@@ -26,6 +26,7 @@ from ..judge.pool import JudgePool
 from ..judge.trusted.freezer import descendants
 from ..judge.verdict import OUT_OF_TIME, Verdict
 from ..sandbox.cgroup import members
+from ..task import TaskError
 from ..workspace.candidate import Candidate, CandidateError, load_candidate
 from . import disk, grep
 
@@ -149,6 +150,9 @@ class Tools:
         _check_types(name, method, arguments)
         try:
             result = method(**arguments)
+        except TaskError as exc:  # (a ValueError, but the task's or the machine's: not a malformed call of the policy)
+            raise ToolError(f"{name}: the judge could not run the task's reference (not the candidate's fault): "
+                            f"{exc}") from exc
         except (TypeError, ValueError, UnicodeError) as exc:  # (a NUL in a path, a lone surrogate in content)
             raise ToolError(f"{name}: bad arguments ({type(exc).__name__}: {exc})") from exc
         except OSError as exc:  # a path under a file, a name too long, a file bash made unreadable

@@ -26,6 +26,7 @@ from .checks.policy import scan_sources
 from .checks.symbols import library_problems
 from . import kernelbench_timing
 from .in_process_path import InProcessPath
+from .memory_budget import evaluation_need
 from .references import ReferenceFailed, ReferenceWorker
 from .scoring.score import score
 from .spares import Slot
@@ -63,8 +64,8 @@ class Evaluation:
                  alone: bool, deadline: float = float("inf")):
         """`alone`: nothing else runs on the device from the moment the reference is this evaluation's to the
         verdict. `deadline` (time.monotonic): the caller's (an episode's time limit); every wait on the candidate
-        (its builds, its process) ends there and no phase starts after it; the reference's own work is bounded by
-        its timeout."""
+        (its builds, its process) and on torch.compile's baseline ends there and no phase starts after it; the
+        reference's other work is bounded by its timeout."""
         self.judge, self.cfg = judge, judge.config
         self.task, self.cand, self.seeds, self.verdict, self.slot, self.alone = task, cand, seeds, verdict, slot, alone
         self.deadline = deadline
@@ -76,6 +77,8 @@ class Evaluation:
         # seconds left to the candidate's load and construction (`_candidate_step`, the time spent waiting on it):
         # the two share one `run_timeout_s + build_budget_s` (each had its own, twice the bound; red team 2026-12-06)
         self.loading_left = self.cfg.run_timeout_s + self.cfg.build_budget_s
+        # its processes' device memory before they allocate: reference, candidate and (trusted path) baseline callee
+        self.contexts = (2 + judge.backend.trusted_clock) * judge.backend.process_memory
 
     def run(self) -> None:
         """The evaluation under the judge's memory budget: what this task is known to need is held throughout; a
@@ -90,7 +93,7 @@ class Evaluation:
         if known:
             judge.memory.learn(known["total"])
         waiting = time.perf_counter()
-        need = known.get("peak", 0) + known.get("candidate", known.get("peak", 0))  # candidates seen, or as much
+        need = evaluation_need(known, self.contexts)
         with judge.memory.hold(need):
             if known:
                 self.verdict.phases_s["memory_queued"] = round(time.perf_counter() - waiting, 3)
@@ -138,7 +141,8 @@ class Evaluation:
                 self.judge.memory.learn(ready["memory_total"])
             # from here on its guessed memory, the reference and then the device are this evaluation's (always in
             # this order: no evaluation waits for one while it holds one after it)
-            with self._guessed(ready.get("memory_guess", 0) if guess else 0), self.ref.lease(), self._alone():
+            with self._guessed(ready.get("memory_guess", 0) + self.contexts if guess else 0), self.ref.lease(), \
+                    self._alone():
                 self.phases.mark("reference_queued")
                 self.in_time()
                 begun = self.begin()
@@ -247,7 +251,7 @@ class Evaluation:
             if judge.store.get("baselines", baseline_key) is None:  # torch.compile's baseline, for correct ones only
                 self.in_time()
                 began = time.monotonic()
-                unlocked = judge.compile_baseline(self.ref)
+                unlocked = judge.compile_baseline(self.ref, self.deadline)
                 self.phases.mark("baseline_compile")
                 deadline += time.monotonic() - began
                 if unlocked:

@@ -195,12 +195,13 @@ class Judge:
         return "|".join([task.hash, self.backend.name, str(verdict.device), verdict.torch_version,
                          self.config.timing_key(), clock])
 
-    def compile_baseline(self, ref: ReferenceWorker) -> float:
+    def compile_baseline(self, ref: ReferenceWorker, until: float = float("inf")) -> float:
         """torch.compile's first run, once the candidate is verified (one that fails never waits for it) and before
         the device is this evaluation's: its kernels and inductor's benchmarks use the device, so they hold it
         shared (never beside a timed run); while dynamo and inductor compile (CPU seconds, up to minutes for a large
         model) the reference worker hands it back and timed runs go on. Returns the seconds it was handed back (0
-        where compiling would disturb timing: on the cpu backend)."""
+        where compiling would disturb timing: on the cpu backend). `until` (time.monotonic): the caller's deadline,
+        where the reference worker is killed (ReferenceFailed; the baseline compiles again next time)."""
         gate = self.backend.compiles_beside_timing
         held = ExitStack()
         held.enter_context(self.device_lock.shared())
@@ -208,7 +209,7 @@ class Judge:
             ref.send({"command": "prepare", "gate": gate})
             deadline = time.monotonic() + self.config.reference_timeout_s
             while True:
-                msg = ref.next_message(deadline)
+                msg = ref.next_message(min(deadline, until))
                 if msg["event"] == "prepared":
                     return float(msg.get("unlocked_s", 0.0))
                 if gate and msg["event"] == "device_free":

@@ -1,7 +1,9 @@
 """Device memory promised to the evaluations in flight, so that many at once do not run the device out of memory.
 
 A task's need is learnt from its earlier evaluations: the most its reference worker held, plus the most a timed
-candidate of it said it held (as much as the reference where none was timed yet). What a candidate says only
+candidate of it said it held (as much as the reference where none was timed yet), plus what the evaluation's
+processes hold before they allocate anything (their CUDA contexts: three processes on the GPU's trusted path, ~2 GB,
+which sixteen evaluations in flight made more than the share left unpromised). What a candidate says only
 schedules: one that says too little can run others out of memory, and they are judged again alone (`pool.py`). A
 task never judged here promises its reference worker's guess (a multiple of its weights and one input set,
 `reference_worker.GUESS`) from its first device phase to the verdict. Evaluations are admitted in order of
@@ -17,6 +19,15 @@ from contextlib import contextmanager
 from typing import Iterator
 
 SHARE = 0.8  # of the device's memory: the rest for the processes' contexts, spare workers and idle warm ones
+
+
+def evaluation_need(known: dict, contexts: float) -> float:
+    """What an evaluation of a task judged here before promises (`known`: the store's record of it): the most its
+    reference held, a candidate's most (as much again where none said), and its processes' `contexts`; 0 for a task
+    never judged here (its guess is held from its first device phase, with the contexts)."""
+    if not known:
+        return 0.0
+    return known.get("peak", 0) + known.get("candidate", known.get("peak", 0)) + contexts
 
 
 class MemoryBudget:
