@@ -829,6 +829,27 @@ def test_a_worker_that_ends_on_its_command_pipe_says_why_in_its_log(tmp_path, re
     assert done.returncode == 0 and done.stderr.decode().strip().splitlines()[-1] == said, done.stderr
 
 
+def test_a_dead_worker_is_described_by_its_log_s_last_line_even_when_it_is_read_late(tmp_path, monkeypatch):
+    """Seen on the H100 (forty-first session): reference workers "exited with code 0" with nothing or an older line
+    quoted: the reason was read while the thread draining the worker's log had not reached its last lines yet."""
+    import time
+
+    from cuda_agent.judge.wire import process
+
+    drain = process.BoundedLog._drain
+    monkeypatch.setattr(process.BoundedLog, "_drain", lambda self, stream: (time.sleep(0.5), drain(self, stream)))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "quits.py").write_text(
+        "import sys\nprint('RuntimeError: an older failure', file=sys.stderr)\n"
+        "print('worker ends: its command pipe was closed', file=sys.stderr)\n")
+    worker = process.WorkerProcess("quits", {}, tmp_path / "run", {"PYTHONPATH": str(tmp_path / "pkg")})
+    try:
+        with pytest.raises(process.WorkerDied, match="exited with code 0: worker ends: its command pipe was closed"):
+            worker.receive(time.monotonic() + 30)
+    finally:
+        worker.close()
+
+
 def test_a_dead_worker_is_described_by_its_exception_s_line_not_by_the_advice_after_it():
     """Seen on the H100 (fortieth session): a reference worker's CUDA error was quoted as its log's last line, torch's
     "Compile with `TORCH_USE_CUDA_DSA` ..." advice, which does not say what went wrong."""

@@ -111,8 +111,12 @@ class BoundedLog:
             data = bytes(self._tail)
         return data[-limit:].decode(errors="replace")
 
+    def drained(self, timeout: float) -> None:
+        """Wait (up to `timeout` seconds) until everything the worker wrote is read: after it died, its last lines."""
+        self._thread.join(timeout=timeout)
+
     def close(self) -> None:
-        self._thread.join(timeout=10)
+        self.drained(10)
         with self._lock:
             if self.dropped and not self._file.closed:
                 last = bytes(self._tail[-min(self.dropped, len(self._tail)):])
@@ -209,6 +213,7 @@ class WorkerProcess:
             self.kill()
             return "closed its channel and hung (killed)"
         self.kill()  # reap anything it left in its session
+        self._log.drained(1)  # (its last lines say why: read by a thread that may not have reached them yet)
         if code > 128 and code - 128 in signal.valid_signals():  # a shell in between reports a signal this way
             code = -(code - 128)
         if code < 0:
