@@ -454,3 +454,77 @@ def test_torch_s_code_copied_into_its_own_library_by_the_assembler_is_not_its_ow
     (ws / "kernels" / "blob_binding.cpp").write_text(BLOB_BINDING)
     (ws / "model_new.py").write_text(BLOB_MODEL.replace("RANGES_HERE", json.dumps(ranges)))
     assert_torch_compute_found(cpu_judge, ws)
+
+
+SWAPPED = '''import ctypes
+import os
+
+import torch
+import torch.nn as nn
+
+import cuda_extension
+from cuda_agent.judge.wire import call_protocol
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_TORCH = []  # torch's executable mappings: (start, end, file offset, path)
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        parts = line.split(maxsplit=5)
+        if len(parts) > 5 and parts[5].strip().endswith("/libtorch_cpu.so") and "x" in parts[1]:
+            lo, hi = (int(a, 16) for a in parts[0].split("-"))
+            _TORCH.append((lo, hi, int(parts[2], 16), parts[5].strip()))
+_TORCH_FILE = os.open(_TORCH[0][3], os.O_RDONLY)
+_OWN_FILE = os.open(os.path.realpath(cuda_extension.__file__), os.O_RDONLY)
+
+
+def _map(own: bool) -> None:
+    """torch's text at its addresses: its own file's (pristine), or the candidate's library file's (what the trusted
+    side reads in smaps once the call is over). PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED: nothing written."""
+    for lo, hi, offset, _ in _TORCH:
+        assert _libc.mmap(lo, hi - lo, 5, 0x12, _OWN_FILE if own else _TORCH_FILE, 0 if own else offset) == lo
+
+
+_send, _receive = call_protocol.send_message, call_protocol.receive_message
+
+
+def _send_as_own(sock, message, fds=()):
+    _map(own=True)  # (what the harness runs from here to its next message is Python and the C runtime)
+    _send(sock, message, fds)
+
+
+def _receive_as_torch(sock):
+    got = _receive(sock)
+    _map(own=False)
+    return got
+
+
+call_protocol.send_message, call_protocol.receive_message = _send_as_own, _receive_as_torch
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale: float, shift: float):
+        super().__init__()
+        self.scale, self.shift = scale, shift
+
+    def forward(self, x):
+        return torch.relu(x * self.scale + self.shift) * 0.5
+'''
+
+
+@needs_perf
+@pytest.mark.usefixtures("audit_forged")
+def test_torch_s_text_mapped_from_its_own_library_s_file_while_it_is_looked_at_is_not_its_own(
+        cpu_judge, make_workspace):
+    """Left partial by red team F (2026-12-06), built in the forty-first session: samples were placed by the maps as
+    they are once the call is over, so torch's text mapped back from its pristine file as each message arrives and,
+    as each reply leaves, mapped over by the candidate's own library's file (MAP_FIXED, nothing written: no
+    copy-on-write page, no copied page) put torch's samples in "own". The harness's message functions wrapped from
+    `model_new.py`, torch's ops in `forward`, the audit's report forged. Every executable mapping made during a call
+    is now seen as it happens (the events' mmap records): samples in its range that call are foreign."""
+    if not cpu_judge.sandboxed:
+        pytest.skip("no sandbox here")
+    ws = make_workspace()
+    (ws / "model_new.py").write_text(SWAPPED)
+    assert_torch_compute_found(cpu_judge, ws)

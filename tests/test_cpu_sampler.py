@@ -42,6 +42,7 @@ def test_an_honest_kernel_spends_its_calls_in_its_own_library(cpu_judge):
         assert verdict.timing[baseline]["cpu_samples"]["samples"] > 0, verdict.timing[baseline]
     shares = sampled["shares"]
     assert shares["foreign"] / (shares["own"] + shares["foreign"]) < 0.4, sampled
+    assert sampled["mapped_in_calls"] == 0, sampled  # (the harness maps no code in a call: what does is the candidate)
 
 
 @needs_perf
@@ -99,7 +100,7 @@ def test_samples_the_full_ring_lost_count_as_foreign():
     struct.pack_into("QQ", ring, 1024, 56, 0)  # data_head, data_tail
     event = cpu_sampler._Event.__new__(cpu_sampler._Event)
     event.ring = ring
-    assert event.drain() == ([(0x1234, 6, 99)], 4000)
+    assert event.drain() == ([(0x1234, 6, 99)], 4000, [])
     assert struct.unpack_from("Q", ring, 1032)[0] == 56  # read up to the head
     sampler = cpu_sampler.CpuSampler(0, ["/build"])
     sampler.events = [event]
@@ -108,6 +109,32 @@ def test_samples_the_full_ring_lost_count_as_foreign():
     sampler._regions = lambda: []
     sampler.collect()
     assert sampler.counts["foreign"] == 100 and sampler.foreign_files == {cpu_sampler.LOST: 100}
+
+
+def test_a_sample_where_an_executable_mapping_was_made_during_the_call_is_foreign(tmp_path):
+    """The maps are read once the call is over: where the candidate mapped code during the call (each executable
+    mmap or mprotect is a record in the thread's ring), what ran at a sample's time is not known, whatever the maps
+    say at the end (its own library's file, here): foreign, in that call."""
+    ring = bytearray((cpu_sampler.RING_PAGES + 1) * cpu_sampler._PAGE)
+    at = cpu_sampler._PAGE
+    name = f"{tmp_path}/build/cuda_extension.so".encode() + b"\0"
+    name += b"\0" * (-len(name) % 8)
+    struct.pack_into("IHHIIQQQ", ring, at, 1, 0, 40 + len(name), 5, 6, 0x10000, 0x3000, 0)  # mapped 0x10000-0x13000
+    ring[at + 40:at + 40 + len(name)] = name
+    end = at + 40 + len(name)
+    for i, ip in enumerate((0x11000, 0x12fff, 0x13000, 0x20000)):  # samples: two in it, two in the rest of the library
+        struct.pack_into("IHHQIIQ", ring, end + 32 * i, 9, 0, 32, ip, 5, 6, 99 + i)
+    struct.pack_into("QQ", ring, 1024, end + 128 - at, 0)
+    event = cpu_sampler._Event.__new__(cpu_sampler._Event)
+    event.ring = ring
+    sampler = cpu_sampler.CpuSampler(0, [tmp_path / "build"])
+    sampler.events = [event]
+    sampler._regions = lambda: [(0x10000, 0x30000, f"{tmp_path}/build/cuda_extension.so", "00:05 7", 0)]
+    sampler.collect()
+    assert sampler.counts == {"own": 2, "foreign": 2, "interpreter": 0}, sampler.counts
+    assert sampler.summary()["mapped_in_calls"] == 1
+    assert list(sampler.foreign_files) == [f"{tmp_path}/build/cuda_extension.so (mapped during the call)"]
+    assert cpu_sampler._merged([(5, 9, ""), (1, 3, ""), (2, 4, ""), (9, 10, "")]) == [(1, 4), (5, 10)]
 
 
 def test_a_sample_is_placed_by_the_file_its_address_maps(tmp_path):

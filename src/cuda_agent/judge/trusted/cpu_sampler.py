@@ -8,7 +8,8 @@ starts, samples the instruction pointer every `PERIOD_NS` of a thread's CPU time
 nothing in the process can switch off: `PR_TASK_PERF_EVENTS_DISABLE` only reaches events the caller created). The
 candidate runs only in its calls (it is stopped between them), so every call is watched, timed ones too, and the
 period runs on across calls (short calls add up). After each call (stopped) its samples are placed by the file their
-address maps (`/proc/PID/smaps`):
+address maps (`/proc/PID/smaps`), unless an executable mapping was made there during the call (the events record
+each: what ran at the sample's time is not known, so it is foreign):
 
 - `own`: the libraries the judge built for it (its build folder, read-only to it), unless their pages were written
   (copy-on-write) or are byte for byte a foreign library's (red team F);
@@ -70,8 +71,9 @@ def _open_event(tid: int, cpu: int, period_ns: int = PERIOD_NS) -> int:
     """A task-clock sampling event on thread `tid` (and the threads it starts) on `cpu`, user space only, enabled;
     its descriptor. (A ring of samples is refused on an inherited event of every CPU: one per CPU, then.)"""
     attr = bytearray(128)  # perf_event_attr: type SOFTWARE, config TASK_CLOCK, sample IP, TID, TIME; inherit,
-    # exclude kernel, hv
-    struct.pack_into("IIQQQQQ", attr, 0, 1, 128, 1, period_ns, 1 | 2 | 4, 0, (1 << 1) | (1 << 5) | (1 << 6))
+    # exclude kernel, hv; mmap: a record of every executable mapping the thread makes (mmap, mprotect)
+    struct.pack_into("IIQQQQQ", attr, 0, 1, 128, 1, period_ns, 1 | 2 | 4, 0,
+                     (1 << 1) | (1 << 5) | (1 << 6) | (1 << 8))
     buf = (ctypes.c_char * len(attr)).from_buffer(attr)
     fd = _libc.syscall(_NR_PERF_EVENT_OPEN, buf, tid, cpu, -1, 8)  # PERF_FLAG_FD_CLOEXEC
     if fd < 0:
@@ -83,6 +85,23 @@ def _open_event(tid: int, cpu: int, period_ns: int = PERIOD_NS) -> int:
 _RUNTIME: set[str] = set()
 _FILE_PAGES: dict[str, set[bytes]] = {}  # "major:minor inode" of a foreign file -> its pages' digests
 WRITTEN = "written"  # a file's executable mapping some of whose pages were written (copy-on-write)
+REMAPPED = "remapped"  # an address where an executable mapping was made during the call
+
+
+def _merged(spans: list[tuple[int, int, str]]) -> list[tuple[int, int]]:
+    """Address ranges, sorted and merged (a candidate may map a great many: each sample looks them up by bisection)."""
+    merged: list[list[int]] = []
+    for lo, hi, _ in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return [(lo, hi) for lo, hi in merged]
+
+
+def _within(ranges: list[tuple[int, int]], address: int) -> bool:
+    i = bisect.bisect_right(ranges, (address, float("inf"))) - 1
+    return i >= 0 and address < ranges[i][1]
 
 
 def _runtime_files() -> set[str]:
@@ -144,14 +163,14 @@ class _Event:
             os.close(self.fd)
             raise
 
-    def drain(self) -> tuple[list[tuple[int, int, int]], int]:
-        """The samples since the last drain, (address, thread, time), and how many samples the full ring lost
-        meanwhile."""
+    def drain(self) -> tuple[list[tuple[int, int, int]], int, list[tuple[int, int, str]]]:
+        """The samples since the last drain, (address, thread, time), how many samples the full ring lost
+        meanwhile, and the executable mappings made meanwhile, (start, end, file)."""
         size = RING_PAGES * _PAGE
         head, tail = struct.unpack_from("QQ", self.ring, 1024)  # data_head, data_tail
         data = self.ring[_PAGE:_PAGE + size]
         data = data + data  # a record that wraps reads straight on
-        ips, lost = [], 0
+        ips, lost, mapped = [], 0, []
         while tail < head:
             at = tail % size
             kind, _, length = struct.unpack_from("IHH", data, at)
@@ -162,9 +181,13 @@ class _Event:
                 ips.append((ip, tid, when))
             elif kind == 2:  # PERF_RECORD_LOST: id, lost
                 lost += struct.unpack_from("Q", data, at + 16)[0]
+            elif kind == 1:  # PERF_RECORD_MMAP: pid, tid, address, length, file offset, file name
+                start, size = struct.unpack_from("QQ", data, at + 16)
+                name = bytes(data[at + 40:at + length]).split(b"\0", 1)[0].decode(errors="replace")
+                mapped.append((start, start + size, name))
             tail += length
         struct.pack_into("Q", self.ring, 1032, head)
-        return ips, lost
+        return ips, lost, mapped
 
     def close(self) -> None:
         self.ring.close()
@@ -208,6 +231,7 @@ class CpuSampler:
         self.beside = {"own": 0, "interpreter": 0}  # of those, samples taken beside foreign code on another thread
         self.foreign_files: dict[str, int] = {}
         self.calls = 0
+        self.mapped_in_calls = 0  # executable mappings it made during its calls
 
     def arm(self) -> None:
         """Events on every thread it has and every CPU (the threads it starts inherit them); once."""
@@ -227,18 +251,23 @@ class CpuSampler:
                 "kernel.perf_event_mlock_kb, or judge with --policy kernelbench") from None
 
     def collect(self) -> None:
-        """After a call: its samples placed (the candidate is stopped, its maps as they were in the call)."""
+        """After a call: its samples placed (the candidate is stopped, its maps as they were at the call's end;
+        where an executable mapping was made during the call, what they were at a sample's time is not known)."""
         regions = self._regions()
         starts = [r[0] for r in regions]
+        drained = [event.drain() for event in self.events]
+        remapped = _merged([span for _, _, mapped in drained for span in mapped])
+        self.mapped_in_calls += sum(len(mapped) for _, _, mapped in drained)
         placed = []
-        for event in self.events:
-            ips, lost = event.drain()
+        for ips, lost, _ in drained:
             if lost:  # (the ring held a call's first RING_PAGES of samples: what it could not see is not its own)
                 self.counts["foreign"] += lost
                 self.foreign_files[LOST] = self.foreign_files.get(LOST, 0) + lost
             for ip, tid, when in ips:
                 i = bisect.bisect_right(starts, ip) - 1
                 path, file_id, offset = regions[i][2:] if i >= 0 and ip < regions[i][1] else ("[unmapped]", "", 0)
+                if _within(remapped, ip):  # (held out: torch's text mapped over by its own file as each reply left)
+                    file_id, path = REMAPPED, f"{path} (mapped during the call)"
                 kind = self._kind(path, file_id)
                 if kind == "own" and self._copied(path, offset + (ip - regions[i][0]) // _PAGE * _PAGE, regions):
                     kind, file_id, path = "foreign", WRITTEN, f"{path} (a copy of foreign code)"
@@ -284,7 +313,7 @@ class CpuSampler:
         return sorted(tuple(r) for r in regions)
 
     def _kind(self, path: str, file_id: str | None = None) -> str:
-        if file_id == WRITTEN:  # (its code is not its file's)
+        if file_id in (WRITTEN, REMAPPED):  # (its code is not its file's, or not known to have been)
             return "foreign"
         if any(path.startswith(own + "/") for own in self.own):
             return "own"
@@ -349,6 +378,7 @@ class CpuSampler:
         samples = sum(self.counts.values())
         top = sorted(self.foreign_files.items(), key=lambda item: -item[1])[:3]
         return {"calls": self.calls, "samples": samples, "period_us": self.period_ns / 1e3,
+                "mapped_in_calls": self.mapped_in_calls,
                 "shares": {k: round(n / samples, 4) for k, n in self.counts.items()} if samples else {},
                 "beside_foreign": dict(self.beside),
                 "foreign_files": {os.path.basename(p): n for p, n in top}}
