@@ -528,3 +528,35 @@ def test_torch_s_text_mapped_from_its_own_library_s_file_while_it_is_looked_at_i
     ws = make_workspace()
     (ws / "model_new.py").write_text(SWAPPED)
     assert_torch_compute_found(cpu_judge, ws)
+
+
+MOVED = SWAPPED.replace('''def _map(own: bool) -> None:''', '''_libc.mremap.restype = ctypes.c_void_p
+_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+
+
+def _map(own: bool) -> None:
+    """As above, but each mapping made at an address of the kernel's choosing and then moved over torch's text
+    (mremap, MREMAP_MAYMOVE | MREMAP_FIXED): the kernel records no executable mapping for a move."""
+    for lo, hi, offset, _ in _TORCH:
+        at = _libc.mmap(None, hi - lo, 5, 0x2, _OWN_FILE if own else _TORCH_FILE, 0 if own else offset)
+        assert _libc.mremap(at, hi - lo, hi - lo, 3, lo) == lo
+
+
+def _unused(own: bool) -> None:''')
+
+
+@needs_perf
+@pytest.mark.usefixtures("audit_forged")
+@pytest.mark.xfail(strict=True, reason="open: a mapping moved over torch's text (mremap) leaves no record; see "
+                                       "docs/threat-model.md (forty-first session)")
+def test_torch_s_text_moved_under_its_own_library_s_file_while_it_is_looked_at_is_not_its_own(
+        cpu_judge, make_workspace):
+    """The attack above with each mapping made elsewhere and moved into place: the events record mmap and mprotect,
+    not mremap, so the samples are placed by the maps at the call's end again (reward 1 here, forty-first session).
+    Closing it takes the trusted side deciding on the candidate's executable mappings as they are made (seccomp's
+    user notification from the sandbox) or checking every library's layout against its ELF segments."""
+    if not cpu_judge.sandboxed:
+        pytest.skip("no sandbox here")
+    ws = make_workspace()
+    (ws / "model_new.py").write_text(MOVED)
+    assert_torch_compute_found(cpu_judge, ws)
