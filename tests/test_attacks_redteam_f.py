@@ -547,16 +547,16 @@ def _unused(own: bool) -> None:''')
 
 @needs_perf
 @pytest.mark.usefixtures("audit_forged")
-@pytest.mark.xfail(strict=True, reason="open: a mapping moved over torch's text (mremap) leaves no record; see "
-                                       "docs/threat-model.md (forty-first session)")
 def test_torch_s_text_moved_under_its_own_library_s_file_while_it_is_looked_at_is_not_its_own(
         cpu_judge, make_workspace):
-    """The attack above with each mapping made elsewhere and moved into place: the events record mmap and mprotect,
-    not mremap, so the samples are placed by the maps at the call's end again (reward 1 here, forty-first session).
-    Closing it takes the trusted side deciding on the candidate's executable mappings as they are made (seccomp's
-    user notification from the sandbox) or checking every library's layout against its ELF segments."""
+    """Held out (forty-first session): the attack above with each mapping made elsewhere and moved into place: the
+    events record mmap and mprotect, not mremap, so the samples were placed by the maps at the call's end again:
+    reward 1, 72% own, no violation. The cpu backend's candidate worker refuses moves (a seccomp filter installed
+    before the candidate's code runs): its swap fails, and with it the candidate."""
     if not cpu_judge.sandboxed:
         pytest.skip("no sandbox here")
     ws = make_workspace()
     (ws / "model_new.py").write_text(MOVED)
-    assert_torch_compute_found(cpu_judge, ws)
+    verdict = cpu_judge.evaluate(AFFINE, ws)
+    assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error)
+

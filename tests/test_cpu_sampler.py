@@ -2,6 +2,7 @@
 is found from outside the process even where the in-process op audit's report has been rewritten (modelled here by
 switching the audit off: what a candidate that forges the harness's report achieves)."""
 
+import os
 import struct
 
 import pytest
@@ -135,6 +136,35 @@ def test_a_sample_where_an_executable_mapping_was_made_during_the_call_is_foreig
     assert sampler.summary()["mapped_in_calls"] == 1
     assert list(sampler.foreign_files) == [f"{tmp_path}/build/cuda_extension.so (mapped during the call)"]
     assert cpu_sampler._merged([(5, 9, ""), (1, 3, ""), (2, 4, ""), (9, 10, "")]) == [(1, 4), (5, 10)]
+
+
+def test_a_writable_executable_mapping_of_its_own_library_is_not_its_own(tmp_path):
+    """A private mapping of its library's file made writable and executable at load (before the events exist)
+    needs no system call in a call to hold torch's bytes, and madvise(MADV_DONTNEED) gives its pages back to the
+    file's before the maps are read (no Anonymous left): a writable executable mapping is foreign, whatever it names.
+    A read-only executable one keeps its file's identity."""
+    import subprocess
+    import sys
+
+    library = tmp_path / "build" / "cuda_extension.so"
+    library.parent.mkdir()
+    library.write_bytes(bytes(range(256)) * 64)
+    child = subprocess.Popen([sys.executable, "-c", f"""import mmap, sys
+f = open({str(library)!r}, "rb")
+rwx = mmap.mmap(f.fileno(), 16384, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+rx = mmap.mmap(f.fileno(), 16384, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_EXEC)
+print("ready", flush=True)
+sys.stdin.readline()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        sampler = cpu_sampler.CpuSampler(child.pid, [tmp_path / "build"])
+        ids = sorted(file_id for _, _, path, file_id, _ in sampler._regions() if path == str(library))
+    finally:
+        child.kill()
+    st = library.stat()
+    assert ids == sorted([f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} {st.st_ino}", cpu_sampler.WRITTEN]), ids
+    assert sampler._kind(str(library), cpu_sampler.WRITTEN) == "foreign"
 
 
 def test_a_sample_is_placed_by_the_file_its_address_maps(tmp_path):

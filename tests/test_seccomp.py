@@ -1,5 +1,6 @@
-"""The candidate worker's seccomp filter (sandbox/seccomp.py), probed in a child Python: each way of starting a
-process or leaving the sandbox's view is tried once without the filter (it gets through) and once with it."""
+"""The candidate worker's seccomp filters (sandbox/seccomp.py), probed in a child Python: each way of starting a
+process or leaving the sandbox's view is tried once without the filter (it gets through) and once with it; and the
+cpu backend's second filter, against mappings moved."""
 
 import platform
 import signal
@@ -71,3 +72,24 @@ def test_the_filter_kills_other_abis_and_refuses_namespaces_but_lets_threads_be(
         assert got.returncode == filtered and not got.stdout, (got.returncode, got.stdout, got.stderr[-500:])
     else:
         assert got.returncode == 0 and got.stdout.strip() == filtered, (got.returncode, got.stderr[-500:])
+
+
+def test_a_candidate_worker_s_mappings_cannot_be_moved_but_realloc_still_works():
+    """The filter the cpu backend's candidate worker installs before the candidate's code: mremap that may move a
+    mapping answers EPERM (moves leave no record for the sampler); resizing in place and the C library's realloc
+    (which falls back to copying) still work."""
+    probe = """import ctypes
+from cuda_agent.sandbox.seccomp import forbid_moved_mappings
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = libc.mremap.restype = libc.malloc.restype = libc.realloc.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+libc.realloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+forbid_moved_mappings()
+a, b = (libc.mmap(None, 1 << 20, 3, 0x22, -1, 0) for _ in range(2))
+moved = libc.mremap(a, 1 << 20, 1 << 20, 3, b)  # MREMAP_MAYMOVE | MREMAP_FIXED
+print(moved == b, ctypes.get_errno(), libc.mremap(a, 1 << 20, 1 << 19, 0, None) == a,
+      bool(libc.realloc(libc.malloc(1 << 22), 1 << 24)))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False", "1", "True", "True"], (done.stdout, done.stderr)

@@ -11,6 +11,11 @@ so nothing here would hold for it (held out: `int 0x80` fork passed an earlier f
 Leaving the sandbox's view (`unshare`, `setns`, mounts: a process moved out of the cgroup the judge watches) and
 io_uring (kernel threads working on the process's behalf) answer EPERM. The filter covers every thread (TSYNC)
 and cannot be removed. x86-64 and aarch64.
+
+A second filter (`forbid_moved_mappings`, the cpu backend's candidates) refuses `mremap` that may move a mapping:
+the trusted CPU sampler learns of every executable mapping a call makes from the kernel's records, which a move does
+not make (held out, forty-first session: torch's text swapped for the candidate's own library's file at each reply
+by moving mappings into place). The C library's `realloc` falls back to copying.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ _X32_BIT = 0x40000000  # x32's system calls: x86-64's arch, this bit set in the 
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 _CLONE_THREAD = 0x00010000
+_MREMAP = {"x86_64": 25, "aarch64": 216}
+_MREMAP_MAYMOVE = 1
 _PR_SET_NO_NEW_PRIVS, _SET_MODE_FILTER, _FLAG_TSYNC = 38, 1, 1
 
 
@@ -72,6 +79,30 @@ def _program(arch: int, calls: dict[str, int], refused: tuple[int, ...], kill: b
     return b"".join(struct.pack("HBBI", *insn) for insn in insns)
 
 
+def _moves_program(arch: int, nr_mremap: int) -> bytes:
+    """`mremap` with MREMAP_MAYMOVE (flags: args[3], low word at 40) answers EPERM, as does every x32 call (its
+    numbers differ); every other call is allowed (another ABI's pointers are 32-bit: no address of torch's)."""
+    insns: list[tuple[int, int, int, int]] = []
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> None:
+        insns.append((code, jt, jf, k))
+
+    op(_LD_W_ABS, 4)
+    op(_JEQ_K, arch, 1, 0)
+    op(_RET_K, _RET_ALLOW)
+    op(_LD_W_ABS, 0)
+    if arch == _ARCH["x86_64"][0]:
+        op(_JGE_K, _X32_BIT, 0, 1)
+        op(_RET_K, _RET_ERRNO | errno.EPERM)
+    op(_JEQ_K, nr_mremap, 1, 0)
+    op(_RET_K, _RET_ALLOW)
+    op(_LD_W_ABS, 40)
+    op(_JSET_K, _MREMAP_MAYMOVE, 0, 1)
+    op(_RET_K, _RET_ERRNO | errno.EPERM)
+    op(_RET_K, _RET_ALLOW)
+    return b"".join(struct.pack("HBBI", *insn) for insn in insns)
+
+
 def forbid_new_processes(kill: bool = True) -> None:
     """Install the filter on every thread of this process; raises SeccompError where the kernel refuses. `kill`
     false: a new process is refused (EPERM) rather than fatal (filters stack: a later killing one still kills)."""
@@ -79,7 +110,18 @@ def forbid_new_processes(kill: bool = True) -> None:
     if machine not in _ARCH:
         raise SeccompError(errno.ENOSYS, f"no seccomp filter for {machine}")
     arch, nr_seccomp, calls, refused = _ARCH[machine]
-    code = _program(arch, calls, refused, kill)
+    _install(nr_seccomp, _program(arch, calls, refused, kill))
+
+
+def forbid_moved_mappings() -> None:
+    """Install the second filter (mremap that may move: EPERM) on every thread; SeccompError where it cannot be."""
+    machine = platform.machine()
+    if machine not in _ARCH:
+        raise SeccompError(errno.ENOSYS, f"no seccomp filter for {machine}")
+    _install(_ARCH[machine][1], _moves_program(_ARCH[machine][0], _MREMAP[machine]))
+
+
+def _install(nr_seccomp: int, code: bytes) -> None:
     prog_buf = ctypes.create_string_buffer(code, len(code))
 
     class SockFprog(ctypes.Structure):

@@ -36,7 +36,7 @@ for _name in BLOCKED:
 import torch  # noqa: E402
 
 from ...backend import get_backend
-from ...sandbox.seccomp import SeccompError, forbid_new_processes
+from ...sandbox.seccomp import SeccompError, forbid_moved_mappings, forbid_new_processes
 from ...task import enable_sizes, import_file
 from ...workspace.inline import load_published, request_from_call
 from .. import kernelbench
@@ -308,6 +308,12 @@ class LoadedCandidate:
             candidate_dirs, import_path(candidate_dirs, [os.getcwd(), req["build_dir"]])) if req["audit_ops"] else None
         if self.introspection:
             self.introspection.arm()
+        self.unrefused: list[str] = []  # what this kernel would not let the filters refuse
+        if self.backend.name == "cpu":  # the trusted CPU sampler's records of code mapped in a call: no moves past it
+            try:
+                forbid_moved_mappings()
+            except SeccompError as exc:
+                self.unrefused.append(f"mappings moved during the calls cannot be refused here ({exc})")
         if req["audit_ops"]:
             # strict: no process of the candidate's, even while it loads (answered EPERM; fatal once ModelNew is
             # built). Held out, red team 2026-12-06: g++ run from ModelNew.__init__ built torch's own AOTInductor
@@ -363,14 +369,14 @@ class LoadedCandidate:
         try:
             forbid_new_processes()
         except SeccompError as exc:
-            return [f"processes started during forward cannot be forbidden here ({exc}); they are only looked "
-                    "for"], findings
+            return [*self.unrefused, f"processes started during forward cannot be forbidden here ({exc}); they are "
+                    "only looked for"], findings
         finally:
             strays = stray_processes(self.req["sandboxed"])
             if strays:
                 raise WorkerFailure("verify_error", "the candidate left processes running after ModelNew was built "
                                                     f"({', '.join(strays[:4])}): all work must happen in forward")
-        return [], findings
+        return list(self.unrefused), findings
 
     def audited(self, inputs: list, sync: bool = True) -> Any:
         """ModelNew on `inputs` under the op audit (strict), its device work finished (unless `sync` is false: the

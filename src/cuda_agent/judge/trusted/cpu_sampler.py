@@ -293,7 +293,7 @@ class CpuSampler:
 
     def _regions(self) -> list[tuple[int, int, str, str, int]]:
         """The executable mappings: (start, end, path, "major:minor inode", file offset), the "major:minor inode"
-        WRITTEN where any of its pages
+        WRITTEN where it is writable too, or where any of its pages
         is no longer the file's (copy-on-write: smaps' Anonymous): its code is not that file's, whatever its path
         (held out, red team F: torch's text overwritten, in place, by private writable mappings of the judge-built
         library's file holding torch's bytes: 72% "own")."""
@@ -306,8 +306,9 @@ class CpuSampler:
                     if "x" in parts[1]:
                         lo, hi = (int(a, 16) for a in parts[0].split("-"))
                         current = [lo, hi, parts[5].strip() if len(parts) > 5 else "[anonymous]",
-                                   f"{parts[3]} {parts[4]}", int(parts[2], 16)]
-                        regions.append(current)
+                                   f"{parts[3]} {parts[4]}" if "w" not in parts[1] else WRITTEN, int(parts[2], 16)]
+                        regions.append(current)  # (writable too: its pages may have been anything in the call,
+                        # and given back to the file's since, madvise(MADV_DONTNEED), with no Anonymous left)
                 elif current is not None and parts[0] == "Anonymous:" and int(parts[1]) > 0 and current[3] != "00:00 0":
                     current[3] = WRITTEN
         return sorted(tuple(r) for r in regions)
