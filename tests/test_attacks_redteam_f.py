@@ -12,6 +12,15 @@ from test_cpu_sampler import audit_forged, needs_perf  # noqa: F401 (a fixture)
 
 AFFINE = TASKS / "affine_relu.py"
 
+TORCH_FORWARD = '''class ModelNew(nn.Module):  # (torch's ops in forward: what the attacks below hide)
+    def __init__(self, scale: float, shift: float):
+        super().__init__()
+        self.scale, self.shift = scale, shift
+
+    def forward(self, x):
+        return torch.relu(x * self.scale + self.shift) * 0.5
+'''
+
 DISGUISED = '''import ctypes
 import os
 
@@ -47,14 +56,7 @@ _disguise(b"libtorch_cpu.so", "x/libc.so.6")
 _disguise(b"libc10.so", "x/libc.so.6")
 
 
-class ModelNew(nn.Module):
-    def __init__(self, scale: float, shift: float):
-        super().__init__()
-        self.scale, self.shift = scale, shift
-
-    def forward(self, x):
-        return torch.relu(x * self.scale + self.shift) * 0.5
-'''
+''' + TORCH_FORWARD
 
 PAD_KERNEL = r'''#include <atomic>
 #include <thread>
@@ -154,14 +156,7 @@ def _as_own(match: bytes) -> None:
 _as_own(b"libtorch_cpu.so")
 
 
-class ModelNew(nn.Module):
-    def __init__(self, scale: float, shift: float):
-        super().__init__()
-        self.scale, self.shift = scale, shift
-
-    def forward(self, x):
-        return torch.relu(x * self.scale + self.shift) * 0.5
-'''
+''' + TORCH_FORWARD
 
 
 def assert_torch_compute_found(cpu_judge, ws, task=AFFINE) -> None:
@@ -380,14 +375,7 @@ def _swap() -> None:
 _swap()
 
 
-class ModelNew(nn.Module):
-    def __init__(self, scale: float, shift: float):
-        super().__init__()
-        self.scale, self.shift = scale, shift
-
-    def forward(self, x):
-        return torch.relu(x * self.scale + self.shift) * 0.5
-'''
+''' + TORCH_FORWARD
 
 
 def _hot_pages_of_torch(pad: int = 8) -> tuple[str, int, list[list[int]]]:
@@ -503,14 +491,7 @@ def _receive_as_torch(sock):
 call_protocol.send_message, call_protocol.receive_message = _send_as_own, _receive_as_torch
 
 
-class ModelNew(nn.Module):
-    def __init__(self, scale: float, shift: float):
-        super().__init__()
-        self.scale, self.shift = scale, shift
-
-    def forward(self, x):
-        return torch.relu(x * self.scale + self.shift) * 0.5
-'''
+''' + TORCH_FORWARD
 
 
 @needs_perf
