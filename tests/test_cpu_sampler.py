@@ -123,6 +123,9 @@ def test_a_sample_where_an_executable_mapping_was_made_during_the_call_is_foreig
     struct.pack_into("IHHIIQQQ", ring, at, 1, 0, 40 + len(name), 5, 6, 0x10000, 0x3000, 0)  # mapped 0x10000-0x13000
     ring[at + 40:at + 40 + len(name)] = name
     end = at + 40 + len(name)
+    struct.pack_into("IHHIIQQQ", ring, end, 1, 0, 48, 5, 6, 0x50000, 8, 0)  # and 8 bytes elsewhere, named "x"
+    ring[end + 40:end + 42] = b"x\0"
+    end += 48
     for i, ip in enumerate((0x11000, 0x12fff, 0x13000, 0x20000)):  # samples: two in it, two in the rest of the library
         struct.pack_into("IHHQIIQ", ring, end + 32 * i, 9, 0, 32, ip, 5, 6, 99 + i)
     struct.pack_into("QQ", ring, 1024, end + 128 - at, 0)
@@ -133,7 +136,7 @@ def test_a_sample_where_an_executable_mapping_was_made_during_the_call_is_foreig
     sampler._regions = lambda: [(0x10000, 0x30000, f"{tmp_path}/build/cuda_extension.so", "00:05 7", 0)]
     sampler.collect()
     assert sampler.counts == {"own": 2, "foreign": 2, "interpreter": 0}, sampler.counts
-    assert sampler.summary()["mapped_in_calls"] == 1
+    assert sampler.summary()["mapped_in_calls"] == 2
     assert list(sampler.foreign_files) == [f"{tmp_path}/build/cuda_extension.so (mapped during the call)"]
     assert cpu_sampler._merged([(5, 9, ""), (1, 3, ""), (2, 4, ""), (9, 10, "")]) == [(1, 4), (5, 10)]
 

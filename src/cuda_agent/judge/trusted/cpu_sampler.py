@@ -182,9 +182,9 @@ class _Event:
             elif kind == 2:  # PERF_RECORD_LOST: id, lost
                 lost += struct.unpack_from("Q", data, at + 16)[0]
             elif kind == 1:  # PERF_RECORD_MMAP: pid, tid, address, length, file offset, file name
-                start, size = struct.unpack_from("QQ", data, at + 16)
+                start, extent = struct.unpack_from("QQ", data, at + 16)
                 name = bytes(data[at + 40:at + length]).split(b"\0", 1)[0].decode(errors="replace")
-                mapped.append((start, start + size, name))
+                mapped.append((start, start + extent, name))
             tail += length
         struct.pack_into("Q", self.ring, 1032, head)
         return ips, lost, mapped
