@@ -15,11 +15,11 @@
 # adapters/) in a folder and `stash` it with RESTORE=that folder (a call of its own when part00 leaves no room); `run`
 # unpacks it into the run folder first. The actors are merged again from their adapters when needed; a value or PPO
 # critic cannot come back (full weights), so an unfinished PPO starts again from value pretraining.
-# Usage: scripts/recipe_h200.sh pack (here, once) | stash | run | start | collect SECONDS
+# Usage: scripts/recipe_h200.sh pack (here, once) | stash | prepare | run | start | collect SECONDS
 #        (`start` runs the recipe in the background; `collect` waits up to SECONDS for it, then packs what it has:
 #        a run of TIME_LIMIT longer than one call, without dropping a reply at each call's end)
-#        (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48 HELD_TASKS=32 LORA_RANK=8 ACTOR_LR=1e-4
-#        SFT_LR=1e-3 SFT_STEPS=60 TEMPERATURE= (the recipe's default) BACKEND=cuda RESTORE= RECIPE_ARGS="..."
+#        (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48 HELD_TASKS=32 VALIDATION_TASKS=32 LORA_RANK=8
+#        ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=60 TEMPERATURE= (the recipe's default) BACKEND=cuda RESTORE= RECIPE_ARGS="..."
 #        in the environment;
 #        RECIPE_ARGS replaces the sizes below (a turn of 4,096 tokens holds the expert's first turn on the
 #        long-row set's pointwise tasks (1,630 at the median) and on 95% of its rows tasks (3,218 median, 3,965
@@ -47,6 +47,9 @@ prepare() {  # the model (converted once a machine), the tasks, what RESTORE bro
   data=${DATA:-docs/data/expert_tasks_h200_long/splits}
   head -n "${TRAIN_TASKS:-48}" "$data/train.jsonl" > "$keep/train.jsonl"
   head -n "${HELD_TASKS:-32}" "$data/held_out.jsonl" > "$keep/held_out.jsonl"
+  # the imitation probe's tasks (rl/probe.py): train-split rows past the ones trained on
+  tail -n +"$(( ${TRAIN_TASKS:-48} + 1 ))" "$data/train.jsonl" | head -n "${VALIDATION_TASKS:-32}" \
+    > "$keep/validation.jsonl"
   restore=$keep/restore-${ARM:-full}-${SEED:-0}
   if [[ -d $restore && ! -e $run/eval_base ]]; then  # what an earlier machine brought back: its layout again
     cat "$restore"/run.tar.gz* | tar xzf - -C "$run"
@@ -73,7 +76,8 @@ recipe() {  # the recipe within TIME_LIMIT (inside a step too: a reply being sam
   # the next call); GRACE seconds later it is interrupted as by Ctrl-C; its log in $keep/recipe-ARM-SEED.log
   timeout -s INT -k 30 "$(( ${TIME_LIMIT:-1200} + ${GRACE:-60} ))" \
   python3 -m cuda_agent train recipe --model "$keep/model" --data "$keep/train.jsonl" \
-    --held-out "$keep/held_out.jsonl" --out "$run" --backend "${BACKEND:-cuda}" --arm "${ARM:-full}" \
+    --held-out "$keep/held_out.jsonl" --validation "$keep/validation.jsonl" --out "$run" --backend "${BACKEND:-cuda}" \
+    --arm "${ARM:-full}" \
     --seed "${SEED:-0}" "${reuse[@]}" \
     --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --actor-lr "${ACTOR_LR:-1e-4}" \
     --sft-lr "${SFT_LR:-1e-3}" --sft-steps "${SFT_STEPS:-60}" ${TEMPERATURE:+--temperature "$TEMPERATURE"} \
@@ -120,6 +124,9 @@ case "${1:-}" in
       echo "stashed $RESTORE to go on with"
     fi
     ;;
+  prepare)  # only the model, the tasks and what RESTORE brought (e.g. for benchmarks/sft_sweep.py on $run/expert)
+    prepare
+    ;;
   run)  # in this call: prepare, the recipe, pack
     prepare
     status=0
@@ -146,7 +153,7 @@ case "${1:-}" in
     if [[ -f $run.exit ]]; then echo "recipe ended: exit $(cat "$run.exit")"; else echo "recipe still running"; fi
     ;;
   *)
-    echo "usage: $0 pack|stash|run|start|collect SECONDS" >&2
+    echo "usage: $0 pack|stash|prepare|run|start|collect SECONDS" >&2
     exit 2
     ;;
 esac

@@ -91,6 +91,9 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
             "--sft-steps", "1", "--rft-samples", "1", "--rft-steps", "1", "--value-steps", "1", "--ppo-steps", "1",
             "--batch", "2", "--samples", "1", "--max-turns", "1", "--max-new-tokens", "8", "--lora-rank", "2",
             "--cache-dir", str(cache_dir)]
+    shared = runner.invoke(app, [*args, "--validation", str(TASKS / "affine_relu.py")])
+    assert shared.exit_code == 2 and "also train or held-out tasks" in shared.output, shared.output
+    args += ["--validation", str(TASKS / "linear_gelu.py")]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "run" / "recipe.json").read_text())
@@ -115,6 +118,7 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     assert "a policy that imitates it is cut mid-reply" in result.output  # the expert's turns are > 8 tokens
     sft = [json.loads(line) for line in (tmp_path / "run" / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert sft[-1]["sft_loss"] > 0 and sft[-1]["reward_mean"] >= 1  # trained on the expert's judged episode
+    assert sft[-1]["probe_replies"] == 1 and sft[-1]["probe_nll"] > 0  # the expert's reply on the validation task
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and again.output.count("done before") == 15, again.output
     bad = runner.invoke(app, [*args[:-2], "--arm", "sideways"])

@@ -18,7 +18,10 @@ from cuda_agent.agent.tools import SCHEMAS
 from cuda_agent.cli import app
 from cuda_agent.llm import with_text_tools
 from cuda_agent.rl.batcher import BatchSampler
+from cuda_agent.rl.config import StageConfig, TrainConfig
+from cuda_agent.rl.probe import expert_conversations
 from cuda_agent.rl.rollout import batch_of, play, response_logprob_fn
+from cuda_agent.rl.stages import run_stage
 from cuda_agent.rl.tokens import TurnTokenizer
 
 from conftest import TASKS
@@ -219,3 +222,31 @@ def test_the_scripted_expert_solves_the_demo_task_and_its_run_passes_the_rft_fil
     assert summary.stop == "finish" and summary.final_verdict["reward"] >= 1, summary
     counts = export([tmp_path / "expert" / "00"], tmp_path / "rft", RFTFilter())
     assert counts["kept"] == 1, counts
+
+
+def test_the_imitation_probe_scores_the_expert_s_first_reply_and_follows_what_sft_teaches(tiny_model, tmp_path):
+    """The probe's conversations are a task's opening messages and the expert's first reply (a task the expert
+    cannot fuse is left out); a supervised stage scores them at its first step and at each checkpoint; training on
+    that very reply lowers its nll (the probe reads the policy being trained, not a copy)."""
+    unfusable = tmp_path / "conv.py"
+    unfusable.write_text((TASKS / "affine_relu.py").read_text().replace(
+        "super().__init__()\n", "super().__init__()\n        self.register_buffer('b', torch.zeros(1))\n"))  # (buffers)
+    conversations = expert_conversations([TASKS / "affine_relu.py", unfusable], "cuda", True)
+    assert len(conversations) == 1
+    opening, reply = conversations[0][:2], conversations[0][2]
+    assert opening[1]["content"].endswith(f"```python\n{(TASKS / 'affine_relu.py').read_text()}\n```")
+    assert [c["function"]["name"] for c in reply["tool_calls"]] == ["write_file"] * 3
+    records = [{"type": m["role"], "message": m} for m in conversations[0]]
+    records += [{"type": "tool", "message": {"role": "tool", "tool_call_id": "c", "content": "wrote it"}}] * 3
+    records.append({"type": "result", "summary": {"reference": "t.py", "final_verdict": {
+        "reward": 3, "policy_violations": [], "speedup_vs_compile": 1.2}}})
+    (tmp_path / "runs" / "expert").mkdir(parents=True)
+    (tmp_path / "runs" / "expert" / "trajectory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = StageConfig(stage="rft", steps=4, batch=1, save_every=3, compact=True, max_new_tokens=4096,
+                         train=TrainConfig(actor_lr=3e-3))
+    run_stage(config, tiny_model, [], tmp_path / "rft", None, "cpu", [tmp_path / "runs" / "expert"],
+              log=lambda m: None, probe=conversations)
+    rows = [json.loads(line) for line in (tmp_path / "rft" / "metrics.jsonl").read_text().splitlines()]
+    assert ["probe_nll" in r for r in rows] == [True, False, True, True]
+    assert all(r["probe_replies"] == 1 and 0 <= r["probe_greedy_wrong"] <= 1 for r in rows if "probe_nll" in r)
+    assert rows[-1]["probe_nll"] < rows[0]["probe_nll"] - 0.5, rows

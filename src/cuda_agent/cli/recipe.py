@@ -26,6 +26,9 @@ def train_recipe_cmd(
     data: Path = typer.Option(..., help="train tasks (e.g. a `data build --family expert` export's "
                               "splits/train.jsonl)"),
     held_out: Path = typer.Option(..., "--held-out", help="held-out tasks (e.g. splits/held_out.jsonl)"),
+    validation: Optional[Path] = typer.Option(
+        None, help="tasks neither trained on nor held out (e.g. train-split rows past --data's): SFT and RFT score "
+        "how closely the model writes the expert's first reply on them, teacher-forced (metrics.jsonl's probe_*)"),
     out_dir: Path = typer.Option(..., "--out", help="run folder: one folder per step (rerun to resume), "
                                  "recipe.json"),
     model: Optional[Path] = typer.Option(None, help="an HF causal-LM folder (default: the packaged "
@@ -89,10 +92,12 @@ def train_recipe_cmd(
                                   lora_alpha=lora_alpha)),
                               eval=replace(DEFAULTS.eval, samples=samples, **limits))
         train, held = task_files(data, out_dir / "tasks" / "train"), task_files(held_out, out_dir / "tasks" / "held")
+        checked = task_files(validation, out_dir / "tasks" / "validation") if validation else []
         with JudgePool(backend, common.config(cache_dir), devices=integers(gpus, "--gpus")) as pool:
             warn_unsandboxed(pool)
             result = Recipe(config, model, train, held, out_dir, pool, device,
-                            lambda m: err.print(m, highlight=False, soft_wrap=True), reuse=reuse).run()
+                            lambda m: err.print(m, highlight=False, soft_wrap=True), reuse=reuse,
+                            validation=checked).run()
     except (TaskError, BackendError, ValueError) as exc:
         fail(str(exc))
     except FileNotFoundError as exc:  # a step brought from another machine without weights it needs

@@ -15,8 +15,8 @@ from ..agent.tools import schemas
 from .algorithm import explained_variance
 from .models import Critic
 from .rft import read_trajectory
-from .stages import conversation_ids, critic_beside
-from .tokens import TurnTokenizer
+from .stages import critic_beside
+from .tokens import TurnTokenizer, conversation_ids
 
 
 def critic_explained_variance(checkpoint: Path, run_dirs: list[Path], compact: bool, device: str = "cpu") -> dict:

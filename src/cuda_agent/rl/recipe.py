@@ -27,6 +27,7 @@ from .config import EvalConfig, PPOConfig, StageConfig
 from .controls import CONTROLS, best_of, expert_records, samples_per_task
 from .critic_check import critic_explained_variance
 from .evaluation import evaluate, local_player
+from .probe import expert_conversations
 from .expert.episodes import SHAPES, play_expert
 from .scores import EpisodeRecord, paired_difference, summary
 from .recipe_steps import Steps
@@ -79,9 +80,15 @@ class RecipeConfig:
 class Recipe:
     def __init__(self, config: RecipeConfig, base: Path, train: list[Path], held_out: list[Path], out: Path,
                  pool: JudgePool, device: str, log: Callable[[str], None] = print,
-                 clock: Callable[[], float] = time.monotonic, reuse: list[Path] = ()):
-        """`reuse`: run folders (e.g. other arms of this seed) whose steps of the same key are linked, not run."""
+                 clock: Callable[[], float] = time.monotonic, reuse: list[Path] = (), validation: list[Path] = ()):
+        """`reuse`: run folders (e.g. other arms of this seed) whose steps of the same key are linked, not run;
+        `validation`: tasks neither trained on nor evaluated, the supervised stages' imitation probe (probe.py)."""
         self.config, self.base, self.train, self.held_out = config, Path(base), train, held_out
+        self.validation = list(validation)
+        shared = {p.read_text() for p in self.validation} & {p.read_text() for p in [*train, *held_out]}
+        if shared:
+            raise ValueError(f"{len(shared)} validation task(s) are also train or held-out tasks: the imitation probe "
+                             "would not measure what the model learnt beyond its training")
         self.out, self.pool, self.device, self.log = Path(out), pool, device, log
         self.evals: dict[str, list[EpisodeRecord]] = {}
         self.notes: dict[str, str] = {}  # what a control could not do
@@ -112,8 +119,10 @@ class Recipe:
         def run(folder: Path) -> dict:
             self._ready(model, critic=True)
             timed = replace(config, time_limit_s=self.steps.left(name))
+            probe = expert_conversations(self.validation, self.pool.backend.name, config.compact) \
+                if config.stage == "rft" else []
             history = run_stage(timed, model, self.train, folder, self.pool if config.stage != "rft" else None,
-                                self.device, [Path(r) for step in runs for r in self.episodes[step]], self.log)
+                                self.device, [Path(r) for step in runs for r in self.episodes[step]], self.log, probe)
             reached = checkpoints.step_of(checkpoints.latest(folder))
             if reached < config.steps:  # stopped by the time limit, checkpointed: not done
                 raise TimeoutError(f"time limit reached in {name} after step {reached} of {config.steps}")

@@ -29,13 +29,13 @@ from ..agent.environment import Environment
 from ..agent.loop import LoopConfig
 from ..agent.tools import schemas
 from ..judge.pool import JudgePool
-from ..llm import assistant_text
 from . import checkpoints
 from .models import Actor, Critic
+from .probe import imitation
 from .rft import RFTFilter, export
 from .batcher import BatchSampler
 from .rollout import batch_of, play, response_logprob_fn, speedup_reward
-from .tokens import TokenTrajectory, TurnTokenizer
+from .tokens import TokenTrajectory, TurnTokenizer, conversation_ids
 from .config import StageConfig
 from .train_loop import run_steps
 from .trainer import PPOTrainer
@@ -44,9 +44,11 @@ from .trainer import PPOTrainer
 
 def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, pool: JudgePool | None,
               device: str = "cpu", rft_runs: list[Path] | None = None,
-              log: Callable[[str], None] = print) -> list[dict]:
+              log: Callable[[str], None] = print, probe: list[list[dict]] = ()) -> list[dict]:
     """Train `config.steps` steps of one stage from `model` (an HF folder, or a previous stage's checkpoint/actor
-    beside its checkpoint/critic); resumes from `out`'s latest checkpoint. rft needs `rft_runs` (episode folders)."""
+    beside its checkpoint/critic); resumes from `out`'s latest checkpoint. rft needs `rft_runs` (episode folders);
+    `probe` (conversations of tasks it does not train on: probe.py) is scored at its first step and at each
+    checkpoint's."""
     from transformers import AutoTokenizer
 
     out = Path(out)
@@ -82,14 +84,18 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
         log(f"warning: {problem}")
 
     def step() -> dict:
-        if config.stage == "rft":
-            return _sft_step(trainer, turns, rng.sample(conversations, min(config.batch, len(conversations))))
-        return _ppo_step(trainer, turns, config, pool, tasks, out, rng, generator)
+        if config.stage != "rft":
+            return _ppo_step(trainer, turns, config, pool, tasks, out, rng, generator)
+        record = _sft_step(trainer, turns, rng.sample(conversations, min(config.batch, len(conversations))))
+        if probe and (trainer.step == 1 or trainer.step % config.save_every == 0 or trainer.step == config.steps):
+            record.update(imitation(trainer.actor.model, turns, probe))
+        return record
 
     def describe(step: int, record: dict) -> str:
         return f"{config.stage} step {step}/{config.steps}  " + "  ".join(
-            f"{k} {v:.3g}" for k, v in record.items() if k in ("reward_mean", "pass_rate", "sft_loss", "policy_loss",
-                                                               "value_loss", "seconds"))
+            f"{k} {v:.3g}" for k, v in record.items() if k in ("reward_mean", "pass_rate", "sft_loss", "probe_nll",
+                                                               "probe_greedy_exact", "policy_loss", "value_loss",
+                                                               "seconds"))
 
     return run_steps(trainer, step, out, config, tokenizer=tokenizer, describe=describe, log=log,
                      state=lambda: {"generator": generator.get_state(), "rng": rng.getstate()})
@@ -171,26 +177,6 @@ def _rft_rows(runs: list[Path], out: Path, log: Callable[[str], None]) -> list[d
     if not rows:
         raise ValueError(f"no trajectory of the {len(runs)} runs passes the RFT filter: nothing to fine-tune on")
     return rows
-
-
-def conversation_ids(turns: TurnTokenizer, messages: list[dict]) -> TokenTrajectory:
-    """A saved conversation as ids with the model's turns masked 1 (their text tokenized once: in SFT nothing was
-    sampled, so there are no ids to keep)."""
-    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
-    if first is None:
-        raise ValueError("the conversation has no model turn")
-    trajectory = turns.start(messages[:first])
-    pending: list[dict] = []
-    for msg in messages[first:]:
-        if msg["role"] != "assistant":
-            pending.append(msg)
-            continue
-        if pending:
-            turns.observations(trajectory, pending)
-            pending = []
-        text = assistant_text(msg)  # an endpoint's native calls: as a text-tools model writes them
-        turns.model_turn(trajectory, turns.tokenizer.encode(text, add_special_tokens=False) + [turns.end_of_turn])
-    return trajectory
 
 
 def unreachable(conversations: list[tuple[TokenTrajectory, float]], config: StageConfig) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..llm import with_text_tools
+from ..llm import assistant_text, with_text_tools
 
 SENTINEL = "SENTINEL"
 
@@ -82,6 +82,26 @@ class TurnTokenizer:
         if full[:len(self._base)] != self._base:
             raise ValueError("the chat template renders earlier turns differently once more follow")
         trajectory.add(full[len(self._base):], False)
+
+
+def conversation_ids(turns: TurnTokenizer, messages: list[dict]) -> TokenTrajectory:
+    """A saved conversation as ids with the model's turns masked 1 (their text tokenized once: in SFT nothing was
+    sampled, so there are no ids to keep)."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None:
+        raise ValueError("the conversation has no model turn")
+    trajectory = turns.start(messages[:first])
+    pending: list[dict] = []
+    for msg in messages[first:]:
+        if msg["role"] != "assistant":
+            pending.append(msg)
+            continue
+        if pending:
+            turns.observations(trajectory, pending)
+            pending = []
+        text = assistant_text(msg)  # an endpoint's native calls: as a text-tools model writes them
+        turns.model_turn(trajectory, turns.tokenizer.encode(text, add_special_tokens=False) + [turns.end_of_turn])
+    return trajectory
 
 
 def _find_last(seq: list[int], sub: list[int]) -> int:

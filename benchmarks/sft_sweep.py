@@ -1,0 +1,89 @@
+"""SFT settings side by side on the expert's episodes, each scored by the imitation probe (rl/probe.py) on tasks it
+never trained on and on tasks it did: which settings teach the expert's craft rather than its conversations, in
+about a minute a setting on one GPU and without the judge (the held-out evaluation after SFT, which does need it,
+takes ten). The recipe's SFT step with each setting (stages.run_stage, stage rft), from the same model, on the same
+episodes, with the same seed.
+
+    python3 benchmarks/sft_sweep.py --model BASE --runs RUN/expert --validation JSONL:SKIP:COUNT
+        --trained JSONL:SKIP:COUNT --out DIR [--settings r8:1e-3:60,r0:1e-4:60,...] [--device cuda]
+
+A setting is `rRANK:LR:STEPS` (rank 0: every weight trains). `--runs`: a folder of the expert's run folders (a recipe
+run's expert/, as `recipe_h200.sh` brings it back). Writes DIR/SETTING/ (the stage's folder: metrics.jsonl with the
+probe at step 1 and every checkpoint) and prints one JSON line a setting (DIR/sweep.jsonl): the probe on the
+validation tasks at each scored step and on the trained tasks at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from cuda_agent.agent.tools import schemas  # noqa: E402
+from cuda_agent.rl.probe import expert_conversations, imitation  # noqa: E402
+from cuda_agent.rl.recipe import RecipeConfig  # noqa: E402
+from cuda_agent.rl.stages import run_stage  # noqa: E402
+from cuda_agent.rl.tokens import TurnTokenizer  # noqa: E402
+from cuda_agent.task import task_files  # noqa: E402
+
+SETTINGS = "r8:1e-3:60,r8:3e-4:60,r8:1e-3:150,r64:1e-3:60,r0:1e-4:60,r0:3e-5:60"
+
+
+def tasks_of(spec: str, scratch: Path) -> list[Path]:
+    path, skip, count = spec.rsplit(":", 2)
+    return task_files(Path(path), scratch)[int(skip):int(skip) + int(count)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--runs", type=Path, required=True)
+    parser.add_argument("--validation", required=True, help="JSONL:SKIP:COUNT, tasks no setting trains on")
+    parser.add_argument("--trained", required=True, help="JSONL:SKIP:COUNT, tasks of the episodes in --runs")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--settings", default=SETTINGS)
+    parser.add_argument("--backend", default="cuda", help="the backend the expert wrote for")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    runs = sorted(p.parent for p in args.runs.glob("*/*/trajectory.jsonl"))
+    if not runs:
+        raise SystemExit(f"{args.runs}: no run folders (*/*/trajectory.jsonl)")
+    scratch = Path(tempfile.mkdtemp(prefix="sweep-"))
+    recipe = RecipeConfig()
+    compact = recipe.stage.compact
+    validation = expert_conversations(tasks_of(args.validation, scratch / "v"), args.backend, compact)
+    trained = expert_conversations(tasks_of(args.trained, scratch / "t"), args.backend, compact)
+    turns = TurnTokenizer(AutoTokenizer.from_pretrained(args.model), schemas(compact), tool_format="text")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for setting in args.settings.split(","):
+        rank, lr, steps = setting.split(":")
+        config = recipe.stage_config("rft", int(steps), recipe.sft_batch)
+        config = replace(config, seed=args.seed, save_every=max(1, int(steps) // 4), train=replace(
+            config.train, lora_rank=int(rank.removeprefix("r")), actor_lr=float(lr)))
+        out = args.out / setting.replace(":", "_")
+        began = time.monotonic()
+        run_stage(config, args.model, [], out, None, args.device, runs, log=lambda m: None, probe=validation)
+        seconds = time.monotonic() - began
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        model = AutoModelForCausalLM.from_pretrained(out / "checkpoint" / "actor").to(args.device)
+        row = {"setting": setting, "episodes": len(runs), "seconds": round(seconds, 1),
+               "validation": [{k: r[k] for k in ("step", "sft_loss", "probe_nll", "probe_greedy_wrong",
+                                                 "probe_greedy_exact")} for r in rows if "probe_nll" in r],
+               "trained_at_end": imitation(model, turns, trained)}
+        del model
+        print(json.dumps(row), flush=True)
+        with open(args.out / "sweep.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
