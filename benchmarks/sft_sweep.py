@@ -6,11 +6,17 @@ episodes, with the same seed.
 
     python3 benchmarks/sft_sweep.py --model BASE --runs RUN/expert --validation JSONL:SKIP:COUNT
         --trained JSONL:SKIP:COUNT --out DIR [--settings r8:1e-3:60,r0:1e-4:60,...] [--device cuda]
+        [--first JSONL:SKIP:COUNT --ceiling CEILING_JSONL]
 
-A setting is `rRANK:LR:STEPS` (rank 0: every weight trains). `--runs`: a folder of the expert's run folders (a recipe
-run's expert/, as `recipe_h200.sh` brings it back). Writes DIR/SETTING/ (the stage's folder: metrics.jsonl with the
-probe at step 1 and every checkpoint) and prints one JSON line a setting (DIR/sweep.jsonl): the probe on the
-validation tasks at each scored step and on the trained tasks at the end.
+A setting is `rRANK:LR:STEPS[:direct][:first]` (rank 0: every weight trains). `direct`: only the expert's `direct`
+episodes (each task's prompt then has one reply to learn; with all three shapes it has three, one of them with the
+`fix` shape's planted compile error). `first`: the expert's first replies on the `--first` tasks too, every one whose
+kernel with the fast knobs (the `direct` reply's) the judge rewarded >= 1 in a ceiling run (`--ceiling`,
+benchmarks/expert_ceiling.py's jsonl; its task names are the export's `SET_rowN`, and the ops it traced must be the
+task's), with that reward. `--runs`: a folder of the expert's run folders (a recipe run's expert/, as
+`recipe_h200.sh` brings it back). Writes DIR/SETTING/ (the stage's folder: metrics.jsonl with the probe at step 1
+and every checkpoint) and prints one JSON line a setting (DIR/sweep.jsonl): the probe on the validation tasks at
+each scored step and on the trained tasks at the end.
 """
 
 from __future__ import annotations
@@ -26,18 +32,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cuda_agent.agent.tools import schemas  # noqa: E402
+from cuda_agent.rl.expert.trace import trace  # noqa: E402
 from cuda_agent.rl.probe import expert_conversations, imitation  # noqa: E402
 from cuda_agent.rl.recipe import RecipeConfig  # noqa: E402
 from cuda_agent.rl.stages import run_stage  # noqa: E402
 from cuda_agent.rl.tokens import TurnTokenizer  # noqa: E402
 from cuda_agent.task import task_files  # noqa: E402
 
-SETTINGS = "r8:1e-3:60,r8:3e-4:60,r8:1e-3:150,r64:1e-3:60,r0:1e-4:60,r0:3e-5:60"
+SETTINGS = ("r8:1e-3:60,r8:1e-3:60:direct,r8:3e-4:60,r64:1e-3:60,r0:1e-4:60,r8:1e-3:60:direct:first,"
+            "r0:1e-4:60:direct:first,r8:1e-3:150:direct:first")
 
 
 def tasks_of(spec: str, scratch: Path) -> list[Path]:
     path, skip, count = spec.rsplit(":", 2)
     return task_files(Path(path), scratch)[int(skip):int(skip) + int(count)]
+
+
+def verified_first_replies(spec: str, ceiling: Path, scratch: Path, backend: str,
+                           compact: bool) -> list[tuple[list[dict], float]]:
+    """The expert's first reply on each `spec` task a ceiling run verified with the fast knobs, and its reward."""
+    path, skip, count = spec.rsplit(":", 2)
+    verdicts = {}
+    for line in ceiling.read_text().splitlines():
+        row = json.loads(line)
+        if row["knobs"] == "fast":
+            verdicts[row["task"]] = row
+    out = []
+    for index, task in enumerate(task_files(Path(path), scratch), start=0):
+        if not int(skip) <= index < int(skip) + int(count):
+            continue
+        verdict = verdicts.get(f"{Path(path).stem}_row{index}")
+        if verdict is None or verdict["reward"] < 1:
+            continue
+        conversation = expert_conversations([task], backend, compact)
+        if conversation and list(trace(task.read_text()).ops) == verdict["ops"]:
+            out.append((conversation[0], float(verdict["reward"])))
+    return out
 
 
 def main() -> None:
@@ -47,6 +77,8 @@ def main() -> None:
     parser.add_argument("--validation", required=True, help="JSONL:SKIP:COUNT, tasks no setting trains on")
     parser.add_argument("--trained", required=True, help="JSONL:SKIP:COUNT, tasks of the episodes in --runs")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--first", help="JSONL:SKIP:COUNT, tasks whose verified first replies `:first` adds")
+    parser.add_argument("--ceiling", type=Path, help="a ceiling run's jsonl (the verdicts `:first` needs)")
     parser.add_argument("--settings", default=SETTINGS)
     parser.add_argument("--backend", default="cuda", help="the backend the expert wrote for")
     parser.add_argument("--device", default="cuda")
@@ -63,19 +95,30 @@ def main() -> None:
     validation = expert_conversations(tasks_of(args.validation, scratch / "v"), args.backend, compact)
     trained = expert_conversations(tasks_of(args.trained, scratch / "t"), args.backend, compact)
     turns = TurnTokenizer(AutoTokenizer.from_pretrained(args.model), schemas(compact), tool_format="text")
+    first = []
+    if any(":first" in s for s in args.settings.split(",")):
+        if not (args.first and args.ceiling):
+            raise SystemExit("a `:first` setting needs --first and --ceiling")
+        first = verified_first_replies(args.first, args.ceiling, scratch / "f", args.backend, compact)
+        print(f"{len(first)} verified first replies", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     for setting in args.settings.split(","):
-        rank, lr, steps = setting.split(":")
+        rank, lr, steps, *data = setting.split(":")
+        if set(data) - {"direct", "first"}:
+            raise SystemExit(f"{setting}: a setting's data flags are `direct` and `first`")
+        chosen = [r for r in runs if r.name.startswith("direct-")] if "direct" in data else runs
         config = recipe.stage_config("rft", int(steps), recipe.sft_batch)
         config = replace(config, seed=args.seed, save_every=max(1, int(steps) // 4), train=replace(
             config.train, lora_rank=int(rank.removeprefix("r")), actor_lr=float(lr)))
         out = args.out / setting.replace(":", "_")
         began = time.monotonic()
-        run_stage(config, args.model, [], out, None, args.device, runs, log=lambda m: None, probe=validation)
+        run_stage(config, args.model, [], out, None, args.device, chosen, log=lambda m: None, probe=validation,
+                  extra=first if "first" in data else [])
         seconds = time.monotonic() - began
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         model = AutoModelForCausalLM.from_pretrained(out / "checkpoint" / "actor").to(args.device)
-        row = {"setting": setting, "episodes": len(runs), "seconds": round(seconds, 1),
+        row = {"setting": setting, "episodes": len(chosen), "first_replies": len(first) if "first" in data else 0,
+               "seconds": round(seconds, 1),
                "validation": [{k: r[k] for k in ("step", "sft_loss", "probe_nll", "probe_greedy_wrong",
                                                  "probe_greedy_exact")} for r in rows if "probe_nll" in r],
                "trained_at_end": imitation(model, turns, trained)}

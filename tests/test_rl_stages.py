@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cuda_agent.agent.environment import Environment
 from cuda_agent.agent.loop import LoopConfig
-from cuda_agent.agent.tools import SCHEMAS
+from cuda_agent.agent.tools import SCHEMAS, schemas
 from cuda_agent.cli import app
 from cuda_agent.llm import with_text_tools
 from cuda_agent.rl.batcher import BatchSampler
@@ -22,7 +22,7 @@ from cuda_agent.rl.config import StageConfig, TrainConfig
 from cuda_agent.rl.probe import expert_conversations
 from cuda_agent.rl.rollout import batch_of, play, response_logprob_fn
 from cuda_agent.rl.stages import run_stage
-from cuda_agent.rl.tokens import TurnTokenizer
+from cuda_agent.rl.tokens import TurnTokenizer, conversation_ids
 
 from conftest import TASKS
 
@@ -227,7 +227,8 @@ def test_the_scripted_expert_solves_the_demo_task_and_its_run_passes_the_rft_fil
 def test_the_imitation_probe_scores_the_expert_s_first_reply_and_follows_what_sft_teaches(tiny_model, tmp_path):
     """The probe's conversations are a task's opening messages and the expert's first reply (a task the expert
     cannot fuse is left out); a supervised stage scores them at its first step and at each checkpoint; training on
-    that very reply lowers its nll (the probe reads the policy being trained, not a copy)."""
+    that very reply (from a run folder and as an `extra` conversation) lowers its nll (the probe reads the policy
+    being trained, not a copy)."""
     unfusable = tmp_path / "conv.py"
     unfusable.write_text((TASKS / "affine_relu.py").read_text().replace(
         "super().__init__()\n", "super().__init__()\n        self.register_buffer('b', torch.zeros(1))\n"))  # (buffers)
@@ -242,11 +243,13 @@ def test_the_imitation_probe_scores_the_expert_s_first_reply_and_follows_what_sf
         "reward": 3, "policy_violations": [], "speedup_vs_compile": 1.2}}})
     (tmp_path / "runs" / "expert").mkdir(parents=True)
     (tmp_path / "runs" / "expert" / "trajectory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    config = StageConfig(stage="rft", steps=4, batch=1, save_every=3, compact=True, max_new_tokens=4096,
+    config = StageConfig(stage="rft", steps=4, batch=2, save_every=3, compact=True, max_new_tokens=4096,
                          train=TrainConfig(actor_lr=3e-3))
     run_stage(config, tiny_model, [], tmp_path / "rft", None, "cpu", [tmp_path / "runs" / "expert"],
-              log=lambda m: None, probe=conversations)
+              log=lambda m: None, probe=conversations, extra=[(conversations[0], 3.0)])
     rows = [json.loads(line) for line in (tmp_path / "rft" / "metrics.jsonl").read_text().splitlines()]
+    turns = TurnTokenizer(transformers.AutoTokenizer.from_pretrained(tiny_model), schemas(True), tool_format="text")
+    assert rows[0]["tokens"] == 2 * sum(conversation_ids(turns, conversations[0]).mask)  # the run's and the extra
     assert ["probe_nll" in r for r in rows] == [True, False, True, True]
     assert all(r["probe_replies"] == 1 and 0 <= r["probe_greedy_wrong"] <= 1 for r in rows if "probe_nll" in r)
     assert rows[-1]["probe_nll"] < rows[0]["probe_nll"] - 0.5, rows

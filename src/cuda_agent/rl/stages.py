@@ -44,11 +44,12 @@ from .trainer import PPOTrainer
 
 def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, pool: JudgePool | None,
               device: str = "cpu", rft_runs: list[Path] | None = None,
-              log: Callable[[str], None] = print, probe: list[list[dict]] = ()) -> list[dict]:
+              log: Callable[[str], None] = print, probe: list[list[dict]] = (),
+              extra: list[tuple[list[dict], float]] = ()) -> list[dict]:
     """Train `config.steps` steps of one stage from `model` (an HF folder, or a previous stage's checkpoint/actor
     beside its checkpoint/critic); resumes from `out`'s latest checkpoint. rft needs `rft_runs` (episode folders);
     `probe` (conversations of tasks it does not train on: probe.py) is scored at its first step and at each
-    checkpoint's."""
+    checkpoint's; rft trains on `extra` (conversations and their rewards) too."""
     from transformers import AutoTokenizer
 
     out = Path(out)
@@ -69,17 +70,18 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     turns = TurnTokenizer(tokenizer, None if config.stage == "warmup" else schemas(config.compact), tool_format="text")
     trainer = PPOTrainer(actor, critic, config.train, lambda *a: None)  # the log-prob fn is set per batch
     trainer.base = Path(model)
-    extra = trainer.restore(checkpoint, log) if resuming else {}
+    restored = trainer.restore(checkpoint, log) if resuming else {}
     rng = random.Random(config.seed)
-    if "rng" in extra:
-        rng.setstate(extra["rng"])
+    if "rng" in restored:
+        rng.setstate(restored["rng"])
     generator = torch.Generator().manual_seed(config.seed)
-    if "generator" in extra:
-        generator.set_state(extra["generator"])
+    if "generator" in restored:
+        generator.set_state(restored["generator"])
     (out / "config.json").write_text(json.dumps({"model": str(model), "tasks": [str(t) for t in tasks],
                                                  **asdict(config)}, indent=2, default=str))
     sft_rows = _rft_rows(rft_runs or [], out, log) if config.stage == "rft" else []
     conversations = [(conversation_ids(turns, json.loads(r["messages"])), float(r["reward"])) for r in sft_rows]
+    conversations += [(conversation_ids(turns, messages), reward) for messages, reward in extra]
     for problem in unreachable(conversations, config):
         log(f"warning: {problem}")
 
