@@ -19,7 +19,8 @@
 #        (`start` runs the recipe in the background; `collect` waits up to SECONDS for it, then packs what it has:
 #        a run of TIME_LIMIT longer than one call, without dropping a reply at each call's end)
 #        (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48 HELD_TASKS=32 VALIDATION_TASKS=32 LORA_RANK=8
-#        ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=60 TEMPERATURE= (the recipe's default) BACKEND=cuda RESTORE= RECIPE_ARGS="..."
+#        ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=60 SFT_SHAPES= (every shape) TEMPERATURE= (the recipe's default)
+#        BACKEND=cuda RESTORE= RECIPE_ARGS="..."
 #        in the environment;
 #        RECIPE_ARGS replaces the sizes below (a turn of 4,096 tokens holds the expert's first turn on the
 #        long-row set's pointwise tasks (1,630 at the median) and on 95% of its rows tasks (3,218 median, 3,965
@@ -81,6 +82,7 @@ recipe() {  # the recipe within TIME_LIMIT (inside a step too: a reply being sam
     --seed "${SEED:-0}" "${reuse[@]}" \
     --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --actor-lr "${ACTOR_LR:-1e-4}" \
     --sft-lr "${SFT_LR:-1e-3}" --sft-steps "${SFT_STEPS:-60}" ${TEMPERATURE:+--temperature "$TEMPERATURE"} \
+    ${SFT_SHAPES:+--sft-shapes "$SFT_SHAPES"} \
     ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 4096 \
     --controls expert,best_of_k} >> "$run.log" 2>&1
 }

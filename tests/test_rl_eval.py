@@ -126,6 +126,10 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     # the same folder with another setting: refused at the first step it changes, nothing mixed
     other = runner.invoke(app, [*args, "--ppo-steps", "2"])
     assert other.exit_code == 2 and "ppo holds a result of other settings or inputs" in other.output, other.output
+    direct = runner.invoke(app, [*args, "--sft-shapes", "direct"])  # which shapes SFT reads is in its key
+    assert direct.exit_code == 2 and "sft holds a result of other settings" in direct.output, direct.output
+    unplayed = runner.invoke(app, [*args, "--sft-shapes", "fix"])
+    assert unplayed.exit_code == 2 and "the expert plays only direct" in unplayed.output, unplayed.output
     colder = runner.invoke(app, [*args, "--temperature", "0.5"])  # every sampled step changes
     assert colder.exit_code == 2 and "holds a result of other settings or inputs" in colder.output, colder.output
     _another_arm_takes_the_steps_it_shares(args, tmp_path, report)
@@ -335,3 +339,12 @@ def test_the_audit_page_shows_every_file_whole_whatever_it_holds(tmp_path):
     fence = body.split("\n")[2][:4]
     assert fence == "````" and body.count(fence) == 2, body  # longer than the file's own ``` run
     assert "``` ['`` <!-- x'] ```" in page  # the verdict's strings as code
+
+
+def test_the_supervised_stages_read_the_expert_s_episodes_of_the_shapes_asked():
+    from cuda_agent.rl.recipe import of_shapes
+
+    runs = ["/r/expert/t0/direct-0", "/r/expert/t0/improve-0", "/r/expert/t1/fix-0", "/r/expert/t1/direct-1"]
+    assert of_shapes(runs, ("direct",)) == [runs[0], runs[3]]
+    assert of_shapes(runs, ("improve", "fix")) == runs[1:3]
+    assert of_shapes(runs, ()) == runs

@@ -42,6 +42,7 @@ class RecipeConfig:
     arm: str = "full"
     seed: int = 0
     expert_shapes: tuple[str, ...] = SHAPES
+    sft_shapes: tuple[str, ...] = ()  # the expert's shapes SFT and RFT train on (empty: every shape it played)
     sft_steps: int = 30
     rft_samples: int = 2  # episodes of the SFT model per train task, its positives kept for RFT
     rft_steps: int = 10
@@ -60,6 +61,9 @@ class RecipeConfig:
     def __post_init__(self):
         if self.arm not in ARMS:
             raise ValueError(f"unknown arm {self.arm!r} (choose from {', '.join(ARMS)})")
+        if set(self.sft_shapes) - set(self.expert_shapes):
+            raise ValueError(f"--sft-shapes {','.join(self.sft_shapes)}: the expert plays only "
+                             f"{','.join(self.expert_shapes)}")
         unknown = set(self.controls) - set(CONTROLS)
         if unknown:
             raise ValueError(f"unknown control {sorted(unknown)[0]!r} (choose from {', '.join(CONTROLS)})")
@@ -75,6 +79,11 @@ class RecipeConfig:
         return replace(self.stage, stage=stage, steps=steps, seed=self.seed, batch=batch or self.stage.batch,
                        reward="speedup" if self.arm == "speedup" else self.stage.reward, train=train,
                        save_every=save_every)
+
+
+def of_shapes(runs: list[str], shapes: tuple[str, ...]) -> list[str]:
+    """The expert's run folders (TASK/SHAPE-K) of `shapes`; all of them when `shapes` is empty."""
+    return [r for r in runs if not shapes or Path(r).name.rsplit("-", 1)[0] in shapes]
 
 
 class Recipe:
@@ -121,14 +130,17 @@ class Recipe:
             timed = replace(config, time_limit_s=self.steps.left(name))
             probe = expert_conversations(self.validation, self.pool.backend.name, config.compact) \
                 if config.stage == "rft" else []
+            episodes = [Path(r) for step in runs for r in (of_shapes(self.episodes[step], self.config.sft_shapes)
+                                                           if step == "expert" else self.episodes[step])]
             history = run_stage(timed, model, self.train, folder, self.pool if config.stage != "rft" else None,
-                                self.device, [Path(r) for step in runs for r in self.episodes[step]], self.log, probe)
+                                self.device, episodes, self.log, probe)
             reached = checkpoints.step_of(checkpoints.latest(folder))
             if reached < config.steps:  # stopped by the time limit, checkpointed: not done
                 raise TimeoutError(f"time limit reached in {name} after step {reached} of {config.steps}")
             return {"last": history[-1] if history else None, "steps": config.steps}
+        shapes = {"sft_shapes": self.config.sft_shapes} if "expert" in runs and self.config.sft_shapes else {}
         step_key = key(name, model=self.model_keys[model], stage=stage_settings(config), tasks=self.train_key,
-                       runs=[self.steps.keys[step] for step in runs], judge=self.judge)
+                       runs=[self.steps.keys[step] for step in runs], judge=self.judge, **shapes)
         self.steps.run(name, step_key, run)
         actor = self.out / name / "checkpoint" / "actor"
         self.model_keys[actor], self.made[actor] = step_key, (self.out / name, model, config.stage == "rft")
