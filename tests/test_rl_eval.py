@@ -173,10 +173,17 @@ def _a_run_brought_back_with_its_adapters_only_is_rebuilt(args: list[str], tmp_p
     assert missing.exit_code == 2 and "the critic value trained did not come with its checkpoint" in missing.output
     assert missing.output.count("merged from its adapter") == 1  # value's actor, from the chain of three adapters
     shutil.rmtree(moved / "value")  # trained again from the RFT model and the critic beside it, both rebuilt
+    adapter = next(moved.glob("rft/checkpoint-*/actor/adapter/adapter_model.safetensors"))
+    weights = adapter.read_bytes()
+    adapter.unlink()  # (a run packed without its adapters' weights: their configs only)
+    lost = runner.invoke(app, moved_args)
+    assert lost.exit_code == 2 and "nor a LoRA adapter's to rebuild them: delete" in lost.output, lost.output
+    adapter.write_bytes(weights)
     again = runner.invoke(app, moved_args)
     assert again.exit_code == 0 and again.output.count("done before") == 13, again.output
     # (the SFT model's too: the critic RFT kept is the one beside it)
-    assert again.output.count("merged from its adapter") == 2 and again.output.count("kept unchanged, rebuilt") == 2
+    both = lost.output + again.output  # (the lost run rebuilt the SFT model before it reached RFT's adapter)
+    assert both.count("merged from its adapter") == 2 and both.count("kept unchanged, rebuilt") == 2
     for part in ("actor", "critic"):
         name = "model.safetensors"
         original = load_file(tmp_path / "run" / "rft" / "checkpoint" / part / name)

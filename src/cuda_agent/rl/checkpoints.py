@@ -78,7 +78,7 @@ def rebuild(out: Path, start: Path, root: Path, supervised: bool, log: Callable[
     (stages.critic_beside). Nothing to do: no change."""
     from transformers import AutoTokenizer
 
-    from .lora import merged_model
+    from .lora import WEIGHTS, merged_model
     from .models import Critic
     from .stages import critic_beside
 
@@ -90,8 +90,8 @@ def rebuild(out: Path, start: Path, root: Path, supervised: bool, log: Callable[
         (out / LINK).symlink_to(folders[-1].name)
     actor, critic = out / LINK / "actor", out / LINK / "critic"
     if not (actor / "config.json").is_file():
-        if not (actor / "adapter").is_dir():
-            raise FileNotFoundError(f"{actor} holds neither the actor's weights nor a LoRA adapter to rebuild them: "
+        if not (actor / "adapter" / WEIGHTS).is_file():  # (a run packed without its adapters: only their configs)
+            raise FileNotFoundError(f"{actor} holds neither the actor's weights nor a LoRA adapter's to rebuild them: "
                                     f"delete {out} and the steps after it to train it again")
         log(f"{out.name}: the actor's weights merged from its adapter on {root}")
         merged_model(actor / "adapter", root).save_pretrained(actor)
