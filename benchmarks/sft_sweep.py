@@ -16,7 +16,8 @@ benchmarks/expert_ceiling.py's jsonl; its task names are the export's `SET_rowN`
 task's), with that reward. `--runs`: a folder of the expert's run folders (a recipe run's expert/, as
 `recipe_h200.sh` brings it back). Writes DIR/SETTING/ (the stage's folder: metrics.jsonl with the probe at step 1
 and every checkpoint) and prints one JSON line a setting (DIR/sweep.jsonl): the probe on the validation tasks at
-each scored step and on the trained tasks at the end.
+each scored step and on the trained tasks at the end, and at the end a reply sampled to each validation task at
+each of `--temperatures` compared with the expert's (probe.sampled: the share that is one of its first replies).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cuda_agent.agent.tools import schemas  # noqa: E402
 from cuda_agent.rl.expert.trace import trace  # noqa: E402
-from cuda_agent.rl.probe import expert_conversations, imitation  # noqa: E402
+from cuda_agent.rl.probe import expert_conversations, imitation, probe_tasks, sampled  # noqa: E402
 from cuda_agent.rl.recipe import RecipeConfig  # noqa: E402
 from cuda_agent.rl.stages import run_stage  # noqa: E402
 from cuda_agent.rl.tokens import TurnTokenizer  # noqa: E402
@@ -83,6 +84,8 @@ def main() -> None:
     parser.add_argument("--backend", default="cuda", help="the backend the expert wrote for")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperatures", default="1.0,0.3",
+                        help="each setting's end: a reply sampled to each validation task at each ('' for none)")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -92,7 +95,8 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="sweep-"))
     recipe = RecipeConfig()
     compact = recipe.stage.compact
-    validation = expert_conversations(tasks_of(args.validation, scratch / "v"), args.backend, compact)
+    held = probe_tasks(tasks_of(args.validation, scratch / "v"), args.backend, compact)
+    validation = [t.conversation for t in held]
     trained = expert_conversations(tasks_of(args.trained, scratch / "t"), args.backend, compact)
     turns = TurnTokenizer(AutoTokenizer.from_pretrained(args.model), schemas(compact), tool_format="text")
     first = []
@@ -121,7 +125,10 @@ def main() -> None:
                "seconds": round(seconds, 1),
                "validation": [{k: r[k] for k in ("step", "sft_loss", "probe_nll", "probe_greedy_wrong",
                                                  "probe_greedy_exact")} for r in rows if "probe_nll" in r],
-               "trained_at_end": imitation(model, turns, trained)}
+               "trained_at_end": imitation(model, turns, trained),
+               "sampled": [sampled(model, turns, held, float(t), recipe.stage.max_new_tokens, seed=args.seed,
+                                   weights=model.state_dict)
+                           for t in args.temperatures.split(",") if t.strip()]}
         del model
         print(json.dumps(row), flush=True)
         with open(args.out / "sweep.jsonl", "a") as f:

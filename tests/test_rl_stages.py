@@ -16,10 +16,10 @@ from cuda_agent.agent.environment import Environment
 from cuda_agent.agent.loop import LoopConfig
 from cuda_agent.agent.tools import SCHEMAS, schemas
 from cuda_agent.cli import app
-from cuda_agent.llm import with_text_tools
+from cuda_agent.llm import assistant_text, with_text_tools
 from cuda_agent.rl.batcher import BatchSampler
 from cuda_agent.rl.config import StageConfig, TrainConfig
-from cuda_agent.rl.probe import expert_conversations
+from cuda_agent.rl.probe import closeness, expert_conversations, probe_tasks, sampled
 from cuda_agent.rl.rollout import batch_of, play, response_logprob_fn
 from cuda_agent.rl.stages import run_stage
 from cuda_agent.rl.tokens import TurnTokenizer, conversation_ids
@@ -253,3 +253,20 @@ def test_the_imitation_probe_scores_the_expert_s_first_reply_and_follows_what_sf
     assert ["probe_nll" in r for r in rows] == [True, False, True, True]
     assert all(r["probe_replies"] == 1 and 0 <= r["probe_greedy_wrong"] <= 1 for r in rows if "probe_nll" in r)
     assert rows[-1]["probe_nll"] < rows[0]["probe_nll"] - 0.5, rows
+
+
+def test_a_sampled_reply_is_scored_against_each_of_the_expert_s_first_replies(tiny_model):
+    """`closeness`: 1 only for one of the expert's replies (any shape's), else how much of one it starts with;
+    `sampled` plays a reply to each task's opening through the batch sampler (a random model: nothing of them)."""
+    task = probe_tasks([TASKS / "affine_relu.py"], "cuda", True)[0]
+    replies = [assistant_text(r) for r in task.replies.values()]
+    assert sorted(task.replies) == ["direct", "fix", "improve"] and len(set(replies)) == 3
+    assert closeness(replies[1], replies) == 1.0
+    assert 0.45 < closeness(replies[0][:len(replies[0]) // 2], replies) < 0.55
+    assert closeness(replies[0] + " ", replies) < 1.0 and closeness("nothing alike", replies) == 0
+    turns = TurnTokenizer(transformers.AutoTokenizer.from_pretrained(tiny_model), schemas(True), tool_format="text")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
+    encoded = turns.tokenizer.encode(replies[0], add_special_tokens=False)
+    assert closeness(turns.tokenizer.decode(encoded), replies) == 1.0  # a reply sampled token for token is one
+    row = sampled(model, turns, [task, task], 1.0, 16, weights=model.state_dict)
+    assert row["sampled_replies"] == 2 and row["sampled_expert"] == 0 and row["sampled_closeness"] < 0.01

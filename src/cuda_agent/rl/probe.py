@@ -8,33 +8,58 @@ validation task (the task's opening messages, then the expert's `direct` reply: 
 SmolLM2 tokens on a pointwise task, 3,500 on a rows task) and reports, over the reply's tokens: the mean negative
 log-likelihood, the share the policy's greedy choice gets wrong, and the share of replies it gets wholly right.
 Greedy-exact is what a policy must do to write the expert's kernel at a low temperature; at temperature 1 every
-token's tail is sampled too (docs/training.md, sixth attempt: a 0.01-nat-a-token imitator drifts within a reply).
+token's tail is sampled too (docs/training.md, sixth attempt: a 0.01-nat-a-token imitator drifts within a reply),
+which `sampled` measures: a reply sampled to each task's opening, compared with the expert's first replies.
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..agent.environment import opening_messages
-from .expert.episodes import script
+from ..llm import assistant_text
+from .batcher import BatchSampler
+from .expert.episodes import SHAPES, script
 from .expert.formulas import Unsupported
 from .expert.trace import trace
 from .tokens import TokenTrajectory, TurnTokenizer, conversation_ids
 
 
-def expert_conversations(tasks: list[Path], backend: str, compact: bool) -> list[list[dict]]:
-    """Each task's opening messages and the expert's first reply (tasks the expert cannot fuse are left out)."""
+@dataclass
+class ProbeTask:
+    """A task's opening messages and each of the expert's shapes' first reply to them."""
+    opening: list[dict]
+    replies: dict[str, dict]
+
+    @property
+    def conversation(self) -> list[dict]:
+        """The opening and the `direct` reply: what `imitation` scores."""
+        return [*self.opening, self.replies["direct"]]
+
+
+def probe_tasks(tasks: list[Path], backend: str, compact: bool) -> list[ProbeTask]:
+    """The probe's tasks (those the expert cannot fuse are left out)."""
     out = []
     for task in tasks:
         source = Path(task).read_text()
         try:
-            first = script(trace(source), backend, "direct")[0]
+            program = trace(source)
         except Unsupported:
             continue
-        out.append([*opening_messages(source, backend, compact), first])
+        replies = {shape: script(program, backend, shape)[0] for shape in SHAPES}
+        out.append(ProbeTask(opening_messages(source, backend, compact), replies))
     return out
+
+
+def expert_conversations(tasks: list[Path], backend: str, compact: bool) -> list[list[dict]]:
+    """Each task's opening messages and the expert's first (`direct`) reply."""
+    return [t.conversation for t in probe_tasks(tasks, backend, compact)]
 
 
 @torch.no_grad()
@@ -62,3 +87,33 @@ def imitation(model: torch.nn.Module, turns: TurnTokenizer, conversations: list[
     n = max(len(conversations), 1)
     return {"probe_nll": nll / max(tokens, 1), "probe_greedy_wrong": wrong / max(tokens, 1),
             "probe_greedy_exact": exact / n, "probe_replies": float(len(conversations))}
+
+
+def closeness(text: str, replies: list[str]) -> float:
+    """1.0 when `text` is one of `replies`, else the longest share of one of them that it starts with (< 1)."""
+    if text in replies:
+        return 1.0
+    return max(min(len(os.path.commonprefix([text, r])) / max(len(r), 1), 0.999) for r in replies)
+
+
+def sampled(model: torch.nn.Module, turns: TurnTokenizer, tasks: list[ProbeTask], temperature: float, room: int,
+            weights: Callable[[], dict[str, torch.Tensor]] | None = None, seed: int = 0) -> dict[str, float]:
+    """One reply sampled to each task's opening at `temperature` (all at once, through the batch sampler;
+    `weights`: the model's as it computes with them, for the static decoder) and compared with the expert's first
+    replies of every shape: the share that is one of them (the kernel, its binding and model_new.py exactly as the
+    expert writes them) and the mean `closeness`."""
+    sampler = BatchSampler(model, turns.tokenizer.pad_token_id, temperature, seed=seed, weights=weights)
+    sampler.expected = len(tasks)
+
+    def reply(task: ProbeTask) -> str:
+        ids, _ = sampler(turns.start(task.opening).ids, room, {turns.end_of_turn})
+        return turns.tokenizer.decode(ids[:-1] if ids and ids[-1] == turns.end_of_turn else ids)
+    try:
+        with ThreadPoolExecutor(max(len(tasks), 1)) as threads:
+            texts = list(threads.map(reply, tasks))
+    finally:
+        sampler.close()
+    scores = [closeness(text, [assistant_text(r) for r in task.replies.values()]) for text, task in zip(texts, tasks)]
+    n = max(len(scores), 1)
+    return {"sampled_expert": sum(s == 1.0 for s in scores) / n, "sampled_closeness": sum(scores) / n,
+            "sampled_temperature": temperature, "sampled_replies": float(len(scores))}
