@@ -13,6 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
+def task_slice(spec: str, scratch: Path) -> tuple[Path, int, list[Path]]:
+    """`JSONL:SKIP:COUNT` (rows SKIP .. SKIP+COUNT of a task export, written as task files under `scratch`): the
+    export, SKIP and the task files."""
+    from cuda_agent.task import task_files
+
+    path, skip, count = spec.rsplit(":", 2)
+    return Path(path), int(skip), task_files(Path(path), scratch)[int(skip):int(skip) + int(count)]
+
+
 def machine() -> dict:
     info = {"host": platform.node(), "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from _common import task_slice
 
 from cuda_agent.agent.tools import schemas  # noqa: E402
 from cuda_agent.rl.lora import merged_model  # noqa: E402
 from cuda_agent.rl.probe import expert_conversations, imitation  # noqa: E402
 from cuda_agent.rl.tokens import TurnTokenizer  # noqa: E402
-from cuda_agent.task import task_files  # noqa: E402
 
 
 def main() -> None:
@@ -49,9 +47,7 @@ def main() -> None:
     slices, scratch = {}, Path(tempfile.mkdtemp(prefix="probe-"))
     for spec in args.slice:
         name, _, rest = spec.partition("=")
-        path, skip, count = rest.rsplit(":", 2)
-        tasks = task_files(Path(path), scratch / name)[int(skip):int(skip) + int(count)]
-        slices[name] = expert_conversations(tasks, args.backend, args.compact)
+        slices[name] = expert_conversations(task_slice(rest, scratch / name)[2], args.backend, args.compact)
     rows = []
     for label in [None, *args.adapter]:
         model = AutoModelForCausalLM.from_pretrained(args.model) if label is None else \

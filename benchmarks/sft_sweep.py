@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from _common import task_slice
 
 from cuda_agent.agent.tools import schemas  # noqa: E402
 from cuda_agent.rl.expert.trace import trace  # noqa: E402
@@ -38,31 +37,23 @@ from cuda_agent.rl.probe import expert_conversations, imitation, probe_tasks, sa
 from cuda_agent.rl.recipe import RecipeConfig  # noqa: E402
 from cuda_agent.rl.stages import run_stage  # noqa: E402
 from cuda_agent.rl.tokens import TurnTokenizer  # noqa: E402
-from cuda_agent.task import task_files  # noqa: E402
 
 SETTINGS = ("r8:1e-3:60,r8:1e-3:60:direct,r8:3e-4:60,r64:1e-3:60,r0:1e-4:60,r8:1e-3:60:direct:first,"
             "r0:1e-4:60:direct:first,r8:1e-3:150:direct:first")
 
 
-def tasks_of(spec: str, scratch: Path) -> list[Path]:
-    path, skip, count = spec.rsplit(":", 2)
-    return task_files(Path(path), scratch)[int(skip):int(skip) + int(count)]
-
-
 def verified_first_replies(spec: str, ceiling: Path, scratch: Path, backend: str,
                            compact: bool) -> list[tuple[list[dict], float]]:
     """The expert's first reply on each `spec` task a ceiling run verified with the fast knobs, and its reward."""
-    path, skip, count = spec.rsplit(":", 2)
+    path, skip, tasks = task_slice(spec, scratch)
     verdicts = {}
     for line in ceiling.read_text().splitlines():
         row = json.loads(line)
         if row["knobs"] == "fast":
             verdicts[row["task"]] = row
     out = []
-    for index, task in enumerate(task_files(Path(path), scratch), start=0):
-        if not int(skip) <= index < int(skip) + int(count):
-            continue
-        verdict = verdicts.get(f"{Path(path).stem}_row{index}")
+    for index, task in enumerate(tasks, start=skip):
+        verdict = verdicts.get(f"{path.stem}_row{index}")
         if verdict is None or verdict["reward"] < 1:
             continue
         conversation = expert_conversations([task], backend, compact)
@@ -95,9 +86,9 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="sweep-"))
     recipe = RecipeConfig()
     compact = recipe.stage.compact
-    held = probe_tasks(tasks_of(args.validation, scratch / "v"), args.backend, compact)
+    held = probe_tasks(task_slice(args.validation, scratch / "v")[2], args.backend, compact)
     validation = [t.conversation for t in held]
-    trained = expert_conversations(tasks_of(args.trained, scratch / "t"), args.backend, compact)
+    trained = expert_conversations(task_slice(args.trained, scratch / "t")[2], args.backend, compact)
     turns = TurnTokenizer(AutoTokenizer.from_pretrained(args.model), schemas(compact), tool_format="text")
     first = []
     if any(":first" in s for s in args.settings.split(",")):
