@@ -19,7 +19,8 @@
 #        (`start` runs the recipe in the background; `collect` waits up to SECONDS for it, then packs what it has:
 #        a run of TIME_LIMIT longer than one call, without dropping a reply at each call's end)
 #        (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48 HELD_TASKS=32 VALIDATION_TASKS=32 LORA_RANK=8
-#        ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=60 SFT_SHAPES= (every shape) TEMPERATURE= (the recipe's default)
+#        ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=60 SFT_SHAPES= (every shape) SFT_CORPUS= (none)
+#        TEMPERATURE= (the recipe's default)
 #        BACKEND=cuda RESTORE= RECIPE_ARGS="..."
 #        in the environment;
 #        RECIPE_ARGS replaces the sizes below (a turn of 4,096 tokens holds the expert's first turn on the
@@ -82,7 +83,7 @@ recipe() {  # the recipe within TIME_LIMIT (inside a step too: a reply being sam
     --seed "${SEED:-0}" "${reuse[@]}" \
     --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --actor-lr "${ACTOR_LR:-1e-4}" \
     --sft-lr "${SFT_LR:-1e-3}" --sft-steps "${SFT_STEPS:-60}" ${TEMPERATURE:+--temperature "$TEMPERATURE"} \
-    ${SFT_SHAPES:+--sft-shapes "$SFT_SHAPES"} \
+    ${SFT_SHAPES:+--sft-shapes "$SFT_SHAPES"} ${SFT_CORPUS:+--sft-corpus "$SFT_CORPUS"} \
     ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 4096 \
     --controls expert,best_of_k} >> "$run.log" 2>&1
 }
@@ -94,7 +95,7 @@ pack() {  # what comes back (a file only under 16 MiB and at most two folders de
   # (-L: steps linked from another run come too; not the `checkpoint` links, which name a step folder again)
   if [[ -f $run.log ]]; then tail -25 "$run.log" && cp "$run.log" "$OUT/recipe.log"; fi
   (cd "$run" && find -L . -name checkpoint -prune -o -type f \( -name recipe.json -o -name done.json \
-    -o -name metrics.jsonl -o -name episodes.jsonl -o -name 'eval.*' -o -path './tasks/*' \
+    -o -name metrics.jsonl -o -name episodes.jsonl -o -name 'eval.*' -o -path './tasks/*' -o -path './corpus/tasks/*' \
     -o -path './eval_*/episodes/*' -o -name trajectory.jsonl -o -name summary.json \
     -o -path '*/checkpoint-*/actor/adapter/adapter_config.json' \) ! -name '*.log' -print0 \
     | tar --null -czf "$OUT/run.tar.gz" -T -)

@@ -297,3 +297,31 @@ def test_expert_episodes_playing_at_the_deadline_end_there_and_are_not_kept(tmp_
     assert len(limits) == 1 and 25 < limits[0] <= 30, limits
     assert not (tmp_path / "expert" / "softmax" / "direct-0").exists()
     assert not (tmp_path / "expert" / "episodes.jsonl").exists()
+
+
+def test_the_sft_corpus_is_the_expert_s_family_outside_the_excluded_operator_sets_at_the_train_sizes(tmp_path,
+                                                                                                      monkeypatch):
+    """Every corpus task is one the expert fuses (so it has a first reply), none has an excluded task's operator
+    set (whatever the order or sizes), each is resized to a train task's input size, and the seed decides them."""
+    from cuda_agent.rl.expert import corpus
+    from cuda_agent.rl.probe import expert_conversations
+
+    excluded = corpus.compose_corpus(30, 1, [], [])
+    sized = HEADER + "BATCH = 4096\n\n\ndef get_inputs():\n    return [torch.randn(BATCH, 16, 16, 16, 16)]\n"
+    assert corpus.input_elements(sized) == 4096 * 16**4
+    tasks = corpus.compose_corpus(40, 0, excluded, [sized])
+    assert len(set(tasks)) == 40 and tasks == corpus.compose_corpus(40, 0, excluded, [sized])
+    assert tasks != corpus.compose_corpus(40, 2, excluded, [sized])
+    sets = {corpus.op_set(t) for t in excluded}
+    assert None not in sets and not sets & {corpus.op_set(t) for t in tasks}
+    assert all(abs(corpus.input_elements(t) / (4096 * 16**4) - 1) < 0.5 for t in tasks)
+    files = []
+    for i, source in enumerate(tasks):
+        files.append(tmp_path / f"t{i}.py")
+        files[-1].write_text(source)
+    assert len(expert_conversations(files, "cuda", True)) == 40
+    with pytest.raises(ValueError, match="a corpus of 0 tasks"):
+        corpus.compose_corpus(0, 0, [], [])
+    monkeypatch.setattr(corpus, "compose", lambda *a, **k: None)
+    with pytest.raises(ValueError, match="only 0 distinct tasks"):
+        corpus.compose_corpus(3, 0, [], [])

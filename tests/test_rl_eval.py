@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from conftest import TASKS, fast_config
 from cuda_agent.cli import app
+from cuda_agent.rl.expert.corpus import op_set
 from cuda_agent.rl.scores import EpisodeRecord, paired_difference, summary
 
 runner = CliRunner()
@@ -90,7 +91,7 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
             str(TASKS / "row_mean.py"), "--out", str(tmp_path / "run"), "--backend", "cpu", "--shapes", "direct",
             "--sft-steps", "1", "--rft-samples", "1", "--rft-steps", "1", "--value-steps", "1", "--ppo-steps", "1",
             "--batch", "2", "--samples", "1", "--max-turns", "1", "--max-new-tokens", "8", "--lora-rank", "2",
-            "--cache-dir", str(cache_dir)]
+            "--sft-corpus", "2", "--cache-dir", str(cache_dir)]
     shared = runner.invoke(app, [*args, "--validation", str(TASKS / "affine_relu.py")])
     assert shared.exit_code == 2 and "also train or held-out tasks" in shared.output, shared.output
     args += ["--validation", str(TASKS / "linear_gelu.py")]
@@ -116,11 +117,15 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     assert {"policy_violations", "cut_share", "response_tokens_mean", "entropy"} <= set(ppo[-1])
     assert ppo[-1]["cut_share"] == 1  # 8 new tokens a turn: every reply is cut
     assert "a policy that imitates it is cut mid-reply" in result.output  # the expert's turns are > 8 tokens
+    composed = [t.read_text() for t in sorted((tmp_path / "run" / "corpus" / "tasks").glob("corpus_*.py"))]
+    evaluated = {op_set((TASKS / name).read_text()) for name in ("row_mean.py", "linear_gelu.py")}
+    assert len(composed) == 2 and None not in evaluated and not evaluated & {op_set(t) for t in composed}
+    assert "sft trains on 1 episode(s) and 2 corpus task(s)' first replies" in result.output, result.output
     sft = [json.loads(line) for line in (tmp_path / "run" / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert sft[-1]["sft_loss"] > 0 and sft[-1]["reward_mean"] >= 1  # trained on the expert's judged episode
     assert sft[-1]["probe_replies"] == 1 and sft[-1]["probe_nll"] > 0  # the expert's reply on the validation task
     again = runner.invoke(app, args)
-    assert again.exit_code == 0 and again.output.count("done before") == 15, again.output
+    assert again.exit_code == 0 and again.output.count("done before") == 16, again.output
     bad = runner.invoke(app, [*args[:-2], "--arm", "sideways"])
     assert bad.exit_code == 2 and "unknown arm" in bad.output
     # the same folder with another setting: refused at the first step it changes, nothing mixed
@@ -128,6 +133,9 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     assert other.exit_code == 2 and "ppo holds a result of other settings or inputs" in other.output, other.output
     direct = runner.invoke(app, [*args, "--sft-shapes", "direct"])  # which shapes SFT reads is in its key
     assert direct.exit_code == 2 and "sft holds a result of other settings" in direct.output, direct.output
+    at = args.index("--sft-corpus")
+    plain = runner.invoke(app, [*args[:at], *args[at + 2:]])  # the corpus SFT read is in its key
+    assert plain.exit_code == 2 and "sft holds a result of other settings" in plain.output, plain.output
     unplayed = runner.invoke(app, [*args, "--sft-shapes", "fix"])
     assert unplayed.exit_code == 2 and "the expert plays only direct" in unplayed.output, unplayed.output
     colder = runner.invoke(app, [*args, "--temperature", "0.5"])  # every sampled step changes
@@ -137,12 +145,12 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
 
 
 def _another_arm_takes_the_steps_it_shares(args: list[str], tmp_path, report: dict) -> None:
-    """no_value on the same seed, with --reuse: the seven steps before the value stage are linked, not run."""
+    """no_value on the same seed, with --reuse: the eight steps before the value stage are linked, not run."""
     at = args.index("--out") + 1
     arm = runner.invoke(app, [*args[:at], str(tmp_path / "no_value"), *args[at + 1:], "--arm", "no_value",
                               "--controls", "", "--reuse", str(tmp_path / "run")])
     assert arm.exit_code == 0, arm.output
-    assert arm.output.count(f"taken from {tmp_path / 'run'}") == 7, arm.output
+    assert arm.output.count(f"taken from {tmp_path / 'run'}") == 8, arm.output
     assert (tmp_path / "no_value" / "rft").is_symlink() and not (tmp_path / "no_value" / "value").exists()
     theirs = json.loads((tmp_path / "no_value" / "recipe.json").read_text())
     assert theirs["heldout"]["rft"] == report["heldout"]["rft"] and "ppo" in theirs["heldout"]
@@ -165,8 +173,14 @@ def _a_run_brought_back_with_its_adapters_only_is_rebuilt(args: list[str], tmp_p
                 path.unlink()
     at = args.index("--out") + 1
     moved_args = [*args[:at], str(moved), *args[at + 1:]]
+    task = moved / "corpus" / "tasks" / "corpus_00001.py"
+    source = task.read_text()
+    task.unlink()
+    short = runner.invoke(app, moved_args)  # a corpus that came without its tasks is not read as a smaller one
+    assert short.exit_code == 2 and "holds 1 of its 2 tasks" in short.output, short.output
+    task.write_text(source)
     again = runner.invoke(app, moved_args)  # every step done: no weights needed, none rebuilt
-    assert again.exit_code == 0 and again.output.count("done before") == 15, again.output
+    assert again.exit_code == 0 and again.output.count("done before") == 16, again.output
     assert "merged from its adapter" not in again.output
     shutil.rmtree(moved / "ppo")  # to be trained again: it needs the critic value trained
     missing = runner.invoke(app, moved_args)
@@ -180,7 +194,7 @@ def _a_run_brought_back_with_its_adapters_only_is_rebuilt(args: list[str], tmp_p
     assert lost.exit_code == 2 and "nor a LoRA adapter's to rebuild them: delete" in lost.output, lost.output
     adapter.write_bytes(weights)
     again = runner.invoke(app, moved_args)
-    assert again.exit_code == 0 and again.output.count("done before") == 13, again.output
+    assert again.exit_code == 0 and again.output.count("done before") == 14, again.output
     # (the SFT model's too: the critic RFT kept is the one beside it)
     both = lost.output + again.output  # (the lost run rebuilt the SFT model before it reached RFT's adapter)
     assert both.count("merged from its adapter") == 2 and both.count("kept unchanged, rebuilt") == 2

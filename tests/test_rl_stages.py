@@ -246,10 +246,11 @@ def test_the_imitation_probe_scores_the_expert_s_first_reply_and_follows_what_sf
     config = StageConfig(stage="rft", steps=4, batch=2, save_every=3, compact=True, max_new_tokens=4096,
                          train=TrainConfig(actor_lr=3e-3))
     run_stage(config, tiny_model, [], tmp_path / "rft", None, "cpu", [tmp_path / "runs" / "expert"],
-              log=lambda m: None, probe=conversations, extra=[(conversations[0], 3.0)])
+              log=lambda m: None, probe=conversations, extra=[(conversations[0], None)])  # (unjudged)
     rows = [json.loads(line) for line in (tmp_path / "rft" / "metrics.jsonl").read_text().splitlines()]
     turns = TurnTokenizer(transformers.AutoTokenizer.from_pretrained(tiny_model), schemas(True), tool_format="text")
     assert rows[0]["tokens"] == 2 * sum(conversation_ids(turns, conversations[0]).mask)  # the run's and the extra
+    assert rows[0]["reward_mean"] == 3  # the judged conversation's: the unjudged one has none
     assert ["probe_nll" in r for r in rows] == [True, False, True, True]
     assert all(r["probe_replies"] == 1 and 0 <= r["probe_greedy_wrong"] <= 1 for r in rows if "probe_nll" in r)
     assert rows[-1]["probe_nll"] < rows[0]["probe_nll"] - 0.5, rows

@@ -50,6 +50,9 @@ def train_recipe_cmd(
     shapes: str = typer.Option(",".join(DEFAULTS.expert_shapes), help="the expert's episode shapes"),
     sft_shapes: str = typer.Option(",".join(DEFAULTS.sft_shapes), help="the expert's shapes SFT and RFT train on "
                                    "(e.g. direct: one reply a prompt; default: every shape it played)"),
+    sft_corpus: int = typer.Option(DEFAULTS.sft_corpus, min=0, help="tasks composed beyond --data whose expert "
+                                   "first replies SFT trains on too (unjudged; no held-out or validation task's "
+                                   "operator set; 0: none)"),
     actor_lr: ActorLr = DEFAULTS.stage.train.actor_lr,
     sft_lr: Optional[float] = typer.Option(DEFAULTS.sft_lr, min=0, help="learning rate of the supervised stages (SFT, "
                                            "RFT, filter-and-fine-tune; default: --actor-lr)"),
@@ -87,8 +90,9 @@ def train_recipe_cmd(
         limits = dict(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)
         config = RecipeConfig(arm=arm, seed=seed, expert_shapes=tuple(s.strip() for s in shapes.split(",")),
                               sft_shapes=tuple(s.strip() for s in sft_shapes.split(",") if s.strip()),
-                              sft_steps=sft_steps, sft_lr=sft_lr, rft_samples=rft_samples, rft_steps=rft_steps,
-                              value_steps=value_steps, ppo_steps=ppo_steps, time_limit_s=time_limit,
+                              sft_corpus=sft_corpus, sft_steps=sft_steps, sft_lr=sft_lr, rft_samples=rft_samples,
+                              rft_steps=rft_steps, value_steps=value_steps, ppo_steps=ppo_steps,
+                              time_limit_s=time_limit,
                               controls=tuple(c.strip() for c in controls.split(",") if c.strip()),
                               stage=replace(DEFAULTS.stage, batch=batch, **limits, train=replace(
                                   DEFAULTS.stage.train, actor_lr=actor_lr, lora_rank=lora_rank,

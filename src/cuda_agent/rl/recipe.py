@@ -28,6 +28,7 @@ from .controls import CONTROLS, best_of, expert_records, samples_per_task
 from .critic_check import critic_explained_variance
 from .evaluation import evaluate, local_player
 from .probe import expert_conversations
+from .expert.corpus import compose_corpus
 from .expert.episodes import SHAPES, play_expert
 from .scores import EpisodeRecord, paired_difference, summary
 from .recipe_steps import Steps
@@ -43,6 +44,8 @@ class RecipeConfig:
     seed: int = 0
     expert_shapes: tuple[str, ...] = SHAPES
     sft_shapes: tuple[str, ...] = ()  # the expert's shapes SFT and RFT train on (empty: every shape it played)
+    sft_corpus: int = 0  # tasks composed beyond the train split whose expert first replies SFT trains on too
+    # (expert/corpus.py: unjudged; no operator set of a held-out or validation task)
     sft_steps: int = 30
     rft_samples: int = 2  # episodes of the SFT model per train task, its positives kept for RFT
     rft_steps: int = 10
@@ -61,6 +64,8 @@ class RecipeConfig:
     def __post_init__(self):
         if self.arm not in ARMS:
             raise ValueError(f"unknown arm {self.arm!r} (choose from {', '.join(ARMS)})")
+        if self.sft_corpus < 0:
+            raise ValueError(f"--sft-corpus {self.sft_corpus}: a number of tasks (0: none)")
         if set(self.sft_shapes) - set(self.expert_shapes):
             raise ValueError(f"--sft-shapes {','.join(self.sft_shapes)}: the expert plays only "
                              f"{','.join(self.expert_shapes)}")
@@ -123,28 +128,57 @@ class Recipe:
                             (self.out / f"eval_{name}" / "episodes.jsonl").read_text().splitlines()]
         return summary
 
-    def _stage(self, name: str, config: StageConfig, model: Path, runs: tuple[str, ...] = ()) -> Path:
-        """Stage `name` from `model` (`runs`: the steps whose episodes it trains on); its output actor."""
+    def _stage(self, name: str, config: StageConfig, model: Path, runs: tuple[str, ...] = (),
+               corpus: list[Path] = ()) -> Path:
+        """Stage `name` from `model` (`runs`: the steps whose episodes it trains on; `corpus`: tasks whose expert
+        first replies it trains on too); its output actor."""
         def run(folder: Path) -> dict:
             self._ready(model, critic=True)
             timed = replace(config, time_limit_s=self.steps.left(name))
-            probe = expert_conversations(self.validation, self.pool.backend.name, config.compact) \
-                if config.stage == "rft" else []
+            backend = self.pool.backend.name
+            probe = expert_conversations(self.validation, backend, config.compact) if config.stage == "rft" else []
             episodes = [Path(r) for step in runs for r in (of_shapes(self.episodes[step], self.config.sft_shapes)
                                                            if step == "expert" else self.episodes[step])]
+            extra = [(c, None) for c in expert_conversations(corpus, backend, config.compact)]
+            if corpus:
+                self.log(f"recipe: {name} trains on {len(episodes)} episode(s) and {len(extra)} corpus task(s)' first "
+                         "replies")
             history = run_stage(timed, model, self.train, folder, self.pool if config.stage != "rft" else None,
-                                self.device, episodes, self.log, probe)
+                                self.device, episodes, self.log, probe, extra)
             reached = checkpoints.step_of(checkpoints.latest(folder))
             if reached < config.steps:  # stopped by the time limit, checkpointed: not done
                 raise TimeoutError(f"time limit reached in {name} after step {reached} of {config.steps}")
             return {"last": history[-1] if history else None, "steps": config.steps}
         shapes = {"sft_shapes": self.config.sft_shapes} if "expert" in runs and self.config.sft_shapes else {}
+        if corpus:
+            shapes["corpus"] = self.steps.keys["corpus"]
         step_key = key(name, model=self.model_keys[model], stage=stage_settings(config), tasks=self.train_key,
                        runs=[self.steps.keys[step] for step in runs], judge=self.judge, **shapes)
         self.steps.run(name, step_key, run)
         actor = self.out / name / "checkpoint" / "actor"
         self.model_keys[actor], self.made[actor] = step_key, (self.out / name, model, config.stage == "rft")
         return actor
+
+    def _corpus(self) -> list[Path]:
+        """The SFT corpus's tasks (expert/corpus.py), composed once a run: the seed's draw, resized to the train
+        tasks' input sizes, no operator set of a held-out or validation task."""
+        cfg = self.config
+
+        def run(folder: Path) -> dict:
+            sources = compose_corpus(cfg.sft_corpus, cfg.seed, [p.read_text() for p in [*self.held_out,
+                                                                                          *self.validation]],
+                                     [p.read_text() for p in self.train])
+            (folder / "tasks").mkdir(exist_ok=True)
+            for i, source in enumerate(sources):
+                (folder / "tasks" / f"corpus_{i:05d}.py").write_text(source)
+            return {"tasks": len(sources)}
+        self.steps.run("corpus", key("corpus", count=cfg.sft_corpus, seed=cfg.seed, train=self.train_key,
+                                     held_out=self.held_key, validation=tasks_key(self.validation)), run)
+        tasks = sorted((self.out / "corpus" / "tasks").glob("corpus_*.py"))
+        if len(tasks) != cfg.sft_corpus:
+            raise FileNotFoundError(f"{self.out / 'corpus'} holds {len(tasks)} of its {cfg.sft_corpus} tasks (a run "
+                                    "brought from another machine without them?): delete it to compose them again")
+        return tasks
 
     def _ready(self, model: Path, critic: bool = False) -> None:
         """A stage's output about to be used (`critic`: by a stage, which starts from the critic beside it too):
@@ -180,7 +214,8 @@ class Recipe:
                                         log=self.log, compact=cfg.stage.compact, out_of_time=self.steps.out_of_time,
                                         deadline=time.monotonic() + self.steps.left("expert"))[0]]})
             self.episodes["expert"] = expert["runs"]
-            model = self._stage("sft", cfg.stage_config("rft", cfg.sft_steps, cfg.sft_batch), model, ("expert",))
+            model = self._stage("sft", cfg.stage_config("rft", cfg.sft_steps, cfg.sft_batch), model, ("expert",),
+                                self._corpus() if cfg.sft_corpus else ())
             heldout["sft"] = self._evaluate("sft", model)
             self._sample("rft_samples", model, cfg.rft_samples, 1)
             model = self._stage("rft", cfg.stage_config("rft", cfg.rft_steps, cfg.sft_batch), model,

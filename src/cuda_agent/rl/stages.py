@@ -45,11 +45,11 @@ from .trainer import PPOTrainer
 def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, pool: JudgePool | None,
               device: str = "cpu", rft_runs: list[Path] | None = None,
               log: Callable[[str], None] = print, probe: list[list[dict]] = (),
-              extra: list[tuple[list[dict], float]] = ()) -> list[dict]:
+              extra: list[tuple[list[dict], float | None]] = ()) -> list[dict]:
     """Train `config.steps` steps of one stage from `model` (an HF folder, or a previous stage's checkpoint/actor
     beside its checkpoint/critic); resumes from `out`'s latest checkpoint. rft needs `rft_runs` (episode folders);
     `probe` (conversations of tasks it does not train on: probe.py) is scored at its first step and at each
-    checkpoint's; rft trains on `extra` (conversations and their rewards) too."""
+    checkpoint's; rft trains on `extra` (conversations and their rewards, None where unjudged) too."""
     from transformers import AutoTokenizer
 
     out = Path(out)
@@ -181,7 +181,7 @@ def _rft_rows(runs: list[Path], out: Path, log: Callable[[str], None]) -> list[d
     return rows
 
 
-def unreachable(conversations: list[tuple[TokenTrajectory, float]], config: StageConfig) -> list[str]:
+def unreachable(conversations: list[tuple[TokenTrajectory, float | None]], config: StageConfig) -> list[str]:
     """Why supervised data is not something the policy can say within its episodes' limits: a model turn longer
     than `max_new_tokens` is cut there at play time (a tool call cut mid-JSON cannot be read), a conversation longer
     than `max_context` ends before its last turn. Either way a perfect imitator would score -1."""
@@ -205,8 +205,9 @@ def unreachable(conversations: list[tuple[TokenTrajectory, float]], config: Stag
     return problems
 
 
-def _sft_step(trainer: PPOTrainer, turns: TurnTokenizer, rows: list[tuple[TokenTrajectory, float]]) -> dict:
-    """One supervised step of the actor on the model turns of `rows` (conversations as ids, and their rewards)."""
+def _sft_step(trainer: PPOTrainer, turns: TurnTokenizer, rows: list[tuple[TokenTrajectory, float | None]]) -> dict:
+    """One supervised step of the actor on the model turns of `rows` (conversations as ids, and their rewards: the
+    judged ones' mean is reported)."""
     trajectories = [t for t, _ in rows]
     width = max(len(t.ids) for t in trajectories)
     pad = turns.tokenizer.pad_token_id or 0
@@ -215,5 +216,6 @@ def _sft_step(trainer: PPOTrainer, turns: TurnTokenizer, rows: list[tuple[TokenT
                              device=trainer.actor.device)
     mask = torch.tensor([[0] * t.prompt_length + t.mask + [0] * (width - len(t.ids)) for t in trajectories],
                         device=trainer.actor.device, dtype=torch.float)[:, 1:]
-    return {**trainer.sft_update(ids, attention, mask),
-            "reward_mean": statistics.fmean(reward for _, reward in rows)}
+    rewards = [reward for _, reward in rows if reward is not None]
+    judged = {"reward_mean": statistics.fmean(rewards)} if rewards else {}
+    return {**trainer.sft_update(ids, attention, mask), **judged}
