@@ -8,16 +8,18 @@ episodes, with the same seed.
         --trained JSONL:SKIP:COUNT --out DIR [--settings r8:1e-3:60,r0:1e-4:60,...] [--device cuda]
         [--first JSONL:SKIP:COUNT --ceiling CEILING_JSONL]
 
-A setting is `rRANK:LR:STEPS[:direct][:first]` (rank 0: every weight trains). `direct`: only the expert's `direct`
-episodes (each task's prompt then has one reply to learn; with all three shapes it has three, one of them with the
-`fix` shape's planted compile error). `first`: the expert's first replies on the `--first` tasks too, every one whose
-kernel with the fast knobs (the `direct` reply's) the judge rewarded >= 1 in a ceiling run (`--ceiling`,
+A setting is `rRANK:LR:STEPS[:direct][:first][:corpus]` (rank 0: every weight trains). `direct`: only the expert's
+`direct` episodes (each task's prompt then has one reply to learn; with all three shapes it has three, one of them
+with the `fix` shape's planted compile error). `first`: the expert's first replies on the `--first` tasks too, every
+one whose kernel with the fast knobs (the `direct` reply's) the judge rewarded >= 1 in a ceiling run (`--ceiling`,
 benchmarks/expert_ceiling.py's jsonl; its task names are the export's `SET_rowN`, and the ops it traced must be the
-task's), with that reward. `--runs`: a folder of the expert's run folders (a recipe run's expert/, as
-`recipe_h200.sh` brings it back). Writes DIR/SETTING/ (the stage's folder: metrics.jsonl with the probe at step 1
-and every checkpoint) and prints one JSON line a setting (DIR/sweep.jsonl): the probe on the validation tasks at
-each scored step and on the trained tasks at the end, and at the end a reply sampled to each validation task at
-each of `--temperatures` compared with the expert's (probe.sampled: the share that is one of its first replies).
+task's), with that reward. `corpus`: the expert's first replies on `--corpus` tasks composed as `train recipe
+--sft-corpus` composes them (rl/expert/corpus.py; none with a validation task's operator set; unjudged). `--runs`: a
+folder of the expert's run folders (a recipe run's expert/, as `recipe_h200.sh` brings it back). Writes DIR/SETTING/
+(the stage's folder: metrics.jsonl with the probe at step 1 and every checkpoint) and prints one JSON line a setting
+(DIR/sweep.jsonl): the probe on the validation tasks at each scored step and on the trained tasks at the end, and at
+the end a reply sampled to each validation task at each of `--temperatures` compared with the expert's
+(probe.sampled: the share that is one of its first replies).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 from _common import task_slice
 
 from cuda_agent.agent.tools import schemas  # noqa: E402
+from cuda_agent.rl.expert.corpus import compose_corpus  # noqa: E402
 from cuda_agent.rl.expert.trace import trace  # noqa: E402
 from cuda_agent.rl.probe import expert_conversations, imitation, probe_tasks, sampled  # noqa: E402
 from cuda_agent.rl.recipe import RecipeConfig  # noqa: E402
@@ -71,6 +74,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--first", help="JSONL:SKIP:COUNT, tasks whose verified first replies `:first` adds")
     parser.add_argument("--ceiling", type=Path, help="a ceiling run's jsonl (the verdicts `:first` needs)")
+    parser.add_argument("--corpus", type=int, default=1000, help="tasks composed for a `:corpus` setting")
     parser.add_argument("--settings", default=SETTINGS)
     parser.add_argument("--backend", default="cuda", help="the backend the expert wrote for")
     parser.add_argument("--device", default="cuda")
@@ -96,11 +100,22 @@ def main() -> None:
             raise SystemExit("a `:first` setting needs --first and --ceiling")
         first = verified_first_replies(args.first, args.ceiling, scratch / "f", args.backend, compact)
         print(f"{len(first)} verified first replies", flush=True)
+    corpus = []
+    if any(":corpus" in s for s in args.settings.split(",")):
+        sources = compose_corpus(args.corpus, args.seed, [p.read_text() for p in task_slice(args.validation,
+                                                                                            scratch / "v")[2]],
+                                 [p.read_text() for p in task_slice(args.trained, scratch / "t")[2]])
+        (scratch / "corpus").mkdir()
+        for i, source in enumerate(sources):
+            (scratch / "corpus" / f"corpus_{i:05d}.py").write_text(source)
+        corpus = [(c, None) for c in expert_conversations(sorted((scratch / "corpus").glob("*.py")), args.backend,
+                                                          compact)]
+        print(f"{len(corpus)} corpus tasks", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     for setting in args.settings.split(","):
         rank, lr, steps, *data = setting.split(":")
-        if set(data) - {"direct", "first"}:
-            raise SystemExit(f"{setting}: a setting's data flags are `direct` and `first`")
+        if set(data) - {"direct", "first", "corpus"}:
+            raise SystemExit(f"{setting}: a setting's data flags are `direct`, `first` and `corpus`")
         chosen = [r for r in runs if r.name.startswith("direct-")] if "direct" in data else runs
         config = recipe.stage_config("rft", int(steps), recipe.sft_batch)
         config = replace(config, seed=args.seed, save_every=max(1, int(steps) // 4), train=replace(
@@ -108,11 +123,12 @@ def main() -> None:
         out = args.out / setting.replace(":", "_")
         began = time.monotonic()
         run_stage(config, args.model, [], out, None, args.device, chosen, log=lambda m: None, probe=validation,
-                  extra=first if "first" in data else [])
+                  extra=(first if "first" in data else []) + (corpus if "corpus" in data else []))
         seconds = time.monotonic() - began
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         model = AutoModelForCausalLM.from_pretrained(out / "checkpoint" / "actor").to(args.device)
         row = {"setting": setting, "episodes": len(chosen), "first_replies": len(first) if "first" in data else 0,
+               "corpus": len(corpus) if "corpus" in data else 0,
                "seconds": round(seconds, 1),
                "validation": [{k: r[k] for k in ("step", "sft_loss", "probe_nll", "probe_greedy_wrong",
                                                  "probe_greedy_exact")} for r in rows if "probe_nll" in r],
