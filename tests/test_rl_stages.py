@@ -256,6 +256,30 @@ def test_the_imitation_probe_scores_the_expert_s_first_reply_and_follows_what_sf
     assert rows[-1]["probe_nll"] < rows[0]["probe_nll"] - 0.5, rows
 
 
+def test_sft_reads_a_staged_shape_s_first_reply_as_context_and_learns_what_follows(tiny_model, tmp_path):
+    """The expert's `fix` and `improve` episodes open with a staged reply (a planted error, slow knobs): SFT trains
+    on the turns after it, not on it, so every prompt has one first reply to learn (the `direct` shape's)."""
+    task = probe_tasks([TASKS / "affine_relu.py"], "cuda", True)[0]
+    opening, first = task.opening, task.replies["fix"]  # (its kernel lacks a semicolon)
+    after = [*({"role": "tool", "tool_call_id": f"c{i}", "content": "written"} for i in range(3)),
+             {"role": "assistant", "content": "Fixed.", "tool_calls": [{"id": "f", "type": "function", "function": {
+                 "name": "finish", "arguments": json.dumps({"summary": "the semicolon it lacked, added"})}}]}]
+    for name in ("direct-0", "fix-0"):
+        records = [{"type": m["role"], "message": m} for m in [*opening, first, *after]]
+        records.append({"type": "result", "summary": {"reference": "t.py", "final_verdict": {
+            "reward": 2, "policy_violations": [], "speedup_vs_compile": 1.1}}})
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "trajectory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = StageConfig(stage="rft", steps=1, batch=2, compact=True, train=TrainConfig(actor_lr=1e-3))
+    run_stage(config, tiny_model, [], tmp_path / "sft", None, "cpu",
+              [tmp_path / "runs" / "direct-0", tmp_path / "runs" / "fix-0"], log=lambda m: None)
+    turns = TurnTokenizer(transformers.AutoTokenizer.from_pretrained(tiny_model), schemas(True), tool_format="text")
+    whole, staged = (conversation_ids(turns, [*opening, first, *after], k) for k in (0, 1))
+    assert whole.ids == staged.ids and 0 < sum(staged.mask) < sum(whole.mask)
+    row = json.loads((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["tokens"] == sum(whole.mask) + sum(staged.mask)  # direct's two replies, fix's second only
+
+
 def test_a_sampled_reply_is_scored_against_each_of_the_expert_s_first_replies(tiny_model):
     """`closeness`: 1 only for one of the expert's replies (any shape's), else how much of one it starts with;
     `sampled` plays a reply to each task's opening through the batch sampler (a random model: nothing of them)."""

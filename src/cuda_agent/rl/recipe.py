@@ -29,7 +29,7 @@ from .critic_check import critic_explained_variance
 from .evaluation import evaluate, local_player
 from .probe import expert_conversations
 from .expert.corpus import compose_corpus
-from .expert.episodes import SHAPES, play_expert
+from .expert.episodes import SHAPES, STAGED, play_expert
 from .scores import EpisodeRecord, paired_difference, summary
 from .recipe_steps import Steps
 from .stages import run_stage
@@ -150,6 +150,8 @@ class Recipe:
                 raise TimeoutError(f"time limit reached in {name} after step {reached} of {config.steps}")
             return {"last": history[-1] if history else None, "steps": config.steps}
         shapes = {"sft_shapes": self.config.sft_shapes} if "expert" in runs and self.config.sft_shapes else {}
+        if "expert" in runs:
+            shapes["context_first"] = STAGED  # (the staged shapes' first replies: context, not trained on)
         if corpus:
             shapes["corpus"] = self.steps.keys["corpus"]
         step_key = key(name, model=self.model_keys[model], stage=stage_settings(config), tasks=self.train_key,

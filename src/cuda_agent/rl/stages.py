@@ -31,6 +31,7 @@ from ..agent.tools import schemas
 from ..judge.pool import JudgePool
 from . import checkpoints
 from .models import Actor, Critic
+from .expert.episodes import staged_turns
 from .probe import imitation
 from .rft import RFTFilter, export
 from .batcher import BatchSampler
@@ -80,7 +81,8 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     (out / "config.json").write_text(json.dumps({"model": str(model), "tasks": [str(t) for t in tasks],
                                                  **asdict(config)}, indent=2, default=str))
     sft_rows = _rft_rows(rft_runs or [], out, log) if config.stage == "rft" else []
-    conversations = [(conversation_ids(turns, json.loads(r["messages"])), float(r["reward"])) for r in sft_rows]
+    conversations = [(conversation_ids(turns, json.loads(r["messages"]), staged_turns(r["run_dir"])),
+                      float(r["reward"])) for r in sft_rows]
     conversations += [(conversation_ids(turns, messages), reward) for messages, reward in extra]
     for problem in unreachable(conversations, config):
         log(f"warning: {problem}")

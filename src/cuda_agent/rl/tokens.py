@@ -84,9 +84,9 @@ class TurnTokenizer:
         trajectory.add(full[len(self._base):], False)
 
 
-def conversation_ids(turns: TurnTokenizer, messages: list[dict]) -> TokenTrajectory:
+def conversation_ids(turns: TurnTokenizer, messages: list[dict], context_turns: int = 0) -> TokenTrajectory:
     """A saved conversation as ids with the model's turns masked 1 (their text tokenized once: in SFT nothing was
-    sampled, so there are no ids to keep)."""
+    sampled, so there are no ids to keep), but for its first `context_turns` model turns: context, masked 0."""
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None:
         raise ValueError("the conversation has no model turn")
@@ -100,7 +100,12 @@ def conversation_ids(turns: TurnTokenizer, messages: list[dict]) -> TokenTraject
             turns.observations(trajectory, pending)
             pending = []
         text = assistant_text(msg)  # an endpoint's native calls: as a text-tools model writes them
-        turns.model_turn(trajectory, turns.tokenizer.encode(text, add_special_tokens=False) + [turns.end_of_turn])
+        ids = turns.tokenizer.encode(text, add_special_tokens=False) + [turns.end_of_turn]
+        if context_turns > 0:
+            trajectory.add(ids, False)
+            context_turns -= 1
+        else:
+            turns.model_turn(trajectory, ids)
     return trajectory
 
 

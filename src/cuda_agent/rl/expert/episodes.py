@@ -27,6 +27,14 @@ from .kernels import BREAKABLE, FAST, SLOW, kernel_path, kernel_source, workspac
 from .trace import Program, trace
 
 SHAPES = ("direct", "improve", "fix")
+STAGED = ("improve", "fix")  # shapes whose first reply is staged (slow knobs, a planted error): context for SFT
+
+
+def staged_turns(run_dir: str | Path) -> int:
+    """How many of an expert episode's first model turns are staged (TASK/SHAPE-K): SFT reads them as context and
+    learns what follows (profiling a slow kernel, repairing a failed build), never to write them, so every shape's
+    prompt has one first reply to learn (the `direct` one). Any other run folder: 0."""
+    return int(Path(run_dir).name.rsplit("-", 1)[0] in STAGED)
 
 
 @dataclass
