@@ -8,18 +8,18 @@ episodes, with the same seed.
         --trained JSONL:SKIP:COUNT --out DIR [--settings r8:1e-3:60,r0:1e-4:60,...] [--device cuda]
         [--first JSONL:SKIP:COUNT --ceiling CEILING_JSONL]
 
-A setting is `rRANK:LR:STEPS[:direct][:first][:corpus]` (rank 0: every weight trains). `direct`: only the expert's
-`direct` episodes (each task's prompt then has one reply to learn; with all three shapes it has three, one of them
-with the `fix` shape's planted compile error). `first`: the expert's first replies on the `--first` tasks too, every
-one whose kernel with the fast knobs (the `direct` reply's) the judge rewarded >= 1 in a ceiling run (`--ceiling`,
-benchmarks/expert_ceiling.py's jsonl; its task names are the export's `SET_rowN`, and the ops it traced must be the
-task's), with that reward. `corpus`: the expert's first replies on `--corpus` tasks composed as `train recipe
---sft-corpus` composes them (rl/expert/corpus.py; none with a validation task's operator set; unjudged). `--runs`: a
-folder of the expert's run folders (a recipe run's expert/, as `recipe_h200.sh` brings it back). Writes DIR/SETTING/
-(the stage's folder: metrics.jsonl with the probe at step 1 and every checkpoint) and prints one JSON line a setting
-(DIR/sweep.jsonl): the probe on the validation tasks at each scored step and on the trained tasks at the end, and at
-the end a reply sampled to each validation task at each of `--temperatures` compared with the expert's
-(probe.sampled: the share that is one of its first replies).
+A setting is `rRANK:LR:STEPS[:direct][:first][:corpus][:alone]` (rank 0: every weight trains; `alone`: none of the
+episodes in `--runs`, only what the other flags add). `direct`: only the expert's `direct` episodes (with every
+shape, the staged shapes' first replies are context: expert/episodes.py's staged_turns). `first`: the expert's first
+replies on the `--first` tasks too, every one whose kernel with the fast knobs (the `direct` reply's) the judge
+rewarded >= 1 in a ceiling run (`--ceiling`, benchmarks/expert_ceiling.py's jsonl; its task names are the export's
+`SET_rowN`, and the ops it traced must be the task's), with that reward. `corpus`: the expert's first replies on
+`--corpus` tasks composed as `train recipe --sft-corpus` composes them (rl/expert/corpus.py; none with a validation
+task's operator set; unjudged). `--runs`: a folder of the expert's run folders (a recipe run's expert/, as
+`recipe_h200.sh` brings it back). Writes DIR/SETTING/ (the stage's folder: metrics.jsonl with the probe at step 1
+and every checkpoint) and prints one JSON line a setting (DIR/sweep.jsonl): the probe on the validation tasks at
+each scored step and on the trained tasks at the end, and at the end a reply sampled to each validation task at each
+of `--temperatures` compared with the expert's (probe.sampled: the share that is one of its first replies).
 """
 
 from __future__ import annotations
@@ -114,9 +114,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for setting in args.settings.split(","):
         rank, lr, steps, *data = setting.split(":")
-        if set(data) - {"direct", "first", "corpus"}:
-            raise SystemExit(f"{setting}: a setting's data flags are `direct`, `first` and `corpus`")
-        chosen = [r for r in runs if r.name.startswith("direct-")] if "direct" in data else runs
+        if set(data) - {"direct", "first", "corpus", "alone"}:
+            raise SystemExit(f"{setting}: a setting's data flags are `direct`, `first`, `corpus` and `alone`")
+        chosen = [] if "alone" in data else [r for r in runs if r.name.startswith("direct-")] if "direct" in data \
+            else runs
         config = recipe.stage_config("rft", int(steps), recipe.sft_batch)
         config = replace(config, seed=args.seed, save_every=max(1, int(steps) // 4), train=replace(
             config.train, lora_rank=int(rank.removeprefix("r")), actor_lr=float(lr)))

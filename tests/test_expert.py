@@ -325,3 +325,29 @@ def test_the_sft_corpus_is_the_expert_s_family_outside_the_excluded_operator_set
     monkeypatch.setattr(corpus, "compose", lambda *a, **k: None)
     with pytest.raises(ValueError, match="only 0 distinct tasks"):
         corpus.compose_corpus(3, 0, [], [])
+
+
+def test_the_first_reply_lays_out_each_op_s_values_before_the_code_that_computes_them():
+    """The plan: one line per op of the task, in order, with the values it makes as the kernel writes them (a
+    reduction's as what it reduces), the output, and which state-dict entry each parameter pointer is."""
+    from cuda_agent.rl.expert.episodes import SHAPES, script
+
+    source = (HEADER + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.op1 = nn.PReLU()\n\n    def forward(self, x):\n        x = torch.sin(x)\n"
+              "        x = torch.log_softmax(x, dim=-1)\n        x = self.op1(x)\n        return torch.tanh(x)\n\n\n"
+              "BATCH = 8\n\n\ndef get_inputs():\n    return [torch.randn(BATCH, 64)]\n\n\n"
+              "def get_init_inputs():\n    return []\n")
+    program = trace(source)
+    assert program.steps == [("sin", ["v1"]), ("log_softmax", ["r2", "r3", "v4"]), ("prelu", ["v5"]),
+                             ("tanh", ["v6"])]
+    plan = ["- sin: v1 = sinf(v0)",
+            "- log_softmax: r2 = max over the row of v1; r3 = sum over the row of expf(v1 - r2); "
+            "v4 = (v1 - r2 - logf(r3))",
+            "- prelu: v5 = (v4 > 0.f ? v4 : p.p[0][0] * v4)", "- tanh: v6 = tanhf(v5)",
+            "The output: v6. Parameters: p.p[0] = op1.weight [1]."]
+    kernel = workspace_files(program, "cuda", FAST)["kernels/fused.cu"]
+    for shape in SHAPES:
+        first = script(program, "cuda", shape)[0]
+        assert first["content"].splitlines()[2:] == plan, shape
+    for line in ("const float v1 = sinf(v0);", "const float v5 = (v4 > 0.f ? v4 : p.p[0][0] * v4);"):
+        assert line in kernel  # the code writes what the plan said

@@ -83,7 +83,8 @@ def test_train_eval_of_an_endpoint_counts_its_malformed_calls(tmp_path, cache_di
     assert row["episodes"] == 2 and row["mean_reward"] == -1 and row["malformed_call_rate"] == 1.0
 
 
-def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, tmp_path, cache_dir, fast_cli):
+def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, tmp_path, cache_dir, fast_cli,
+                                                                monkeypatch):
     """The whole recipe on a tiny model: the expert's episode, SFT on it, the evaluations, RFT, value, PPO; then a
     rerun does nothing again. (A tiny random model writes no tool call: every held-out reward is -1.)"""
     model = tiny_checkpoint
@@ -136,6 +137,10 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     at = args.index("--sft-corpus")
     plain = runner.invoke(app, [*args[:at], *args[at + 2:]])  # the corpus SFT read is in its key
     assert plain.exit_code == 2 and "sft holds a result of other settings" in plain.output, plain.output
+    with monkeypatch.context() as patch:  # episodes the expert would now write otherwise are played again
+        patch.setattr("cuda_agent.rl.recipe.SCRIPT_VERSION", -1)
+        rewritten = runner.invoke(app, args)
+    assert rewritten.exit_code == 2 and "expert holds a result of other settings" in rewritten.output
     unplayed = runner.invoke(app, [*args, "--sft-shapes", "fix"])
     assert unplayed.exit_code == 2 and "the expert plays only direct" in unplayed.output, unplayed.output
     colder = runner.invoke(app, [*args, "--temperature", "0.5"])  # every sampled step changes

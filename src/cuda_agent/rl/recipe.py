@@ -29,7 +29,7 @@ from .critic_check import critic_explained_variance
 from .evaluation import evaluate, local_player
 from .probe import expert_conversations
 from .expert.corpus import compose_corpus
-from .expert.episodes import SHAPES, STAGED, play_expert
+from .expert.episodes import SCRIPT_VERSION, SHAPES, STAGED, play_expert
 from .scores import EpisodeRecord, paired_difference, summary
 from .recipe_steps import Steps
 from .stages import run_stage
@@ -210,7 +210,7 @@ class Recipe:
         model = self.base
         if arm != "no_rft":
             expert = self.steps.run("expert", key("expert", tasks=self.train_key, shapes=cfg.expert_shapes,
-                                                  compact=cfg.stage.compact, judge=self.judge),
+                                                  compact=cfg.stage.compact, judge=self.judge, script=SCRIPT_VERSION),
                                     lambda folder: {"runs": [e.run_dir for e in play_expert(
                                         self.pool, self.train, folder, cfg.expert_shapes, parallel=self.pool.workers,
                                         log=self.log, compact=cfg.stage.compact, out_of_time=self.steps.out_of_time,

@@ -80,7 +80,7 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
         generator.set_state(restored["generator"])
     (out / "config.json").write_text(json.dumps({"model": str(model), "tasks": [str(t) for t in tasks],
                                                  **asdict(config)}, indent=2, default=str))
-    sft_rows = _rft_rows(rft_runs or [], out, log) if config.stage == "rft" else []
+    sft_rows = _rft_rows(rft_runs or [], out, log) if config.stage == "rft" and (rft_runs or not extra) else []
     conversations = [(conversation_ids(turns, json.loads(r["messages"]), staged_turns(r["run_dir"])),
                       float(r["reward"])) for r in sft_rows]
     conversations += [(conversation_ids(turns, messages), reward) for messages, reward in extra]

@@ -27,6 +27,7 @@ from .kernels import BREAKABLE, FAST, SLOW, kernel_path, kernel_source, workspac
 from .trace import Program, trace
 
 SHAPES = ("direct", "improve", "fix")
+SCRIPT_VERSION = 2  # of the replies' text (2: the first reply lays out each op's values before the code)
 STAGED = ("improve", "fix")  # shapes whose first reply is staged (slow knobs, a planted error): context for SFT
 
 
@@ -69,9 +70,30 @@ def _describe(program: Program) -> tuple[str, str]:
             "one kernel per row: a pass for each reduction, then one that writes the row, every step fused")
 
 
+def _plan(program: Program) -> str:
+    """Each op of the task and the values it makes, as the kernel computes them: the first reply's plan, written
+    before the code that repeats it (a small model copies a formula it has just written more surely than it
+    recalls one)."""
+    def value(name: str) -> str:
+        node = next(n for n in program.nodes if n.name == name)
+        if node.reduce == "expsum":
+            return f"{name} = sum over the row of expf({node.src} - {node.of})"
+        if node.reduce:
+            return f"{name} = {node.reduce} over the row of {node.src}"
+        return f"{name} = {node.expr}"
+
+    lines = ["Step by step (v: one value per element, r: one per row; v0: the input's element):"]
+    for op, made in program.steps:
+        gemm = ["v0 = the row of x times p.p[0] transposed"] if op == "linear" else []
+        lines.append(f"- {op}: " + "; ".join(gemm + [value(name) for name in made]))
+    params = ", ".join(f"p.p[{i}] = {name} {list(shape)}" for i, (name, shape) in enumerate(program.params))
+    return "\n".join(lines) + f"\nThe output: {program.output}." + (f" Parameters: {params}." if params else "")
+
+
 def script(program: Program, backend: str, shape: str) -> list[dict]:
     """The replies of one episode of `shape` (each a reply with its tool calls)."""
     what, how = _describe(program)
+    plan = _plan(program)
     summary = f"{' -> '.join(program.ops)} fused into one kernel"
     path = kernel_path(backend)
 
@@ -80,12 +102,12 @@ def script(program: Program, backend: str, shape: str) -> list[dict]:
         return [_call("write_file", path=p, content=kernel if p == path and kernel else c) for p, c in files.items()]
 
     if shape == "direct":
-        return [_turn(f"The model is {what}: {how}.", *writes(FAST)),
+        return [_turn(f"The model is {what}: {how}.\n{plan}", *writes(FAST)),
                 _turn("Checking correctness.", _call("verify")),
                 _turn("Correct. Timing it against eager and torch.compile.", _call("profile")),
                 _turn("Fused and verified.", _call("finish", summary=summary))]
     if shape == "improve":
-        return [_turn(f"The model is {what}: first a plain version, {how}.", *writes(SLOW)),
+        return [_turn(f"The model is {what}: first a plain version, {how}.\n{plan}", *writes(SLOW)),
                 _turn("Timing it.", _call("profile")),
                 _turn("Rewriting the kernel with the faster settings: wider loads, more threads, warp-level "
                       "reductions, softmax in one online pass.",
@@ -94,7 +116,7 @@ def script(program: Program, backend: str, shape: str) -> list[dict]:
                 _turn("Faster and still correct.", _call("finish", summary=summary + ", tuned"))]
     if shape == "fix":
         broken = kernel_source(program, backend, FAST).replace(BREAKABLE, BREAKABLE[:-1], 1)
-        return [_turn(f"The model is {what}: {how}.", *writes(FAST, broken)),
+        return [_turn(f"The model is {what}: {how}.\n{plan}", *writes(FAST, broken)),
                 _turn("Checking it.", _call("verify")),
                 _turn("The build failed: a missing semicolon after `(void)config`.",
                       _call("edit", path=path, old=BREAKABLE[:-1] + "\n", new=BREAKABLE + "\n")),

@@ -42,6 +42,7 @@ class Program:
     output: str = ""  # the name of the value returned
     keepdim: bool = True  # a per-row output keeps the last dimension (size 1)
     gemm: bool = False  # v0 is an element of x @ params[0].T (nn.Linear's weight; its bias is an element node)
+    steps: list[tuple[str, list[str]]] = field(default_factory=list)  # each op of `ops` and the values it made
 
     @property
     def pointwise(self) -> bool:
@@ -116,7 +117,9 @@ def trace(source: str) -> Program:
     gemm = _linear_first(graph, model)
     if gemm is not None:
         cols = model.get_submodule(gemm.target).out_features
+    steps = []
     for node in graph.nodes:
+        made = len(b.nodes)
         if node.op == "placeholder":
             if names:
                 raise Unsupported("more than one input")
@@ -129,6 +132,7 @@ def trace(source: str) -> Program:
                 params.append((f"{node.target}.bias", tuple(sub.bias.shape)))
                 names[node] = b.add("e", "(v0 + p.p[1][c])")
             ops.append("linear")
+            steps.append(("linear", [n.name for n in b.nodes[made:]]))
         elif node.op == "output":
             if node.args[0] not in names:
                 raise Unsupported("the output is not one tensor of the program")
@@ -150,11 +154,12 @@ def trace(source: str) -> Program:
                 kind = "e" if any(isinstance(v, str) and v.startswith("v") for v in values) else "r"
                 names[node] = b.add(kind, _expression(name, values, kw))
             ops.append(name)
+            steps.append((name, [n.name for n in b.nodes[made:]] or [names[node]]))
     if output == "v0" and gemm is None:
         raise Unsupported("the model computes nothing")
     if sorted(name for name, _ in model.named_parameters()) != sorted({name for name, _ in params}):
         raise Unsupported("the model has parameters that no traced op uses")
-    program = Program(b.nodes, tuple(inputs[0].shape), ops, params, output, keepdim, gemm is not None)
+    program = Program(b.nodes, tuple(inputs[0].shape), ops, params, output, keepdim, gemm is not None, steps)
     with torch.no_grad():
         out = model(inputs[0])
     rows_shape = tuple(inputs[0].shape[:-1])
