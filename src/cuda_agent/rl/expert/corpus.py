@@ -18,12 +18,12 @@ import re
 
 from ...data.catalog import crawl_all
 from ...data.compose import compose, draw_source
-from ...data.families import LONG_ROW_SHARE, family_ops
+from ...data.families import LONG_ROW_SHARE, RANDN, family_ops
+from ...data.taskfile import with_batch
 from .formulas import Unsupported
 from .trace import trace
 
-INPUT = re.compile(r"torch\.randn\(BATCH((?:, \d+)*)\)")
-BATCH = re.compile(r"^BATCH = \d+$", re.MULTILINE)
+BATCH = re.compile(r"^BATCH = (\d+)$", re.MULTILINE)
 
 
 def op_set(source: str) -> frozenset[str] | None:
@@ -36,10 +36,10 @@ def op_set(source: str) -> frozenset[str] | None:
 
 def input_elements(source: str) -> int | None:
     """The input's element count at the task's BATCH (None: not a composer-made `torch.randn(BATCH, ...)` task)."""
-    batch, dims = re.search(r"^BATCH = (\d+)$", source, re.MULTILINE), INPUT.search(source)
+    batch, dims = BATCH.search(source), RANDN.search(source)
     if batch is None or dims is None:
         return None
-    return int(batch.group(1)) * math.prod(int(d) for d in dims.group(1).split(",")[1:] if d.strip())
+    return int(batch.group(1)) * math.prod(int(d) for d in dims.group(1).split(",") if d.strip()) * int(dims.group(2))
 
 
 def compose_corpus(count: int, seed: int, exclude: list[str], sizes: list[str], tries: int = 50) -> list[str]:
@@ -63,7 +63,7 @@ def compose_corpus(count: int, seed: int, exclude: list[str], sizes: list[str], 
         source = composition.source
         if elements:
             rest = math.prod(composition.input_shape[1:])
-            source = BATCH.sub(f"BATCH = {max(1, round(rng.choice(elements) / rest))}", source)
+            source = with_batch(source, max(1, round(rng.choice(elements) / rest)))
         ops_of = op_set(source)
         if ops_of is not None and ops_of not in excluded:
             kept[source] = None
