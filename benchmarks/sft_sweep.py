@@ -34,7 +34,7 @@ from pathlib import Path
 from _common import task_slice
 
 from cuda_agent.agent.tools import schemas  # noqa: E402
-from cuda_agent.rl.expert.corpus import compose_corpus  # noqa: E402
+from cuda_agent.rl.expert.corpus import compose_corpus, write_tasks  # noqa: E402
 from cuda_agent.rl.expert.trace import trace  # noqa: E402
 from cuda_agent.rl.probe import expert_conversations, imitation, probe_tasks, sampled  # noqa: E402
 from cuda_agent.rl.recipe import RecipeConfig  # noqa: E402
@@ -105,10 +105,7 @@ def main() -> None:
         sources = compose_corpus(args.corpus, args.seed, [p.read_text() for p in task_slice(args.validation,
                                                                                             scratch / "v")[2]],
                                  [p.read_text() for p in task_slice(args.trained, scratch / "t")[2]])
-        (scratch / "corpus").mkdir()
-        for i, source in enumerate(sources):
-            (scratch / "corpus" / f"corpus_{i:05d}.py").write_text(source)
-        corpus = [(c, None) for c in expert_conversations(sorted((scratch / "corpus").glob("*.py")), args.backend,
+        corpus = [(c, None) for c in expert_conversations(write_tasks(sources, scratch / "corpus"), args.backend,
                                                           compact)]
         print(f"{len(corpus)} corpus tasks", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

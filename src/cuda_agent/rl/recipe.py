@@ -28,7 +28,7 @@ from .controls import CONTROLS, best_of, expert_records, samples_per_task
 from .critic_check import critic_explained_variance
 from .evaluation import evaluate, local_player
 from .probe import expert_conversations
-from .expert.corpus import compose_corpus
+from .expert.corpus import compose_corpus, tasks_in, write_tasks
 from .expert.episodes import SCRIPT_VERSION, SHAPES, STAGED, play_expert
 from .scores import EpisodeRecord, paired_difference, summary
 from .recipe_steps import Steps
@@ -170,13 +170,10 @@ class Recipe:
             sources = compose_corpus(cfg.sft_corpus, cfg.seed, [p.read_text() for p in [*self.held_out,
                                                                                           *self.validation]],
                                      [p.read_text() for p in self.train])
-            (folder / "tasks").mkdir(exist_ok=True)
-            for i, source in enumerate(sources):
-                (folder / "tasks" / f"corpus_{i:05d}.py").write_text(source)
-            return {"tasks": len(sources)}
+            return {"tasks": len(write_tasks(sources, folder / "tasks"))}
         self.steps.run("corpus", key("corpus", count=cfg.sft_corpus, seed=cfg.seed, train=self.train_key,
                                      held_out=self.held_key, validation=tasks_key(self.validation)), run)
-        tasks = sorted((self.out / "corpus" / "tasks").glob("corpus_*.py"))
+        tasks = tasks_in(self.out / "corpus" / "tasks")
         if len(tasks) != cfg.sft_corpus:
             raise FileNotFoundError(f"{self.out / 'corpus'} holds {len(tasks)} of its {cfg.sft_corpus} tasks (a run "
                                     "brought from another machine without them?): delete it to compose them again")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from pathlib import Path
 
 from ...data.catalog import crawl_all
 from ...data.compose import compose, draw_source
@@ -71,3 +72,16 @@ def compose_corpus(count: int, seed: int, exclude: list[str], sizes: list[str], 
         raise ValueError(f"only {len(kept)} distinct tasks of the expert's family outside the excluded operator sets "
                          f"in {tries * count} draws (asked for {count})")
     return list(kept)
+
+
+def write_tasks(sources: list[str], folder: Path) -> list[Path]:
+    """The corpus as task files in `folder` (corpus_NNNNN.py, in order)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, source in enumerate(sources):
+        (folder / f"corpus_{i:05d}.py").write_text(source)
+    return tasks_in(folder)
+
+
+def tasks_in(folder: Path) -> list[Path]:
+    """The corpus task files `write_tasks` wrote in `folder`, in order."""
+    return sorted(folder.glob("corpus_*.py"))
