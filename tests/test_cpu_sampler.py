@@ -21,6 +21,14 @@ THREADED_FORWARD = """out = []
         worker.start()
         worker.join()
         return out[0]"""
+SHORT_THREADS_FORWARD = """parts = list(x.chunk(64))
+        def part(i):
+            parts[i] = torch.relu(parts[i] * self.scale + self.shift) * 0.5
+        for i in range(len(parts)):  # (each thread ends long before a ms of CPU time: the period)
+            worker = threading.Thread(target=part, args=(i,))
+            worker.start()
+            worker.join()
+        return torch.cat(parts)"""
 
 
 @pytest.fixture
@@ -47,7 +55,8 @@ def test_an_honest_kernel_spends_its_calls_in_its_own_library(cpu_judge):
 
 
 @needs_perf
-@pytest.mark.parametrize("forward", [TORCH_FORWARD, THREADED_FORWARD], ids=["in_forward", "in_a_thread_per_call"])
+@pytest.mark.parametrize("forward", [TORCH_FORWARD, THREADED_FORWARD, SHORT_THREADS_FORWARD],
+                         ids=["in_forward", "in_a_thread_per_call", "in_threads_shorter_than_the_period"])
 def test_torch_compute_is_found_from_outside_when_the_audit_s_report_is_forged(cpu_judge, make_workspace,
                                                                                audit_forged, forward):
     """Without the sampler these are correct, reward 1 or more, under strict; a thread started and joined inside each
@@ -58,7 +67,8 @@ def test_torch_compute_is_found_from_outside_when_the_audit_s_report_is_forged(c
     verdict = cpu_judge.evaluate(AFFINE, ws)
     sampled = verdict.timing.get("candidate", {}).get("cpu_samples")
     assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
-    assert verdict.policy_violations[0].startswith("torch compute: "), verdict.policy_violations
+    assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
+        (verdict.error, sampled)
     assert "libtorch_cpu.so" in verdict.policy_violations[0]
 
 
@@ -91,6 +101,32 @@ def test_events_that_cannot_be_opened_fail_the_call_saying_which_limit(monkeypat
     assert soft == hard
 
 
+def _event(ring: bytearray) -> cpu_sampler._Event:
+    """An event whose ring is `ring` (records written by the test, not the kernel)."""
+    event = cpu_sampler._Event.__new__(cpu_sampler._Event)
+    event.ring, event.sampled, event.period_ns = ring, {}, cpu_sampler.PERIOD_NS
+    return event
+
+
+def test_the_time_of_threads_that_ended_unsampled_counts_as_foreign():
+    """Each thread it starts begins its period afresh: the count each ending thread leaves in the ring (a read record)
+    less its samples' periods is time no sample saw; it adds up across threads and calls, a foreign sample a period."""
+    period = cpu_sampler.PERIOD_NS
+    ring = bytearray((cpu_sampler.RING_PAGES + 1) * cpu_sampler._PAGE)
+    at = cpu_sampler._PAGE
+    for i in range(2):  # thread 7: two samples, then it ends having run 2.6 periods; thread 8: 0.7 periods, unsampled
+        struct.pack_into("IHHQIIQ", ring, at + 32 * i, 9, 0, 32, 0x1234, 5, 7, 99 + i)
+    struct.pack_into("IHHIIQ", ring, at + 64, 8, 0, 24, 5, 7, int(2.6 * period))
+    struct.pack_into("IHHIIQ", ring, at + 88, 8, 0, 24, 5, 8, int(0.7 * period))
+    struct.pack_into("QQ", ring, 1024, 112, 0)
+    sampler = cpu_sampler.CpuSampler(0, ["/build"])
+    sampler.events = [_event(ring)]
+    sampler._regions = lambda: []
+    sampler.collect()
+    assert sampler.counts["foreign"] == 2 + 1 and sampler.foreign_files[cpu_sampler.UNSEEN] == 1
+    assert sampler.unseen_ns == int(0.3 * period) and sampler.events[0].sampled == {}  # carried to the next call
+
+
 def test_samples_the_full_ring_lost_count_as_foreign():
     """A call that fills a thread's ring with its own code first (2,048 samples: 2 s of CPU on one CPU) would have the
     rest of the call unseen: the kernel's count of lost samples counts as foreign."""
@@ -99,9 +135,8 @@ def test_samples_the_full_ring_lost_count_as_foreign():
     struct.pack_into("IHHQIIQ", ring, at, 9, 0, 32, 0x1234, 5, 6, 99)  # a sample (ip, pid, tid, time), 4,000 lost
     struct.pack_into("IHHQQ", ring, at + 32, 2, 0, 24, 7, 4000)
     struct.pack_into("QQ", ring, 1024, 56, 0)  # data_head, data_tail
-    event = cpu_sampler._Event.__new__(cpu_sampler._Event)
-    event.ring = ring
-    assert event.drain() == ([(0x1234, 6, 99)], 4000, [])
+    event = _event(ring)
+    assert event.drain() == ([(0x1234, 6, 99)], 4000, [], 0)
     assert struct.unpack_from("Q", ring, 1032)[0] == 56  # read up to the head
     sampler = cpu_sampler.CpuSampler(0, ["/build"])
     sampler.events = [event]
@@ -129,8 +164,7 @@ def test_a_sample_where_an_executable_mapping_was_made_during_the_call_is_foreig
     for i, ip in enumerate((0x11000, 0x12fff, 0x13000, 0x20000)):  # samples: two in it, two in the rest of the library
         struct.pack_into("IHHQIIQ", ring, end + 32 * i, 9, 0, 32, ip, 5, 6, 99 + i)
     struct.pack_into("QQ", ring, 1024, end + 128 - at, 0)
-    event = cpu_sampler._Event.__new__(cpu_sampler._Event)
-    event.ring = ring
+    event = _event(ring)
     sampler = cpu_sampler.CpuSampler(0, [tmp_path / "build"])
     sampler.events = [event]
     sampler._regions = lambda: [(0x10000, 0x30000, f"{tmp_path}/build/cuda_extension.so", "00:05 7", 0)]
