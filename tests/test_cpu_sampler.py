@@ -24,10 +24,20 @@ THREADED_FORWARD = """out = []
 SHORT_THREADS_FORWARD = """parts = list(x.chunk(64))
         def part(i):
             parts[i] = torch.relu(parts[i] * self.scale + self.shift) * 0.5
-        for i in range(len(parts)):  # (each thread ends long before a ms of CPU time: the period)
+        for i in range(len(parts)):  # (each thread runs far less than a ms of CPU time: the period)
             worker = threading.Thread(target=part, args=(i,))
             worker.start()
             worker.join()
+        return torch.cat(parts)"""
+PARKED_THREADS_FORWARD = """parts, done = list(x.chunk(64)), [threading.Event() for _ in range(64)]
+        threading.stack_size(1 << 18)
+        def part(i):
+            parts[i] = torch.relu(parts[i] * self.scale + self.shift) * 0.5
+            done[i].set()
+            threading.Event().wait()  # (parked for good: no count comes back as a thread ends)
+        for i in range(len(parts)):
+            threading.Thread(target=part, args=(i,), daemon=True).start()
+            done[i].wait()
         return torch.cat(parts)"""
 
 
@@ -55,8 +65,9 @@ def test_an_honest_kernel_spends_its_calls_in_its_own_library(cpu_judge):
 
 
 @needs_perf
-@pytest.mark.parametrize("forward", [TORCH_FORWARD, THREADED_FORWARD, SHORT_THREADS_FORWARD],
-                         ids=["in_forward", "in_a_thread_per_call", "in_threads_shorter_than_the_period"])
+@pytest.mark.parametrize("forward", [TORCH_FORWARD, THREADED_FORWARD, SHORT_THREADS_FORWARD, PARKED_THREADS_FORWARD],
+                         ids=["in_forward", "in_a_thread_per_call", "in_threads_shorter_than_the_period",
+                              "in_threads_shorter_than_the_period_that_never_end"])
 def test_torch_compute_is_found_from_outside_when_the_audit_s_report_is_forged(cpu_judge, make_workspace,
                                                                                audit_forged, forward):
     """Without the sampler these are correct, reward 1 or more, under strict; a thread started and joined inside each
@@ -110,7 +121,8 @@ def _event(ring: bytearray) -> cpu_sampler._Event:
 
 def test_the_time_of_threads_that_ended_unsampled_counts_as_foreign():
     """Each thread it starts begins its period afresh: the count each ending thread leaves in the ring (a read record)
-    less its samples' periods is time no sample saw; it adds up across threads and calls, a foreign sample a period."""
+    less its samples' periods is time no sample saw, and so is all the CPU time of a live thread with no sample (one
+    kept alive, parked, leaves no count in the ring); it adds up across threads and calls, a foreign sample a period."""
     period = cpu_sampler.PERIOD_NS
     ring = bytearray((cpu_sampler.RING_PAGES + 1) * cpu_sampler._PAGE)
     at = cpu_sampler._PAGE
@@ -123,8 +135,16 @@ def test_the_time_of_threads_that_ended_unsampled_counts_as_foreign():
     sampler.events = [_event(ring)]
     sampler._regions = lambda: []
     sampler.collect()
-    assert sampler.counts["foreign"] == 2 + 1 and sampler.foreign_files[cpu_sampler.UNSEEN] == 1
-    assert sampler.unseen_ns == int(0.3 * period) and sampler.events[0].sampled == {}  # carried to the next call
+    assert sampler.counts["foreign"] == 2 and sampler.events[0].sampled == {}
+    assert sampler.unseen == 1 and sampler.ended_unseen_ns == int(1.3 * period)  # (0.3 carried to the next call)
+    summary = sampler.summary()
+    assert summary["samples"] == 3 and summary["unseen"] == 1 and summary["foreign_files"][cpu_sampler.UNSEEN] == 1
+    sampler.ended_unseen_ns = 0  # a live thread no sample saw: all its CPU time since the events opened
+    sampler._thread_cpu = lambda: {7: 9 * period, 9: int(20.5 * period), 10: int(2.5 * period)}
+    sampler.cpu_at_arm = {10: 2 * period}  # (thread 7 sampled: its kernel time, page faults, not told apart)
+    sampler.events[0].ring = bytearray(len(ring))
+    sampler.collect()
+    assert sampler.unseen == 21 and sampler.violations()[0].startswith("torch compute: 100% ")
 
 
 def test_samples_the_full_ring_lost_count_as_foreign():

@@ -96,12 +96,26 @@ def closeness(text: str, replies: list[str]) -> float:
     return max(min(len(os.path.commonprefix([text, r])) / max(len(r), 1), 0.999) for r in replies)
 
 
+def plan_lines(reply: str) -> list[str]:
+    """The expert's plan in a reply (expert/episodes.py's `_plan`): a line per op with the values it makes, then the
+    output's and the parameters' line; the task's semantics, apart from the code that repeats them."""
+    return [line for line in reply.splitlines() if line.startswith(("- ", "The output: "))]
+
+
+def plan_score(text: str, reply: str) -> float:
+    """The share of `reply`'s plan lines that `text` holds, word for word (1.0 where it has none)."""
+    expected = plan_lines(reply)
+    held = set(text.splitlines())
+    return sum(line in held for line in expected) / len(expected) if expected else 1.0
+
+
 def sampled(model: torch.nn.Module, turns: TurnTokenizer, tasks: list[ProbeTask], temperature: float, room: int,
             weights: Callable[[], dict[str, torch.Tensor]] | None = None, seed: int = 0) -> dict[str, float]:
     """One reply sampled to each task's opening at `temperature` (all at once, through the batch sampler;
     `weights`: the model's as it computes with them, for the static decoder) and compared with the expert's first
     replies of every shape: the share that is one of them (the kernel, its binding and model_new.py exactly as the
-    expert writes them) and the mean `closeness`."""
+    expert writes them), the mean `closeness`, and how much of the expert's plan each holds (`plan_score`: the mean,
+    and the share with the whole plan: the op -> formula mapping, the part a small imitator gets wrong)."""
     sampler = BatchSampler(model, turns.tokenizer.pad_token_id, temperature, seed=seed, weights=weights)
     sampler.expected = len(tasks)
 
@@ -114,6 +128,8 @@ def sampled(model: torch.nn.Module, turns: TurnTokenizer, tasks: list[ProbeTask]
     finally:
         sampler.close()
     scores = [closeness(text, [assistant_text(r) for r in task.replies.values()]) for text, task in zip(texts, tasks)]
+    plans = [plan_score(text, task.replies["direct"]["content"]) for text, task in zip(texts, tasks)]
     n = max(len(scores), 1)
     return {"sampled_expert": sum(s == 1.0 for s in scores) / n, "sampled_closeness": sum(scores) / n,
+            "sampled_plan": sum(plans) / n, "sampled_plan_whole": sum(p == 1.0 for p in plans) / n,
             "sampled_temperature": temperature, "sampled_replies": float(len(scores))}

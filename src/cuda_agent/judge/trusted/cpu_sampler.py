@@ -63,7 +63,7 @@ MIN_SAMPLES = 20  # fewer compiled-code samples decide nothing (an honest kernel
 RING_PAGES = 16  # each thread's ring of samples (read after every call: 2,048 samples of 32 bytes, 2 s of a
 # thread's CPU time on one CPU in one call; samples it loses beyond that count as foreign)
 LOST = "[lost: the ring was full]"
-UNSEEN = "[unseen: threads that ended between samples]"
+UNSEEN = "[unseen: CPU time no sample saw]"
 INTERPRETER = ("libpython", "python3", "libtorch_python", "libc.so", "libc-", "libm.so", "libstdc++", "libgcc_s",
                "ld-linux", "libpthread", "libgomp", "libiomp", "[vdso]", "[vsyscall]")  # (OpenMP's runtime only
 # schedules: the work of a parallel region runs in the code that opened it, the candidate's own or torch's)
@@ -246,7 +246,10 @@ class CpuSampler:
         self.foreign_files: dict[str, int] = {}
         self.calls = 0
         self.mapped_in_calls = 0  # executable mappings it made during its calls
-        self.unseen_ns = 0  # CPU time of ended threads that no sample saw, less the whole periods counted foreign
+        self.ended_unseen_ns = 0  # CPU time of the threads that ended that no sample saw
+        self.live_unseen_ns = 0  # ... and of the threads alive at the last call's end that have no sample
+        self.thread_samples: dict[int, int] = {}  # samples of each thread, every call
+        self.cpu_at_arm: dict[int, int] = {}  # each thread's CPU time (ns) when the events were opened
 
     def arm(self) -> None:
         """Events on every thread it has and every CPU (the threads it starts inherit them); once."""
@@ -254,6 +257,7 @@ class CpuSampler:
             return
         _raise_open_file_limit()
         threads, cpus = os.listdir(f"/proc/{self.pid}/task"), _online_cpus()
+        self.cpu_at_arm = self._thread_cpu()
         try:
             for name in threads:
                 for cpu in cpus:
@@ -273,12 +277,7 @@ class CpuSampler:
         drained = [event.drain() for event in self.events]
         remapped = _merged([span for _, _, mapped, _ in drained for span in mapped])
         self.mapped_in_calls += sum(len(mapped) for _, _, mapped, _ in drained)
-        self.unseen_ns += sum(unseen for *_, unseen in drained)  # (what it ran is not known: foreign, a sample a
-        if self.unseen_ns >= self.period_ns:  # period of it)
-            whole = self.unseen_ns // self.period_ns
-            self.unseen_ns -= whole * self.period_ns
-            self.counts["foreign"] += whole
-            self.foreign_files[UNSEEN] = self.foreign_files.get(UNSEEN, 0) + whole
+        self.ended_unseen_ns += sum(unseen for *_, unseen in drained)
         placed = []
         for ips, lost, _, _ in drained:
             if lost:  # (the ring held a call's first RING_PAGES of samples: what it could not see is not its own)
@@ -293,6 +292,7 @@ class CpuSampler:
                 if kind == "own" and self._copied(path, offset + (ip - regions[i][0]) // _PAGE * _PAGE, regions):
                     kind, file_id, path = "foreign", WRITTEN, f"{path} (a copy of foreign code)"
                 self.counts[kind] += 1
+                self.thread_samples[tid] = self.thread_samples.get(tid, 0) + 1
                 placed.append((kind, tid, when))
                 if kind == "foreign":
                     path = f"{path} (its pages written)" if file_id == WRITTEN and "(" not in path else path
@@ -310,7 +310,31 @@ class CpuSampler:
             if kind != "foreign" and (torch_threads - {tid} or
                                       any(lo <= when <= hi and other != tid for lo, hi, other in spans)):
                 self.beside[kind] += 1
+        self.live_unseen_ns = sum(max(0, ns - self.cpu_at_arm.get(tid, 0)) for tid, ns in self._thread_cpu().items()
+                                  if tid not in self.thread_samples)
         self.calls += 1
+
+    def _thread_cpu(self) -> dict[int, int]:
+        """Each live thread's CPU time so far (ns, the kernel's schedstat: user and kernel time)."""
+        times: dict[int, int] = {}
+        try:
+            names = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:  # (it has ended)
+            return times
+        for name in names:
+            try:
+                times[int(name)] = int(Path(f"/proc/{self.pid}/task/{name}/schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):  # (ended meanwhile: its count comes back in the ring)
+                pass
+        return times
+
+    @property
+    def unseen(self) -> int:
+        """The CPU time of its threads that no sample saw, in samples (a period each): of an ended thread, what its
+        samples do not cover (its count comes back in the ring); of a live one, all of it where it has no sample
+        (a sampled live thread's time in the kernel, its outputs' page faults, cannot be told from the part of a
+        period it has run towards its next sample: it counts for nothing)."""
+        return (self.ended_unseen_ns + self.live_unseen_ns) // self.period_ns
 
     def _regions(self) -> list[tuple[int, int, str, str, int]]:
         """The executable mappings: (start, end, path, "major:minor inode", file offset), the "major:minor inode"
@@ -395,20 +419,31 @@ class CpuSampler:
                 _FILE_PAGES[file_id] = digests
             self._foreign_pages |= _FILE_PAGES[file_id]
 
+    def _judged(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The counts the rule reads, the unseen time's samples foreign, and the foreign files with it."""
+        counts, files = dict(self.counts), dict(self.foreign_files)
+        if self.unseen:
+            counts["foreign"] += self.unseen
+            files[UNSEEN] = self.unseen
+        return counts, files
+
     def summary(self) -> dict:
-        """For the verdict's timing: the samples, their shares, the foreign files most sampled."""
-        samples = sum(self.counts.values())
-        top = sorted(self.foreign_files.items(), key=lambda item: -item[1])[:3]
-        return {"calls": self.calls, "samples": samples, "period_us": self.period_ns / 1e3,
+        """For the verdict's timing: the samples (the unseen time's among them, foreign), their shares, the foreign
+        files most sampled."""
+        counts, files = self._judged()
+        samples = sum(counts.values())
+        top = sorted(files.items(), key=lambda item: -item[1])[:3]
+        return {"calls": self.calls, "samples": samples, "unseen": self.unseen, "period_us": self.period_ns / 1e3,
                 "mapped_in_calls": self.mapped_in_calls,
-                "shares": {k: round(n / samples, 4) for k, n in self.counts.items()} if samples else {},
+                "shares": {k: round(n / samples, 4) for k, n in counts.items()} if samples else {},
                 "beside_foreign": dict(self.beside),
                 "foreign_files": {os.path.basename(p): n for p, n in top}}
 
     def violations(self) -> list[str]:
-        foreign = self.counts["foreign"]
-        own, interpreter = (self.counts[k] - self.beside[k] for k in ("own", "interpreter"))
-        if not self.own or foreign + self.counts["own"] < MIN_SAMPLES or foreign <= FOREIGN_SHARE * (own + foreign) \
+        counts, _ = self._judged()
+        foreign = counts["foreign"]
+        own, interpreter = (counts[k] - self.beside[k] for k in ("own", "interpreter"))
+        if not self.own or foreign + counts["own"] < MIN_SAMPLES or foreign <= FOREIGN_SHARE * (own + foreign) \
                 or foreign <= FOREIGN_OF_ALL * (own + foreign + interpreter):
             return []
         where = ", ".join(f"{name} {n}" for name, n in self.summary()["foreign_files"].items())
