@@ -19,10 +19,13 @@ each: what ran at the sample's time is not known, so it is foreign):
   arguments, scheduling threads): the very files the trusted side maps (device and inode: a mapping's name is the
   candidate's to choose).
 
-A thread it starts gets its own events, each starting its period afresh: one that ends within a period of its CPU time
-on a CPU is never sampled there. Each ending thread's count comes back in the ring (inherit_stat): the CPU time of the
-ended threads that no sample saw counts as foreign, a sample a period (a kernel of its own that starts threads per call
-pays for them; torch's pool and its own parallel_for's threads live on).
+A thread it starts gets its own events, each starting its period afresh: one that runs less than a period on a CPU is
+never sampled there. The CPU time no sample saw counts as foreign, a sample a period: of each ended thread, what its
+samples do not cover (its count comes back in the ring as it ends: inherit_stat), and all the time of each live thread
+that has no sample (schedstat). A kernel of its own that starts threads per call pays for them; torch's pool and
+parallel_for's threads live on and are sampled. (Left: a live thread's time beyond its samples once it has one, its
+kernel time not told apart from it: a thread that runs just under a period on each CPU, one sample's worth more,
+and parks hides up to CPUs x period, thousands of threads for a task's compute, within the sandbox's thread count.)
 
 Sampling slows what it watches (each interrupt costs ~20 us of a thread's time in this VM, so 50 us cost 40%;
 `benchmarks/cpu_sampler_overhead.py`), so the period is long and the baseline callee is watched the same way beside
@@ -175,7 +178,8 @@ class _Event:
         """The samples since the last drain, (address, thread, time), how many samples the full ring lost
         meanwhile, the executable mappings made meanwhile, (start, end, file), and the CPU time (ns) of the threads
         that ended meanwhile that no sample saw (a thread's event starts its period afresh: one that ends within a
-        period of its CPU time is never sampled, held out, red team F: torch's op in 64 threads of 0.1 ms a call)."""
+        period of its CPU time is never sampled; held out, forty-fourth session: torch's op in 64 threads of 0.1 ms
+        a call)."""
         size = RING_PAGES * _PAGE
         head, tail = struct.unpack_from("QQ", self.ring, 1024)  # data_head, data_tail
         data = self.ring[_PAGE:_PAGE + size]
