@@ -36,12 +36,12 @@ from _common import task_slice
 
 from cuda_agent.agent.tools import schemas  # noqa: E402
 from cuda_agent.rl.expert.corpus import compose_corpus, write_tasks  # noqa: E402
-from cuda_agent.task import task_files  # noqa: E402
 from cuda_agent.rl.expert.trace import trace  # noqa: E402
 from cuda_agent.rl.probe import expert_conversations, imitation, probe_tasks, sampled  # noqa: E402
 from cuda_agent.rl.recipe import RecipeConfig  # noqa: E402
 from cuda_agent.rl.stages import run_stage  # noqa: E402
 from cuda_agent.rl.tokens import TurnTokenizer  # noqa: E402
+from cuda_agent.task import task_files  # noqa: E402
 
 SETTINGS = ("r8:1e-3:60,r8:1e-3:60:direct,r8:3e-4:60,r64:1e-3:60,r0:1e-4:60,r8:1e-3:60:direct:first,"
             "r0:1e-4:60:direct:first,r8:1e-3:150:direct:first")

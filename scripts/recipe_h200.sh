@@ -163,6 +163,7 @@ case "${1:-}" in
     ;;
   start)  # in the background (a run longer than one call: `collect` in the next calls of this warm machine);
     # JOB=sweep runs `sweep` instead of the recipe
+    [[ ${JOB:-recipe} == recipe || $JOB == sweep ]] || { echo "JOB=$JOB: recipe or sweep" >&2; exit 2; }
     prepare
     rm -f "$run.exit"
     setsid nohup bash "$0" _background < /dev/null > /dev/null 2>&1 &

@@ -19,7 +19,7 @@ from cuda_agent.cli import app
 from cuda_agent.llm import assistant_text, with_text_tools
 from cuda_agent.rl.batcher import BatchSampler
 from cuda_agent.rl.config import StageConfig, TrainConfig
-from cuda_agent.rl.probe import closeness, expert_conversations, plan_score, probe_tasks, sampled
+from cuda_agent.rl.probe import closeness, expert_conversations, plan_lines, plan_score, probe_tasks, sampled
 from cuda_agent.rl.rollout import batch_of, play, response_logprob_fn
 from cuda_agent.rl.stages import run_stage
 from cuda_agent.rl.tokens import TurnTokenizer, conversation_ids
@@ -298,7 +298,7 @@ def test_a_sampled_reply_is_scored_against_each_of_the_expert_s_first_replies(ti
     assert row["sampled_plan"] == row["sampled_plan_whole"] == 0
     # the plan: a line per op and the output's, each held word for word or not at all
     direct = task.replies["direct"]["content"]
-    lines = [line for line in direct.splitlines() if line.startswith(("- ", "The output: "))]
+    lines = plan_lines(direct)
     assert len(lines) == 5 and plan_score(replies[0], direct) == 1.0  # (mul, add, relu, mul; the output)
     garbled = direct.replace(lines[2], lines[2].replace("0.f", "1.f"))
     assert plan_score(garbled, direct) == 0.8 and plan_score(direct.replace(lines[0] + "\n", ""), direct) == 0.8
