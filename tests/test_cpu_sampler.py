@@ -147,6 +147,38 @@ def test_the_time_of_threads_that_ended_unsampled_counts_as_foreign():
     assert sampler.unseen == 21 and sampler.violations()[0].startswith("torch compute: 100% ")
 
 
+def _ring(samples: list[tuple[int, int, int]]) -> bytearray:
+    """A ring holding `samples`, (address, thread, time), as the kernel writes them."""
+    ring = bytearray((cpu_sampler.RING_PAGES + 1) * cpu_sampler._PAGE)
+    for i, (ip, tid, when) in enumerate(samples):
+        struct.pack_into("IHHQIIQ", ring, cpu_sampler._PAGE + 32 * i, 9, 0, 32, ip, 5, tid, when)
+    struct.pack_into("QQ", ring, 1024, 32 * len(samples), 0)
+    return ring
+
+
+def test_own_samples_of_a_call_where_torch_s_thread_went_unsampled_still_ran_beside_it():
+    """Stop 62's CI (2 cores, loaded): torch's ~1.7 ms a call on the main thread, a pad of the candidate's own on a
+    thread per call beside it; in calls where no sample caught the main thread in torch, the pad's samples counted
+    as own, and torch passed under 80% foreign. A live thread mostly in foreign code over its calls so far is torch's
+    in every call; a thread that has ended is no one's."""
+    own, foreign, ms = 0x1000, 0x9000, 1_000_000
+    sampler = cpu_sampler.CpuSampler(0, ["/build"])
+    sampler.events = [_event(bytearray(0))]
+    sampler._regions = lambda: [(own, own + 0x1000, "/build/pad.so", "1:2 3", 0),
+                                (foreign, foreign + 0x1000, "/usr/lib/libtorch_cpu.so", "1:2 4", 0)]
+    sampler._thread_cpu = lambda: {5: 0}
+    calls = [[(foreign, 5, 1000 * ms), (foreign, 5, 1001 * ms), (own, 6, 1000 * ms)],  # torch seen on thread 5
+             [(own, 7, 2000 * ms), (own, 7, 2001 * ms)]]  # torch's time on thread 5 under a period: unseen
+    for samples in calls:
+        sampler.events[0].ring = _ring(samples)
+        sampler.collect()
+    assert sampler.beside["own"] == 3 and sampler.counts == {"own": 3, "foreign": 2, "interpreter": 0}
+    sampler._thread_cpu = lambda: {8: 0}  # thread 5 has ended; thread 8 is an honest one
+    sampler.events[0].ring = _ring([(own, 8, 3000 * ms), (own, 8, 3001 * ms)])
+    sampler.collect()
+    assert sampler.beside["own"] == 3 and sampler.balance == {8: -2}
+
+
 def test_samples_the_full_ring_lost_count_as_foreign():
     """A call that fills a thread's ring with its own code first (2,048 samples: 2 s of CPU on one CPU) would have the
     rest of the call unseen: the kernel's count of lost samples counts as foreign."""

@@ -253,6 +253,7 @@ class CpuSampler:
         self.ended_unseen_ns = 0  # CPU time of the threads that ended that no sample saw
         self.live_unseen_ns = 0  # ... and of the threads alive at the last call's end that have no sample
         self.thread_samples: dict[int, int] = {}  # samples of each thread, every call
+        self.balance: dict[int, int] = {}  # foreign less own samples of each live thread, every call
         self.cpu_at_arm: dict[int, int] = {}  # each thread's CPU time (ns) when the events were opened
 
     def arm(self) -> None:
@@ -306,15 +307,20 @@ class CpuSampler:
         for kind, tid, _ in placed:  # under load a torch thread's Python outweighed its few torch samples in a call)
             if kind != "interpreter":
                 balance[tid] = balance.get(tid, 0) + (1 if kind == "foreign" else -1)
-        # a thread mostly in foreign code in this call was torch's along it (its time in the kernel, not sampled,
-        # too): what the other threads ran in the call ran beside it. (Left: torch on one thread, padded on that
-        # same thread by a quarter of its time; torch's other cores given up.)
-        torch_threads = {tid for tid, n in balance.items() if n > 0}
+        # a thread mostly in foreign code in this call, or in all its calls so far (under load a call may see none
+        # of torch's ~1 ms on it: stop 62's CI), was torch's along it (its time in the kernel, not sampled, too):
+        # what the other threads ran in the call ran beside it. (Left: torch on one thread, padded on that same
+        # thread by a quarter of its time; torch's other cores given up.)
+        live = self._thread_cpu()
+        for tid, n in balance.items():
+            self.balance[tid] = self.balance.get(tid, 0) + n
+        self.balance = {tid: n for tid, n in self.balance.items() if tid in live}  # (a tid may be used again)
+        torch_threads = {tid for tid, n in balance.items() if n > 0} | {tid for tid, n in self.balance.items() if n > 0}
         for kind, tid, when in placed:  # what ran beside torch's compute, on another thread, hides none of it
             if kind != "foreign" and (torch_threads - {tid} or
                                       any(lo <= when <= hi and other != tid for lo, hi, other in spans)):
                 self.beside[kind] += 1
-        self.live_unseen_ns = sum(max(0, ns - self.cpu_at_arm.get(tid, 0)) for tid, ns in self._thread_cpu().items()
+        self.live_unseen_ns = sum(max(0, ns - self.cpu_at_arm.get(tid, 0)) for tid, ns in live.items()
                                   if tid not in self.thread_samples)
         self.calls += 1
 
