@@ -179,6 +179,29 @@ def test_own_samples_of_a_call_where_torch_s_thread_went_unsampled_still_ran_bes
     assert sampler.beside["own"] == 3 and sampler.balance == {8: -2}
 
 
+def test_threads_of_its_own_beside_a_main_thread_that_only_allocates_are_not_torch_s():
+    """An honest design: the main thread allocates the outputs (torch's allocator: foreign, a few samples in all its
+    calls) and waits while threads of its own compute. The main thread is mostly foreign, so all their samples ran
+    beside it; under `MIN_FOREIGN` foreign samples nothing is decided."""
+    own, foreign, ms = 0x1000, 0x9000, 1_000_000
+    sampler = cpu_sampler.CpuSampler(0, ["/build"])
+    sampler.events = [_event(bytearray(0))]
+    sampler._regions = lambda: [(own, own + 0x1000, "/build/pool.so", "1:2 3", 0),
+                                (foreign, foreign + 0x1000, "/usr/lib/libtorch_cpu.so", "1:2 4", 0)]
+    sampler._thread_cpu = lambda: {5: 0, 6: 0, 7: 0}
+    for call in range(cpu_sampler.MIN_FOREIGN):
+        at = 1000 * ms * (call + 1)
+        workers = [(own, tid, at + i * ms) for tid in (6, 7) for i in range(5)]
+        sampler.events[0].ring = _ring([(foreign, 5, at)] * (call < cpu_sampler.MIN_FOREIGN - 1) + workers)
+        sampler.collect()
+    assert sampler.beside["own"] == 100 and sampler.counts["foreign"] == cpu_sampler.MIN_FOREIGN - 1
+    assert sampler.violations() == []
+    sampler.events[0].ring = _ring([(foreign, 5, 99_000 * ms)])  # 10 ms of torch: the rule decides (the limit of
+    # such a design: its allocations under 10 ms in all its calls)
+    sampler.collect()
+    assert sampler.violations()[0].startswith("torch compute: 100% ")
+
+
 def test_samples_the_full_ring_lost_count_as_foreign():
     """A call that fills a thread's ring with its own code first (2,048 samples: 2 s of CPU on one CPU) would have the
     rest of the call unseen: the kernel's count of lost samples counts as foreign."""

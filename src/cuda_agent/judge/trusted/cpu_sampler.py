@@ -63,6 +63,8 @@ BESIDE_NS = 5_000_000  # a sample outside foreign code within this of a foreign 
 RUN_GAP_NS = 20_000_000  # consecutive foreign samples of a thread further apart than this are two runs
 MIN_SAMPLES = 20  # fewer compiled-code samples decide nothing (an honest kernel at 40% foreign passes 20 samples
 # past 80% with probability 1e-4; the tests' at 15%, never)
+MIN_FOREIGN = 10  # ... and fewer foreign ones (under 10 ms of torch in all the calls): a main thread that only
+# allocates while threads of its own compute is mostly foreign, and would make all their samples beside it
 RING_PAGES = 16  # each thread's ring of samples (read after every call: 2,048 samples of 32 bytes, 2 s of a
 # thread's CPU time on one CPU in one call; samples it loses beyond that count as foreign)
 LOST = "[lost: the ring was full]"
@@ -453,7 +455,8 @@ class CpuSampler:
         counts, _ = self._judged()
         foreign = counts["foreign"]
         own, interpreter = (counts[k] - self.beside[k] for k in ("own", "interpreter"))
-        if not self.own or foreign + counts["own"] < MIN_SAMPLES or foreign <= FOREIGN_SHARE * (own + foreign) \
+        if not self.own or foreign + counts["own"] < MIN_SAMPLES or foreign < MIN_FOREIGN \
+                or foreign <= FOREIGN_SHARE * (own + foreign) \
                 or foreign <= FOREIGN_OF_ALL * (own + foreign + interpreter):
             return []
         where = ", ".join(f"{name} {n}" for name, n in self.summary()["foreign_files"].items())
