@@ -159,21 +159,24 @@ def _ring(samples: list[tuple[int, int, int]]) -> bytearray:
 def test_own_samples_of_a_call_where_torch_s_thread_went_unsampled_still_ran_beside_it():
     """Stop 62's CI (2 cores, loaded): torch's ~1.7 ms a call on the main thread, a pad of the candidate's own on a
     thread per call beside it; in calls where no sample caught the main thread in torch, the pad's samples counted
-    as own, and torch passed under 80% foreign. A live thread mostly in foreign code over its calls so far is torch's
-    in every call; a thread that has ended is no one's."""
+    as own, and torch passed under 80% foreign. A live thread mostly in foreign code over its calls so far is
+    torch's in every call, for the threads that are not (threads that each fill with torch, then compute, ran their
+    phases together: stop 63's CI); a thread that has ended is no one's."""
     own, foreign, ms = 0x1000, 0x9000, 1_000_000
     sampler = cpu_sampler.CpuSampler(0, ["/build"])
     sampler.events = [_event(bytearray(0))]
     sampler._regions = lambda: [(own, own + 0x1000, "/build/pad.so", "1:2 3", 0),
                                 (foreign, foreign + 0x1000, "/usr/lib/libtorch_cpu.so", "1:2 4", 0)]
-    sampler._thread_cpu = lambda: {5: 0}
-    calls = [[(foreign, 5, 1000 * ms), (foreign, 5, 1001 * ms), (own, 6, 1000 * ms)],  # torch seen on thread 5
-             [(own, 7, 2000 * ms), (own, 7, 2001 * ms)]]  # torch's time on thread 5 under a period: unseen
+    sampler._thread_cpu = lambda: {5: 0, 9: 0}
+    calls = [[(foreign, 5, 1000 * ms), (foreign, 5, 1001 * ms), (own, 6, 1000 * ms),  # torch seen on thread 5
+              (foreign, 9, 1500 * ms), (foreign, 9, 1501 * ms)],  # and on 9, a thread of torch's fills
+             [(own, 7, 2000 * ms), (own, 7, 2001 * ms),  # torch's time on thread 5 under a period: unseen
+              (own, 9, 2500 * ms)]]  # thread 9 in its own code: mostly foreign itself, its phases are 5's
     for samples in calls:
         sampler.events[0].ring = _ring(samples)
         sampler.collect()
-    assert sampler.beside["own"] == 3 and sampler.counts == {"own": 3, "foreign": 2, "interpreter": 0}
-    sampler._thread_cpu = lambda: {8: 0}  # thread 5 has ended; thread 8 is an honest one
+    assert sampler.beside["own"] == 3 and sampler.counts == {"own": 4, "foreign": 4, "interpreter": 0}
+    sampler._thread_cpu = lambda: {8: 0}  # threads 5 and 9 have ended; thread 8 is an honest one
     sampler.events[0].ring = _ring([(own, 8, 3000 * ms), (own, 8, 3001 * ms)])
     sampler.collect()
     assert sampler.beside["own"] == 3 and sampler.balance == {8: -2}

@@ -309,17 +309,19 @@ class CpuSampler:
         for kind, tid, _ in placed:  # under load a torch thread's Python outweighed its few torch samples in a call)
             if kind != "interpreter":
                 balance[tid] = balance.get(tid, 0) + (1 if kind == "foreign" else -1)
-        # a thread mostly in foreign code in this call, or in all its calls so far (under load a call may see none
-        # of torch's ~1 ms on it: stop 62's CI), was torch's along it (its time in the kernel, not sampled, too):
-        # what the other threads ran in the call ran beside it. (Left: torch on one thread, padded on that same
-        # thread by a quarter of its time; torch's other cores given up.)
+        # a thread mostly in foreign code in this call was torch's along it (its time in the kernel, not sampled,
+        # too): what the other threads ran in the call ran beside it. So was one mostly foreign over all its calls
+        # so far, for the threads that are not (under load a call may see none of torch's ~1 ms on it: stop 62's CI;
+        # threads that each fill with torch, then compute, are mostly foreign alike and ran their phases together:
+        # stop 63's CI). (Left: torch on one thread, padded on that same thread by a quarter of its time.)
         live = self._thread_cpu()
         for tid, n in balance.items():
             self.balance[tid] = self.balance.get(tid, 0) + n
-        self.balance = {tid: n for tid, n in self.balance.items() if tid in live}  # (a tid may be used again)
-        torch_threads = {tid for tid, n in balance.items() if n > 0} | {tid for tid, n in self.balance.items() if n > 0}
+        self.balance = {tid: n for tid, n in self.balance.items() if tid in live}  # (ended: no one's)
+        in_call = {tid for tid, n in balance.items() if n > 0}
+        so_far = {tid for tid, n in self.balance.items() if n > 0}
         for kind, tid, when in placed:  # what ran beside torch's compute, on another thread, hides none of it
-            if kind != "foreign" and (torch_threads - {tid} or
+            if kind != "foreign" and (in_call - {tid} or (so_far and tid not in so_far) or
                                       any(lo <= when <= hi and other != tid for lo, hi, other in spans)):
                 self.beside[kind] += 1
         self.live_unseen_ns = sum(max(0, ns - self.cpu_at_arm.get(tid, 0)) for tid, ns in live.items()
