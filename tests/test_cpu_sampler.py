@@ -156,17 +156,25 @@ def _ring(samples: list[tuple[int, int, int]]) -> bytearray:
     return ring
 
 
+OWN, FOREIGN = 0x1000, 0x9000  # addresses in its own library and in torch's
+
+
+def _placing() -> cpu_sampler.CpuSampler:
+    """A sampler whose candidate maps its own library at `OWN` and torch's at `FOREIGN`; its rings set by the test."""
+    sampler = cpu_sampler.CpuSampler(0, ["/build"])
+    sampler.events = [_event(bytearray(0))]
+    sampler._regions = lambda: [(OWN, OWN + 0x1000, "/build/kernels.so", "1:2 3", 0),
+                                (FOREIGN, FOREIGN + 0x1000, "/usr/lib/libtorch_cpu.so", "1:2 4", 0)]
+    return sampler
+
+
 def test_own_samples_of_a_call_where_torch_s_thread_went_unsampled_still_ran_beside_it():
     """Stop 62's CI (2 cores, loaded): torch's ~1.7 ms a call on the main thread, a pad of the candidate's own on a
     thread per call beside it; in calls where no sample caught the main thread in torch, the pad's samples counted
     as own, and torch passed under 80% foreign. A live thread mostly in foreign code over its calls so far is
     torch's in every call, for the threads that are not (threads that each fill with torch, then compute, ran their
     phases together: stop 63's CI); a thread that has ended is no one's."""
-    own, foreign, ms = 0x1000, 0x9000, 1_000_000
-    sampler = cpu_sampler.CpuSampler(0, ["/build"])
-    sampler.events = [_event(bytearray(0))]
-    sampler._regions = lambda: [(own, own + 0x1000, "/build/pad.so", "1:2 3", 0),
-                                (foreign, foreign + 0x1000, "/usr/lib/libtorch_cpu.so", "1:2 4", 0)]
+    sampler, own, foreign, ms = _placing(), OWN, FOREIGN, 1_000_000
     sampler._thread_cpu = lambda: {5: 0, 9: 0}
     calls = [[(foreign, 5, 1000 * ms), (foreign, 5, 1001 * ms), (own, 6, 1000 * ms),  # torch seen on thread 5
               (foreign, 9, 1500 * ms), (foreign, 9, 1501 * ms)],  # and on 9, a thread of torch's fills
@@ -186,11 +194,7 @@ def test_threads_of_its_own_beside_a_main_thread_that_only_allocates_are_not_tor
     """An honest design: the main thread allocates the outputs (torch's allocator: foreign, a few samples in all its
     calls) and waits while threads of its own compute. The main thread is mostly foreign, so all their samples ran
     beside it; under `MIN_FOREIGN` foreign samples nothing is decided."""
-    own, foreign, ms = 0x1000, 0x9000, 1_000_000
-    sampler = cpu_sampler.CpuSampler(0, ["/build"])
-    sampler.events = [_event(bytearray(0))]
-    sampler._regions = lambda: [(own, own + 0x1000, "/build/pool.so", "1:2 3", 0),
-                                (foreign, foreign + 0x1000, "/usr/lib/libtorch_cpu.so", "1:2 4", 0)]
+    sampler, own, foreign, ms = _placing(), OWN, FOREIGN, 1_000_000
     sampler._thread_cpu = lambda: {5: 0, 6: 0, 7: 0}
     for call in range(cpu_sampler.MIN_FOREIGN):
         at = 1000 * ms * (call + 1)
