@@ -107,7 +107,9 @@ def kernelbench_verdict(src: Path, ref: Path, cand: Path, timeout: float) -> dic
         return {"compiled": None, "correct": False, "reason": f"timed out after {timeout:.0f} s"}
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:  # KernelBench's process itself failed (a crash in the candidate's code, or its own)
-        return {"compiled": None, "correct": False, "reason": f"exit {done.returncode}: {done.stderr[-400:]}"}
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]  # the exception first, then what led to it
+        return {"compiled": None, "correct": False,
+                "reason": f"exit {done.returncode}: {lines[-1] if lines else ''} | {done.stderr[-400:]}"}
     found = json.loads(line[len("RESULT "):])
     return {**found, "reason": "; ".join(f"{k}: {v}" for k, v in found["metadata"].items())[:400]}
 

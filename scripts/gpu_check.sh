@@ -77,6 +77,8 @@ if [[ $stages == *" agreement "* && -n "${KERNELBENCH:-}" ]]; then
   tail -1 "$OUT/agreement.log"
 fi
 if [[ $stages == *" differential "* && -n "${KB_SRC:-}" ]]; then
+  python3 -c "import pydantic" 2>/dev/null || echo "WARNING: no pydantic here: KernelBench's eval.py imports it and" \
+    "every one of its verdicts will fail; install the .whl wheels (requirements-ci.txt's openai pins)" | tee -a "$OUT/env.txt"
   python3 benchmarks/kernelbench_differential.py --kernelbench-src "$KB_SRC" --builtin \
     ${SOLUTIONS:+--suite "$KERNELBENCH" --solutions "$SOLUTIONS"} --out "$OUT/differential.jsonl" \
     > "$OUT/differential.log" 2>&1 || status=1

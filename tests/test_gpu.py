@@ -49,6 +49,23 @@ def test_cuda_single_file_load_inline(gpu_judge):
     assert verdict.reward >= 1
 
 
+def test_an_output_made_outside_the_pool_is_copied_in_and_a_background_thread_s_torch_is_still_caught(
+        gpu_judge, cache_dir):
+    """The output of `background_thread.py` is made on another thread, outside the output pool: it is copied into
+    the pool, not failed with torch's nested-pool error as the candidate's (the forty-sixth session's differential
+    found that); strict then fails the torch ops that thread ran, and the kernelbench policy passes it as KernelBench
+    itself does (torch ops are allowed there)."""
+    from cuda_agent.judge import Judge
+
+    strict = gpu_judge.evaluate(AFFINE, CANDIDATES / "background_thread.py")
+    assert strict.reward == -1 and "mempool" not in str(strict.error), strict.error
+    assert any("aten::" in v for v in strict.policy_violations), (strict.error, strict.policy_violations)
+    with Judge("cuda", fast_config(cache_dir, policy="kernelbench")) as judge:
+        loose = judge.evaluate(AFFINE, CANDIDATES / "background_thread.py")
+    assert loose.correct and loose.reward >= 1, loose.error
+    assert loose.strict_findings, "strict's verdict is named beside KernelBench's"
+
+
 @pytest.mark.parametrize("method", ["kernelbench", "kernelbench-v0.1"])
 def test_kernelbench_s_timing_runs_beside_ours_on_the_gpu_for_a_workspace_and_a_load_inline_file(cache_dir, method):
     """Both kinds of candidate get KernelBench's CUDA-event timing in a second process; on a plain pointwise kernel

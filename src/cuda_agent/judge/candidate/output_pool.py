@@ -61,7 +61,9 @@ class OutputPool:
 
     def describe(self, out: Any) -> tuple[list[dict[str, Any]], list[int], list]:
         """Where each output leaf lies (block serial and offset for tensors), the descriptors of blocks not shared
-        before (with `block_sizes` in their leaves), and the tensors to keep alive until the outputs are read."""
+        before (with `block_sizes` in their leaves), and the tensors to keep alive until the outputs are read.
+        Called inside `allocating()` (the call's window), so a copy made here lands in the pool: entering the pool
+        again would fail in torch ("beginAllocateToPool: already recording to mempool_id")."""
         found, fds, kept = [], [], []
         for path, x in leaves(out):
             if not isinstance(x, torch.Tensor):
@@ -78,10 +80,9 @@ class OutputPool:
                 found.append({**described, "ptr": 0, "block": -1, "block_size": 0, "new_block": False})
                 continue
             located = self._locate(x)
-            if located is None:  # not allocated from the pool: copied into it, inside the call
-                with self.allocating():
-                    x = x.clone()
-                    described["strides"] = list(x.stride())
+            if located is None:  # not allocated from the pool: copied into it (the caller's `allocating()`)
+                x = x.clone()
+                described["strides"] = list(x.stride())
                 located = self._locate(x)
                 if located is None:
                     raise RuntimeError("an output copied into the output pool is not in it")
