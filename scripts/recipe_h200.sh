@@ -13,14 +13,17 @@
 # the full weights.
 # To go on with a run on a later machine (a fresh one each session): put what came back (run.tar.gz or its parts,
 # adapters/) in a folder and `stash` it with RESTORE=that folder (a call of its own when part00 leaves no room); `run`
-# unpacks it into the run folder first. The actors are merged again from their adapters when needed; a value or PPO
-# critic cannot come back (full weights), so an unfinished PPO starts again from value pretraining.
+# unpacks it into the run folder first. The actors are merged again from their adapters when needed (LORA_RANK > 0;
+# with full weights, the default since the eighth attempt, a stage's actor cannot travel: a run finishes on one warm
+# machine, or trains that stage again); a value or PPO critic cannot come back (full weights), so an unfinished PPO
+# starts again from value pretraining.
 # Usage: scripts/recipe_h200.sh pack (here, once) | stash | prepare | run | start | collect SECONDS
 #        (JOB=sweep ... start: SFT settings and a held-out evaluation instead of the recipe: `sweep` below)
 #        (`start` runs the recipe in the background; `collect` waits up to SECONDS for it, then packs what it has:
 #        a run of TIME_LIMIT longer than one call, without dropping a reply at each call's end)
-#        (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48 HELD_TASKS=32 VALIDATION_TASKS=32 LORA_RANK=8
-#        ACTOR_LR=1e-4 SFT_LR=1e-3 SFT_STEPS=60 SFT_SHAPES= (every shape) SFT_CORPUS= (none)
+#        (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48 HELD_TASKS=32 VALIDATION_TASKS=32 LORA_RANK=0
+#        ACTOR_LR=1e-4 SFT_LR=1e-4 SFT_STEPS=250 SFT_SHAPES=direct SFT_CORPUS=2000 (the SFT that passed 8 of 16
+#        held-out tasks, docs/training.md's eighth attempt; SFT_SHAPES= SFT_CORPUS= for every shape and no corpus)
 #        TEMPERATURE= (the recipe's default)
 #        BACKEND=cuda RESTORE= RECIPE_ARGS="..."
 #        in the environment;
@@ -80,14 +83,16 @@ prepare() {  # the model (converted once a machine), the tasks, what RESTORE bro
 
 recipe() {  # the recipe within TIME_LIMIT (inside a step too: a reply being sampled is dropped and played again by
   # the next call); GRACE seconds later it is interrupted as by Ctrl-C; its log in $keep/recipe-ARM-SEED.log
+  # (the expert plays only the shapes SFT trains on)
+  local sft_shapes=${SFT_SHAPES-direct} sft_corpus=${SFT_CORPUS-2000}
   timeout -s INT -k 30 "$(( ${TIME_LIMIT:-1200} + ${GRACE:-60} ))" \
   python3 -m cuda_agent train recipe --model "$keep/model" --data "$keep/train.jsonl" \
     --held-out "$keep/held_out.jsonl" --validation "$keep/validation.jsonl" --out "$run" --backend "${BACKEND:-cuda}" \
     --arm "${ARM:-full}" \
     --seed "${SEED:-0}" "${reuse[@]}" \
-    --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --actor-lr "${ACTOR_LR:-1e-4}" \
-    --sft-lr "${SFT_LR:-1e-3}" --sft-steps "${SFT_STEPS:-60}" ${TEMPERATURE:+--temperature "$TEMPERATURE"} \
-    ${SFT_SHAPES:+--sft-shapes "$SFT_SHAPES"} ${SFT_CORPUS:+--sft-corpus "$SFT_CORPUS"} \
+    --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-0}" --actor-lr "${ACTOR_LR:-1e-4}" \
+    --sft-lr "${SFT_LR:-1e-4}" --sft-steps "${SFT_STEPS:-250}" ${TEMPERATURE:+--temperature "$TEMPERATURE"} \
+    ${sft_shapes:+--shapes "$sft_shapes" --sft-shapes "$sft_shapes"} ${sft_corpus:+--sft-corpus "$sft_corpus"} \
     ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 4096 \
     --controls expert,best_of_k} >> "$run.log" 2>&1
 }
@@ -95,7 +100,7 @@ recipe() {  # the recipe within TIME_LIMIT (inside a step too: a reply being sam
 sweep() {  # SFT settings side by side (benchmarks/sft_sweep.py on the restored run's expert episodes, SWEEP_SETTINGS,
   # a corpus of SWEEP_CORPUS tasks with no held-out task's operator set), then the last setting's actor played on the
   # held-out tasks (`train eval`, one episode a task at EVAL_TEMPERATURE); all in $keep/sweep, its log beside it
-  local out=$keep/sweep settings=${SWEEP_SETTINGS:-r0:1e-4:250:corpus:alone}
+  local out=$keep/sweep settings=${SWEEP_SETTINGS:-r0:1e-4:250:direct:corpus}
   local last=${settings##*,}
   mkdir -p "$out"
   python3 benchmarks/sft_sweep.py --model "$keep/model" --runs "$run/expert" --out "$out" --settings "$settings" \
