@@ -13,10 +13,11 @@ episodes in `--runs`, only what the other flags add). `direct`: only the expert'
 shape, the staged shapes' first replies are context: expert/episodes.py's staged_turns). `first`: the expert's first
 replies on the `--first` tasks too, every one whose kernel with the fast knobs (the `direct` reply's) the judge
 rewarded >= 1 in a ceiling run (`--ceiling`, benchmarks/expert_ceiling.py's jsonl; its task names are the export's
-`SET_rowN`, and the ops it traced must be the task's), with that reward. `corpus`: the expert's first replies on
-`--corpus` tasks composed as `train recipe --sft-corpus` composes them (rl/expert/corpus.py; none with a validation
-task's operator set, nor an `--exclude` task's: the held-out set a later `train eval` reads; unjudged). `--runs`: a
-folder of the expert's run folders (a recipe run's expert/, as `recipe_h200.sh` brings it back). Writes DIR/SETTING/
+`SET_rowN`, and the ops it traced must be the task's), with that reward. `corpus`: the expert's first replies and
+its `verify` calls after them on `--corpus` tasks composed as `train recipe --sft-corpus` composes them
+(rl/expert/corpus.py; none with a validation task's operator set, nor an `--exclude` task's: the held-out set a
+later `train eval` reads; unjudged). `--runs`: a folder of the expert's run folders (a recipe run's expert/, as
+`recipe_h200.sh` brings it back). Writes DIR/SETTING/
 (the stage's folder: metrics.jsonl with the probe at step 1 and every checkpoint) and prints one JSON line a setting
 (DIR/sweep.jsonl): the probe on the validation tasks at each scored step and on the trained tasks at the end, and at
 the end a reply sampled to each validation task at each of `--temperatures` compared with the expert's
@@ -35,7 +36,7 @@ from pathlib import Path
 from _common import task_slice
 
 from cuda_agent.agent.tools import schemas  # noqa: E402
-from cuda_agent.rl.expert.corpus import compose_corpus, write_tasks  # noqa: E402
+from cuda_agent.rl.expert.corpus import compose_corpus, conversations, write_tasks  # noqa: E402
 from cuda_agent.rl.expert.trace import trace  # noqa: E402
 from cuda_agent.rl.probe import expert_conversations, imitation, probe_tasks, sampled  # noqa: E402
 from cuda_agent.rl.recipe import RecipeConfig  # noqa: E402
@@ -110,8 +111,7 @@ def main() -> None:
             path for i, jsonl in enumerate(args.exclude) for path in task_files(jsonl, scratch / f"x{i}")]
         sources = compose_corpus(args.corpus, args.seed, [p.read_text() for p in excluded],
                                  [p.read_text() for p in task_slice(args.trained, scratch / "t")[2]])
-        corpus = [(c, None) for c in expert_conversations(write_tasks(sources, scratch / "corpus"), args.backend,
-                                                          compact)]
+        corpus = [(c, None) for c in conversations(write_tasks(sources, scratch / "corpus"), args.backend, compact)]
         print(f"{len(corpus)} corpus tasks", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     for setting in args.settings.split(","):

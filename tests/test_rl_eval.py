@@ -121,7 +121,8 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     composed = [t.read_text() for t in sorted((tmp_path / "run" / "corpus" / "tasks").glob("corpus_*.py"))]
     evaluated = {op_set((TASKS / name).read_text()) for name in ("row_mean.py", "linear_gelu.py")}
     assert len(composed) == 2 and None not in evaluated and not evaluated & {op_set(t) for t in composed}
-    assert "sft trains on 1 episode(s) and 2 corpus task(s)' first replies" in result.output, result.output
+    assert "sft trains on 1 episode(s) and 2 corpus task(s)' first replies and verify calls" in result.output, \
+        result.output
     sft = [json.loads(line) for line in (tmp_path / "run" / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert sft[-1]["sft_loss"] > 0 and sft[-1]["reward_mean"] >= 1  # trained on the expert's judged episode
     assert sft[-1]["probe_replies"] == 1 and sft[-1]["probe_nll"] > 0  # the expert's reply on the validation task

@@ -224,6 +224,28 @@ def test_the_scripted_expert_solves_the_demo_task_and_its_run_passes_the_rft_fil
     assert counts["kept"] == 1, counts
 
 
+def test_a_corpus_conversation_learns_the_first_reply_and_the_verify_call_after_what_the_writes_answer(tiny_model):
+    """A corpus task's conversation (expert/corpus.py) goes on past the first reply: the workspace's answer to each
+    write (read, not learnt), then the expert's call to `verify` (learnt): on first replies alone SmolLM2 wrote
+    kernels it never verified (docs/training.md, eighth attempt)."""
+    from cuda_agent.rl.expert import corpus
+
+    [conversation] = corpus.conversations([TASKS / "affine_relu.py"], "cuda", True)
+    first, answers, check = conversation[2], conversation[3:-1], conversation[-1]
+    assert [m["role"] for m in conversation] == ["system", "user", "assistant", "tool", "tool", "tool", "assistant"]
+    for call, answer in zip(first["tool_calls"], answers, strict=True):
+        written = json.loads(call["function"]["arguments"])
+        assert answer["tool_call_id"] == call["id"]
+        assert answer["content"] == f"wrote {written['path']} ({len(written['content'].splitlines())} lines)"
+    assert [c["function"]["name"] for c in check["tool_calls"]] == ["verify"]
+    turns = TurnTokenizer(transformers.AutoTokenizer.from_pretrained(tiny_model), SCHEMAS, tool_format="text")
+    trajectory = conversation_ids(turns, conversation)
+    learnt = turns.tokenizer.decode([t for t, m in zip(trajectory.response, trajectory.mask) if m])
+    read = turns.tokenizer.decode([t for t, m in zip(trajectory.response, trajectory.mask) if not m])
+    assert '"name": "write_file"' in learnt and '"name": "verify"' in learnt and "wrote kernels/" not in learnt
+    assert read.count("wrote ") == 3
+
+
 def test_the_imitation_probe_scores_the_expert_s_first_reply_and_follows_what_sft_teaches(tiny_model, tmp_path):
     """The probe's conversations are a task's opening messages and the expert's first reply (a task the expert
     cannot fuse is left out); a supervised stage scores them at its first step and at each checkpoint; training on

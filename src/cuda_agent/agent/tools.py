@@ -99,6 +99,11 @@ def schemas(compact: bool = False) -> list[dict]:
     return [s for s in SCHEMAS if not compact or s["function"]["name"] in COMPACT]
 
 
+def wrote(path: str, content: str) -> str:
+    """What `write_file` answers (also what the expert's SFT corpus shows a model after its writes)."""
+    return f"wrote {path} ({len(content.splitlines())} lines)"
+
+
 def clip(text: str, limit: int = OUTPUT_LIMIT) -> str:
     """Head and tail of a long output, with a marker saying how much was cut."""
     if len(text) <= limit:
@@ -207,7 +212,7 @@ class Tools:
         target = self._path(path, writing=True)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
-        return f"wrote {path} ({len(content.splitlines())} lines)"
+        return wrote(path, content)
 
     def tool_edit(self, path: str, old: str, new: str) -> str:
         return self.tool_multi_edit(path, [{"old": old, "new": new}])

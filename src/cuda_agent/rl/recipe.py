@@ -28,7 +28,9 @@ from .controls import CONTROLS, best_of, expert_records, samples_per_task
 from .critic_check import critic_explained_variance
 from .evaluation import evaluate, local_player
 from .probe import expert_conversations
+from .expert.corpus import TURNS as CORPUS_TURNS
 from .expert.corpus import compose_corpus, tasks_in, write_tasks
+from .expert.corpus import conversations as corpus_conversations
 from .expert.episodes import SCRIPT_VERSION, SHAPES, STAGED, play_expert
 from .scores import EpisodeRecord, paired_difference, summary
 from .recipe_steps import Steps
@@ -139,10 +141,10 @@ class Recipe:
             probe = expert_conversations(self.validation, backend, config.compact) if config.stage == "rft" else []
             episodes = [Path(r) for step in runs for r in (of_shapes(self.episodes[step], self.config.sft_shapes)
                                                            if step == "expert" else self.episodes[step])]
-            extra = [(c, None) for c in expert_conversations(corpus, backend, config.compact)]
+            extra = [(c, None) for c in corpus_conversations(corpus, backend, config.compact)]
             if corpus:
                 self.log(f"recipe: {name} trains on {len(episodes)} episode(s) and {len(extra)} corpus task(s)' first "
-                         "replies")
+                         "replies and verify calls")
             history = run_stage(timed, model, self.train, folder, self.pool if config.stage != "rft" else None,
                                 self.device, episodes, self.log, probe, extra)
             reached = checkpoints.step_of(checkpoints.latest(folder))
@@ -153,7 +155,7 @@ class Recipe:
         if "expert" in runs:
             shapes["context_first"] = STAGED  # (the staged shapes' first replies: context, not trained on)
         if corpus:
-            shapes["corpus"] = self.steps.keys["corpus"]
+            shapes["corpus"], shapes["corpus_turns"] = self.steps.keys["corpus"], CORPUS_TURNS
         step_key = key(name, model=self.model_keys[model], stage=stage_settings(config), tasks=self.train_key,
                        runs=[self.steps.keys[step] for step in runs], judge=self.judge, **shapes)
         self.steps.run(name, step_key, run)

@@ -7,24 +7,30 @@ The replies are not judged here (that needs the GPU and minutes a task): the exp
 146 of 150 train tasks of the same family on the H200 (docs/data/expert_ceiling_h200_long_set.jsonl), which is what
 this corpus rests on. No task shares its operator set with an `exclude`d task (the held-out and validation tasks),
 so nothing evaluated is trained on, whatever the order or the sizes. Sizes follow the train tasks': each task's
-BATCH gives it the input size of a train task drawn at random (the composer's own are CPU-test sizes).
+BATCH gives it the input size of a train task drawn at random (the composer's own are CPU-test sizes). SFT learns
+each task's first reply and the next, the call to `verify` (`conversations`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
 from pathlib import Path
 
+from ...agent.environment import opening_messages
+from ...agent.tools import wrote
 from ...data.catalog import crawl_all
 from ...data.compose import compose, draw_source
 from ...data.families import LONG_ROW_SHARE, RANDN, family_ops
 from ...data.taskfile import with_batch
+from .episodes import script
 from .formulas import Unsupported
 from .trace import trace
 
 BATCH = re.compile(r"^BATCH = (\d+)$", re.MULTILINE)
+TURNS = 2  # the expert's replies a corpus conversation holds (`conversations`; in SFT's key; 1 until the eighth try)
 
 
 def op_set(source: str) -> frozenset[str] | None:
@@ -85,3 +91,23 @@ def write_tasks(sources: list[str], folder: Path) -> list[Path]:
 def tasks_in(folder: Path) -> list[Path]:
     """The corpus task files `write_tasks` wrote in `folder`, in order."""
     return sorted(folder.glob("corpus_*.py"))
+
+
+def conversations(tasks: list[Path], backend: str, compact: bool) -> list[list[dict]]:
+    """What SFT learns from each corpus task (one the expert cannot fuse is left out): the opening messages, the
+    expert's first (`direct`) reply, what its writes answer (the tool's own words: no judge is asked) and its next
+    reply, the call to `verify`. On first replies alone a model learnt to write kernels it never verified, and an
+    episode's answer is a verified snapshot (docs/training.md, eighth attempt); what follows `verify` reads the
+    judge's words, which only the expert's judged episodes hold."""
+    out = []
+    for task in tasks:
+        source = Path(task).read_text()
+        try:
+            first, check = script(trace(source), backend, "direct")[:2]
+        except Unsupported:
+            continue
+        calls = [{**call, "id": f"call_{k}"} for k, call in enumerate(first["tool_calls"])]
+        results = [{"role": "tool", "tool_call_id": call["id"], "content": wrote(**json.loads(
+            call["function"]["arguments"]))} for call in calls]
+        out.append([*opening_messages(source, backend, compact), {**first, "tool_calls": calls}, *results, check])
+    return out
