@@ -225,6 +225,10 @@ def test_torch_compute_in_cxx_binding_is_caught_by_source_scan(cpu_judge, make_w
     assert verdict.reward == -1
     assert any("torch::relu" in v for v in verdict.policy_violations), verdict.policy_violations
     assert "policy violation" in verdict.error
+    lenient = Judge("cpu", fast_config(cpu_judge.cache_dir, policy="kernelbench")).evaluate(AFFINE, ws)
+    assert lenient.correct and not lenient.policy_violations, lenient.error  # torch ops are KernelBench's to allow
+    assert any(f.startswith("source (strict would fail): ") and "torch::relu" in f for f in lenient.strict_findings), \
+        lenient.strict_findings
 
 
 def test_torch_compute_hidden_from_the_scan_is_caught_in_what_the_library_links(cpu_judge, make_workspace):
@@ -585,6 +589,8 @@ def test_aten_kernels_called_past_the_dispatcher_are_caught_by_the_linker(cpu_ju
     assert not [v for v in verdict.policy_violations if not v.startswith("native code:")]
     lenient = Judge("cpu", fast_config(cpu_judge.cache_dir, policy="kernelbench")).evaluate(AFFINE, ws)
     assert lenient.correct, lenient.error
+    assert any(f.startswith("native code (strict would fail): ") and "at::cpu::mul" in f
+               for f in lenient.strict_findings), lenient.strict_findings  # what strict would say, said
 
 
 def test_torch_functions_looked_up_through_ctypes_are_caught(cpu_judge, tmp_path):

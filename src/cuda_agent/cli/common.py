@@ -167,8 +167,8 @@ def print_report(rep: dict, title: str, as_json: bool) -> None:
         sys.stdout.write(json.dumps(rep, indent=2, default=str) + "\n")
         return
     table = Table(title=Text(title))  # (folder names are the user's: never markup)
-    # the kernelbench policy: "no finding" passes with no strict finding (torch compute is not among them: only a
-    # strict run says whether the candidate's own kernels do the work); fast_1.5: KernelBench's, against eager
+    # the kernelbench policy: "no finding" passes with no strict finding (torch called from Python is not among them:
+    # only a strict run says whether the candidate's own kernels do all the work); fast_1.5: KernelBench's, vs eager
     lenient = "strict" in rep["overall"]
     for col in ("level", "n", "pass", *(["no strict finding"] if lenient else []), "faster than eager",
                 "faster than compile", "geomean vs eager", "geomean vs compile", "fast_1.5"):

@@ -161,10 +161,10 @@ class Evaluation:
 
     # ---- the phases --------------------------------------------------------------------------------------
     def build_candidate(self) -> None:
-        """Scan the sources (strict), build (meanwhile the reference worker builds `Model`), and send the spare
+        """Scan the sources, build (meanwhile the reference worker builds `Model`), and send the spare
         worker its candidate, which then loads while the reference worker is still busy."""
         verdict, cfg = self.verdict, self.cfg
-        verdict.policy_violations = scan_sources(self.cand.text(), cfg.rules) if cfg.policy == "strict" else []
+        self.violated(scan_sources(self.cand.text(), cfg.rules))
         run_dir = self.slot.run_dir
         build = self.build = self._build(run_dir / "build")
         self.phases.mark("build")
@@ -308,10 +308,18 @@ class Evaluation:
             self.cand.write_to(build_dir)
             return BuildResult(True, build_dir, 0.0)
         build = self.judge.builder.build(self.cand, build_dir, self.deadline)
-        if build.ok and self.cfg.policy == "strict":
-            self.verdict.policy_violations += [f"native code: {p}" for p in
-                                               library_problems(build.module_path, self.cfg.rules.allowed_ops)]
+        if build.ok:
+            self.violated(library_problems(build.module_path, self.cfg.rules.allowed_ops), "native code")
         return build
+
+    def violated(self, found: list[str], kind: str = "") -> None:
+        """What the trusted side's own checks of the sources and the built library found (`kind`: the check's name
+        in strict's messages, where they name it): strict's policy violations, or under the kernelbench policy
+        (torch ops allowed) what strict would say."""
+        if self.cfg.policy == "strict":
+            self.verdict.policy_violations += [f"{kind}: {v}" if kind else v for v in found]
+        else:
+            self.verdict.strict_findings += [f"{kind or 'source'} (strict would fail): {v}" for v in found]
 
     def _candidate_step(self, expected: str) -> dict[str, Any] | None:
         """The candidate's next message (its load_inline builds served on the way); None when it failed or broke the
@@ -368,9 +376,9 @@ class Evaluation:
             return {"error": str(exc)}
         inline.append({"module": built.module, "cached": built.cached, "seconds": round(built.seconds, 3),
                        "log": built.log[-5000:]})
-        problems = library_problems(built.path, self.cfg.rules.allowed_ops) if self.cfg.policy == "strict" else []
-        if problems:  # it is not loaded at all
-            self.verdict.policy_violations += [f"native code: {p}" for p in problems]
+        problems = library_problems(built.path, self.cfg.rules.allowed_ops)
+        self.violated(problems, "native code")
+        if problems and self.cfg.policy == "strict":  # it is not loaded at all
             return {"error": f"policy violation: {problems[0]}"}
         # a copy of its own: the published libraries stay hidden from candidates (held out: a candidate with no kernel
         # imported another's from the shared folder and was correct at 9x eager)

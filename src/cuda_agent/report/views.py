@@ -94,8 +94,9 @@ def _two_rules(suite: dict) -> str:
                   "findings among KernelBench's passes"], rows, text_columns=(0, 4)) + \
         '<p class="muted">Judged once under <code>--policy kernelbench</code>: its verdict follows KernelBench\'s ' \
         "protocol; the strict judge's checks of the outputs, inputs, weights and timing still ran and their " \
-        "findings are counted here. Whether the candidate's own kernels do the work (torch compute is allowed by " \
-        "KernelBench) is not among them: only a strict run says that. Rewards use strict only.</p>"
+        "findings are counted here, torch calls in the sources and the built library among them. Torch called from " \
+        "Python (allowed by KernelBench) is not: only a strict run says whether the candidate's own kernels do all " \
+        "the work. Rewards use strict only.</p>"
 
 
 def _fast_p(suite: dict) -> str:
