@@ -16,9 +16,15 @@ CANDIDATES = DATA / "candidates"
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """One judge cache for the whole run (objects, precompiled header, baselines are built once)."""
+    """One judge cache for the whole run, shared by pytest-xdist's workers (objects, the precompiled header, baselines
+    are built once: the cache is made for several judges at once, under its own file locks)."""
     env = os.environ.get("CUDA_AGENT_TEST_CACHE")
-    return Path(env) if env else tmp_path_factory.mktemp("judge-cache")
+    if env:
+        return Path(env)
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "judge-cache"
+    shared.mkdir(exist_ok=True)
+    return shared
 
 
 @pytest.fixture(scope="session")

@@ -371,7 +371,7 @@ def test_hang_is_killed_at_the_timeout_or_at_the_caller_s_deadline(cache_dir, ma
     """A hang is waited for until its timeout; with a caller's deadline (an episode's time limit) before it, until
     the deadline, and the verdict says the deadline ended it (not the candidate's failure: judged again, it may
     pass)."""
-    judge = Judge("cpu", fast_config(cache_dir, run_timeout_s=20))
+    judge = Judge("cpu", fast_config(cache_dir, run_timeout_s=12))
     ws = make_workspace(edits={KERNEL: [("(void)config;", "(void)config; volatile int spin = 1; while (spin) {}")]})
     verdict = judge.evaluate(AFFINE, ws)
     assert verdict.reward == -1 and "timed out" in verdict.error and not verdict.error.startswith(OUT_OF_TIME)
@@ -393,7 +393,7 @@ def test_a_slow_torch_compile_baseline_ends_at_the_caller_s_deadline(cpu_judge, 
     source = AFFINE.read_text().replace("        return torch.relu(", slow + "        return torch.relu(")
     task.write_text("import time\n" + source)
     assert_judge_still_works(cpu_judge, CANDIDATES / "affine_relu_ok")  # (built: the deadline is for the rest)
-    verdict = cpu_judge.evaluate(task, CANDIDATES / "affine_relu_ok", deadline=time.monotonic() + 30)
+    verdict = cpu_judge.evaluate(task, CANDIDATES / "affine_relu_ok", deadline=time.monotonic() + 20)
     assert verdict.error.startswith(OUT_OF_TIME) and "verify" in verdict.error, verdict.error
     assert verdict.seconds < 45, verdict.phases_s
 
@@ -707,6 +707,13 @@ def test_the_kernelbench_policy_allows_torch_ops_and_reports_what_strict_would_f
     kernelbench = Judge("cpu", fast_config(cache_dir, policy="kernelbench"))
     verdict = kernelbench.evaluate(AFFINE, torch_ops)
     assert verdict.correct and verdict.reward >= 1 and verdict.policy == "kernelbench", verdict.error
+    ops = [f for f in verdict.strict_findings if f.startswith("runtime ops (strict would fail): ")]
+    assert any("aten::relu" in f for f in ops) and any("aten::mul" in f for f in ops), verdict.strict_findings
+    threaded = kernelbench.evaluate(AFFINE, CANDIDATES / "background_thread.py")  # the ops in another thread
+    assert threaded.correct and any(f.startswith("runtime ops (strict would fail): ") and "aten::mul" in f
+                                    for f in threaded.strict_findings), threaded.strict_findings
+    kernel = kernelbench.evaluate(AFFINE, CANDIDATES / "affine_relu_ok")  # its own kernel: nothing to say
+    assert kernel.correct and not kernel.strict_findings and "audit_call" in kernel.phases_s, kernel.strict_findings
     mutating = python_candidate(tmp_path, "scale, shift", "self.scale, self.shift = scale, shift",
                                 "torch.relu(x.mul_(self.scale).add_(self.shift)) * 0.5")
     mutated = kernelbench.evaluate(AFFINE, mutating)  # KernelBench's rule passes it; the strict judge would not
@@ -729,8 +736,9 @@ def test_the_kernelbench_policy_reports_weights_ignored_after_construction(cache
         verdict.strict_findings
     assert Judge("cpu", fast_config(cache_dir)).evaluate(task, relaid).reward == -1
     honest = python_candidate(tmp_path, "features", body.format("pass"), forward.format("self.linear.weight.t()"))
-    verdict = kernelbench.evaluate(task, honest)
-    assert verdict.correct and not verdict.strict_findings, verdict.strict_findings
+    verdict = kernelbench.evaluate(task, honest)  # (its torch ops are what strict would fail, and all it says)
+    assert verdict.correct and verdict.strict_findings, verdict.strict_findings
+    assert all(f.startswith("runtime ops (strict would fail): torch op aten::") for f in verdict.strict_findings)
 
 
 def test_a_wrong_shape_described_as_a_large_tensor_is_not_read(cpu_judge, tmp_path):

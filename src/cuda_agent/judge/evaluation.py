@@ -39,6 +39,8 @@ from .wire.process import WorkerDied, WorkerProcess
 if TYPE_CHECKING:
     from .judge import Judge
 
+RUNTIME_OPS = "runtime ops (strict would fail)"  # a kernelbench verdict's finding of the op audit (`_audit_call`)
+
 
 class Phases:
     """Wall time of each evaluation phase, recorded in the verdict (where an evaluation spends its time)."""
@@ -229,7 +231,20 @@ class Evaluation:
         self.verdict.compiled = True
         self.verdict.warnings += initialised.get("warnings", [])
         self.verdict.strict_findings += initialised.get("findings", [])
+        if self.cfg.policy == "kernelbench" and self._audit_call() is None:
+            return None
         return begun
+
+    def _audit_call(self) -> dict[str, Any] | None:
+        """(kernelbench policy) strict's op audit on one call of the candidate's (the worker's `audit_call`): the
+        torch ops it ran, as findings; None when the candidate failed there."""
+        with self.judge.device_lock.shared():  # (device work: never beside a timed run)
+            self.worker.send({"command": "audit"})
+            audited = self._candidate_step("audited")
+        self.phases.mark("audit_call")
+        if audited is not None:
+            self.verdict.strict_findings += [f"{RUNTIME_OPS}: {f}" for f in audited["findings"]]
+        return audited
 
     def verify_and_time(self) -> TimingOutcome | None:
         """Verification beside other evaluations' shared device work (their compiles' runs, their verifications),

@@ -1,11 +1,12 @@
 """The learning demo: PPO on a task where the model's reply picks a kernel (and on the GPU its block size), and every
 pick is written into a workspace, built, verified and timed by the real judge through the agent's Environment.
 
-The task is `demo_task/affine_relu.py`. Kernels: A vectorised, B one element per thread, C wrong (no * 0.5),
-D uncoalesced chunks; on the cuda backend a second slot picks 32, 128, 256 or 1024 threads per block. The reward
-is the milestone reward of the episode's final verdict (`Environment.result()`: -1 wrong, 1 correct, 2 faster
-than eager, 3 faster than torch.compile), so what the policy can learn is whatever the judge measures. Episodes of
-one step that made the same pick share one judged episode (each step judges every distinct pick afresh).
+The task is `demo_task/BACKEND/affine_relu.py` (4M floats on cuda, 1M on cpu). Kernels: A vectorised, B one element
+per thread, C wrong (no * 0.5), D uncoalesced chunks; on the cuda backend a second slot picks 32, 128, 256 or 1024
+threads per block. The reward is the milestone reward of the episode's final verdict (`Environment.result()`: -1
+wrong, 1 correct, 2 faster than eager, 3 faster than torch.compile), so what the policy can learn is whatever the
+judge measures. Episodes of one step that made the same pick share one judged episode (each step judges every
+distinct pick afresh).
 
     cuda-agent train demo --backend cuda --steps 40 --out runs/demo
 """
@@ -54,6 +55,11 @@ def slots(backend: str) -> list[Slot]:
     return [kernel, Slot("threads per block", {key: str(n) for key, n in THREADS.items()})]
 
 
+def reference(backend: str) -> Path:
+    """The demo task's reference file for `backend`."""
+    return Path(str(TASK_DIR.joinpath(backend, "affine_relu.py")))
+
+
 def candidate_files(backend: str, texts: list[str]) -> dict[str, str]:
     """The workspace files of a pick (option texts, e.g. ["A", "3"])."""
     variant = KERNELS[texts[0]][0]
@@ -65,11 +71,11 @@ def candidate_files(backend: str, texts: list[str]) -> dict[str, str]:
             "model_new.py": TASK_DIR.joinpath("model_new.py").read_text().replace("{threads}", str(threads))}
 
 
-def judge_pick(pool: JudgePool, reference: Path, run_dir: Path, files: dict[str, str], episodes_root: Path) -> dict:
+def judge_pick(pool: JudgePool, task: Path, run_dir: Path, files: dict[str, str], episodes_root: Path) -> dict:
     """One episode of the agent's Environment with a fixed sequence of tool calls: write the files, verify,
     finish; the reward is that of `result()`'s re-judged final verdict (-1 when nothing verified)."""
     env = Environment(pool, run_dir, use_sandbox=pool.sandboxed, episodes_root=episodes_root)
-    env.reset(reference)
+    env.reset(task)
     for path, content in files.items():
         env.step("write_file", {"path": path, "content": content})
     verify = env.step("verify", {})
@@ -95,12 +101,12 @@ def expert_runs(pool: JudgePool, out: Path, count: int = 2) -> list[EpisodeSumma
                "tool_calls": [call("write_file", {"path": p, "content": c}) for p, c in files.items()]},
               {"role": "assistant", "content": "Checking it.", "tool_calls": [call("verify", {})]},
               {"role": "assistant", "content": "Correct and fast: done.", "tool_calls": [call("finish", {})]}]
-    reference = Path(str(TASK_DIR.joinpath("affine_relu.py")))
+    task = reference(pool.backend.name)
     summaries = []
     for i in range(count):
         run_dir = Path(out) / f"{i:02d}"
         summaries.append(run_episode(Environment(pool, run_dir, use_sandbox=pool.sandboxed, episodes_root=Path(out)),
-                                     ScriptedClient(script), reference, run_dir, LoopConfig(max_turns=len(script))))
+                                     ScriptedClient(script), task, run_dir, LoopConfig(max_turns=len(script))))
     return summaries
 
 
@@ -140,10 +146,10 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
         torch.manual_seed(config.seed)
         actor, critic = build_models(Path(model), random_init, device, dtype)
     reply = ChoiceReply(TurnTokenizer(tokenizer), slots(config.backend), config.temperature)
-    reference = Path(str(TASK_DIR.joinpath("affine_relu.py")))
+    task = reference(config.backend)
     judge_config = judge_config or JudgeConfig()
     with JudgePool(config.backend, judge_config, devices=devices) as pool:
-        opening = opening_messages(reference.read_text(), config.backend)
+        opening = opening_messages(task.read_text(), config.backend)
         opening[-1] = {"role": "user", "content": opening[-1]["content"] + "\n\n" + reply.instructions()}
         prompt = reply.turns.start(opening).ids
         trainer = PPOTrainer(actor, critic, config.train, reply.logprob_fn(len(prompt)))
@@ -162,7 +168,7 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
         def step() -> dict:
             began = time.monotonic()
             choices, logp = reply.sample(actor.model, prompt, config.batch, generator)
-            judged, judge_s = _judge_step(pool, reference, reply, config, out, trainer.step + 1, choices)
+            judged, judge_s = _judge_step(pool, task, reply, config, out, trainer.step + 1, choices)
             scores = [judged[tuple(c)]["reward"] for c in choices]
             stats = trainer.update(_batch(reply, prompt, choices, logp, scores))
             probs = reply.distribution(actor.model, prompt)
@@ -182,7 +188,7 @@ def run_demo(config: DemoConfig, model: Path, out: Path, *, random_init: bool = 
                          state=lambda: {"generator": generator.get_state()})
 
 
-def _judge_step(pool: JudgePool, reference: Path, reply: ChoiceReply, config: DemoConfig, out: Path, step: int,
+def _judge_step(pool: JudgePool, task: Path, reply: ChoiceReply, config: DemoConfig, out: Path, step: int,
                 choices: list[list[int]]) -> tuple[dict, float]:
     """Every distinct pick of the step judged in its own episode, all at once on the pool; logged to
     episodes.jsonl."""
@@ -192,7 +198,7 @@ def _judge_step(pool: JudgePool, reference: Path, reply: ChoiceReply, config: De
 
     def one(pick: tuple[int, ...]) -> dict:
         texts = reply.texts(list(pick))
-        return judge_pick(pool, reference, folder / "".join(texts), candidate_files(config.backend, texts),
+        return judge_pick(pool, task, folder / "".join(texts), candidate_files(config.backend, texts),
                           out / "episodes")
 
     with ThreadPoolExecutor(max(1, min(len(picks), pool.workers))) as threads:

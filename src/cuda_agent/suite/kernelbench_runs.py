@@ -32,6 +32,7 @@ KINDS = (  # (kind, what a finding of it says) in the order they are looked for
     ("input changed in place", "modified in place"), ("timed call", "timed call"), ("precision", "precision:"),
     ("speed of light", "speed of light"), ("process ended", "candidate process"),
     ("torch calls in the source", "source (strict would fail)"), ("torch calls in the library", "native code"),
+    ("torch ops at run time", "runtime ops (strict would fail)"),
 )
 
 

@@ -469,6 +469,23 @@ class LoadedCandidate:
         return {**stats, "violations": violations}
 
 
+    def audit_call(self) -> list[str]:
+        """(kernelbench policy, which runs no op audit in the verified and timed calls: torch ops are allowed) One
+        call of ModelNew on KernelBench's inputs (seed 42) under strict's op audits, this thread's and every
+        other's: what strict would find. Whatever it reports, the candidate's code could have changed (a finding
+        only, never a verdict); a call that fails reports nothing (the verified calls say why)."""
+        task = self.task or import_file(self.req["task_path"], "task_inputs")
+        ops = OpAudit(self.allowed_ops)
+        try:
+            inputs = kernelbench.inputs(task.get_inputs, kernelbench.SEED, self.device)
+            with torch.no_grad(), ThreadAudit(self.allowed_ops) as threads:
+                with ops:
+                    self.model(*inputs)
+                self.backend.synchronize()
+        except Exception:
+            return []
+        return ops.messages() + threads.messages()
+
     def kernelbench_time(self, method: str) -> dict:
         """KernelBench's timing of ModelNew on its inputs (seed 42), as it does it, in this process: whatever this
         reports, the candidate's code could have changed (kernelbench_timing.py)."""
@@ -563,6 +580,7 @@ def start(req: dict, chan: Channel) -> dict:
         "trial": checked(lambda cmd: ("trial_done", cand.run_trial(int(cmd["k"]), int(cmd["seed"]),
                                                                    cmd.get("shapes"), cmd.get("scale")))),
         "time": checked(lambda cmd: ("timed", {"stats": cand.time(), "memory_peak": cand.backend.memory_peak()})),
+        "audit": checked(lambda cmd: ("audited", {"findings": cand.audit_call()})),
         "kernelbench_time": lambda cmd: ("kernelbench_timed", cand.kernelbench_time(cmd["method"])),
     }
 
