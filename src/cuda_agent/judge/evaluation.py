@@ -74,6 +74,7 @@ class Evaluation:
         self.phases = Phases(verdict, judge.on_phase)
         self.ref: ReferenceWorker
         self.worker: WorkerProcess | None = None
+        self.second_worker = False  # the judged worker replaced by a fresh one (kernelbench_timing.second_worker)
         self.build: BuildResult | None = None
         self.weights = 0  # tensors in Model's state dict (the reference's `begun`)
         # seconds left to the candidate's load and construction (`_candidate_step`, the time spent waiting on it):
@@ -152,6 +153,8 @@ class Evaluation:
                 if outcome is not None and self.cfg.timing != "ours":
                     self.verdict.kernelbench_timing = kernelbench_timing.measure(self)
                     self.phases.mark("kernelbench_timing")
+                if outcome is not None and self.cfg.policy == "kernelbench":
+                    self.audit_call()
             if outcome is not None:
                 self.score(outcome, begun["work"])
         except WorkerDied as exc:
@@ -231,20 +234,29 @@ class Evaluation:
         self.verdict.compiled = True
         self.verdict.warnings += initialised.get("warnings", [])
         self.verdict.strict_findings += initialised.get("findings", [])
-        if self.cfg.policy == "kernelbench" and self._audit_call() is None:
-            return None
         return begun
 
-    def _audit_call(self) -> dict[str, Any] | None:
-        """(kernelbench policy) strict's op audit on one call of the candidate's (the worker's `audit_call`): the
-        torch ops it ran, as findings; None when the candidate failed there."""
-        with self.judge.device_lock.shared():  # (device work: never beside a timed run)
-            self.worker.send({"command": "audit"})
-            audited = self._candidate_step("audited")
+    def audit_call(self) -> None:
+        """(kernelbench policy, after the verdict) strict's op audits on one more call of the candidate's, in the
+        second worker KernelBench's timing used or a fresh one (the judged worker's calls are KernelBench's alone: a
+        candidate that counts its calls sees none added): the torch ops it ran, as findings."""
+        try:
+            ready = {} if self.second_worker else kernelbench_timing.second_worker(self)
+            if "error" in ready:
+                self.verdict.warnings.append(f"the op audit's call did not run: {ready['error']}")
+                return
+            with self.judge.device_lock.shared():  # (device work: never beside a timed run)
+                self.worker.send({"command": "audit"})
+                audited = self.worker.receive(self.until(self.cfg.run_timeout_s))
+        except WorkerDied as exc:
+            self.verdict.warnings.append(f"the op audit's call did not run: candidate process {exc}")
+            return
         self.phases.mark("audit_call")
-        if audited is not None:
-            self.verdict.strict_findings += [f"{RUNTIME_OPS}: {f}" for f in audited["findings"]]
-        return audited
+        findings = audited.get("findings") if audited.get("event") == "audited" else None
+        if not isinstance(findings, list):
+            self.verdict.warnings.append(f"the op audit's call did not run: {str(audited.get('error', audited))[:300]}")
+            return
+        self.verdict.strict_findings += [f"{RUNTIME_OPS}: {str(f)[:500]}" for f in findings]
 
     def verify_and_time(self) -> TimingOutcome | None:
         """Verification beside other evaluations' shared device work (their compiles' runs, their verifications),

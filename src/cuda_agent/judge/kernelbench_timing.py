@@ -41,7 +41,7 @@ def measure(ev: Evaluation) -> dict[str, Any]:
                               "warmup": method.warmup, "trials": method.trials,
                               "discard_first": method.discard_first, "l2_flush": method.flush_l2}
     try:  # whatever fails here is reported here: the verdict is made already
-        candidate = _candidate_ms(ev, method.name)
+        candidate = second_worker(ev)
         if "error" in candidate:
             return {**record, "error": candidate["error"]}
         with ev.judge.device_lock.exclusive():
@@ -71,9 +71,10 @@ def measure(ev: Evaluation) -> dict[str, Any]:
     return record
 
 
-def _candidate_ms(ev: Evaluation, method: str) -> dict[str, Any]:
+def second_worker(ev: Evaluation) -> dict[str, Any]:
     """A fresh candidate worker in the evaluation's run folder, loaded and initialised as KernelBench builds
-    `ModelNew` (the judged worker is closed first): `{}` when it is ready, else `{"error": ...}`."""
+    `ModelNew` (the judged worker is closed first): `{}` when it is ready (`ev.second_worker`), else
+    `{"error": ...}`."""
     slot = ev.slot
     slot.worker.close()
     slot.worker = ev.worker = ev.judge._start_candidate(slot.run_dir)
@@ -85,4 +86,5 @@ def _candidate_ms(ev: Evaluation, method: str) -> dict[str, Any]:
         msg = ev.serve_builds([])
         if msg.get("event") != expected:
             return {"error": f"the candidate's second process failed: {msg.get('error', msg)}"}
+    ev.second_worker = True
     return {}
