@@ -27,17 +27,49 @@ def cache_dir(tmp_path_factory) -> Path:
     return shared
 
 
+def visible_parent() -> str | None:
+    """A writable folder the sandbox neither replaces (/tmp) nor hides (home directories)."""
+    return next((p for p in ("/var/tmp", str(ROOT))
+                 if os.access(p, os.W_OK) and not p.startswith(("/tmp", "/root", "/home"))), None)
+
+
+VISIBLE_CACHE = "CUDA_AGENT_TEST_VISIBLE_CACHE"
+
+
+def pytest_configure(config):
+    """The run's one judge cache outside /tmp (`visible_cache`), made before pytest-xdist's workers start (they
+    inherit its path) and removed when the run ends."""
+    parent = visible_parent()
+    if not hasattr(config, "workerinput") and parent and VISIBLE_CACHE not in os.environ:
+        os.environ[VISIBLE_CACHE] = config.visible_cache = tempfile.mkdtemp(prefix="cuda-agent-test-cache-",
+                                                                             dir=parent)
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "visible_cache", None):
+        shutil.rmtree(config.visible_cache, ignore_errors=True)
+        os.environ.pop(VISIBLE_CACHE, None)
+
+
+@pytest.fixture(scope="session")
+def visible_cache() -> Path:
+    """One judge cache for the sandboxed judges' tests (outside /tmp, which the sandbox replaces), shared by the
+    workers: torch's precompiled header and the objects are built once for all of them."""
+    if not os.environ.get(VISIBLE_CACHE):
+        pytest.skip("no writable folder outside /tmp and the home directories")
+    return Path(os.environ[VISIBLE_CACHE])
+
+
 @pytest.fixture(scope="session")
 def visible_dir():
     """Scratch space the sandbox neither replaces (/tmp) nor hides (home directories): a probe denied there is
     denied by the read-only view, not fooled by a file that is simply absent inside."""
-    for parent in ("/var/tmp", str(ROOT)):
-        if os.access(parent, os.W_OK) and not parent.startswith(("/tmp", "/root", "/home")):
-            path = Path(tempfile.mkdtemp(prefix="cuda-agent-test-", dir=parent))
-            yield path
-            shutil.rmtree(path, ignore_errors=True)
-            return
-    pytest.skip("no writable folder outside /tmp and the home directories")
+    parent = visible_parent()
+    if parent is None:
+        pytest.skip("no writable folder outside /tmp and the home directories")
+    path = Path(tempfile.mkdtemp(prefix="cuda-agent-test-", dir=parent))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 # Shorter timing than the defaults' (0.3 s per model, up to 100 calls, 10 eager calls checked around the candidate's,
@@ -174,6 +206,31 @@ def kept_processes(*judges) -> set[str]:
         if not more:
             return found
         found |= more
+
+
+def not_another_workers(pids: set[str]) -> set[str]:
+    """`pids` but those another pytest-xdist worker started (their judges may share this one's cache, so a pattern
+    on its path finds their workers too): a process is this worker's when this worker is among its ancestors, and an
+    orphan (reparented to init or a subreaper) when no pytest process is."""
+    def ancestors(pid: str):
+        while pid not in ("0", "1"):
+            try:
+                pid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            except (OSError, IndexError):
+                return
+            yield pid
+
+    def anothers(pid: str) -> bool:
+        for parent in ancestors(pid):
+            if parent == str(os.getpid()):
+                return False
+            try:
+                if b"pytest" in Path(f"/proc/{parent}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                return False
+        return False
+    return {pid for pid in pids if not anothers(pid)}
 
 
 def static_decoder_follows_the_model(actor, device: str, steps: int, atol: float) -> None:

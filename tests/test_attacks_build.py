@@ -61,7 +61,7 @@ def test_load_inline_paths_with_newlines_or_spaces_are_refused(path):
 
 
 @needs_sandbox
-def test_a_load_inline_build_cannot_make_the_judge_read_or_chmod_a_host_file(visible_dir, tmp_path):
+def test_a_load_inline_build_cannot_make_the_judge_read_or_chmod_a_host_file(visible_dir, visible_cache, tmp_path):
     """Held out (red team, 2026-12-05): the ninja injection above ran `ln -s /host/file out/<module>.so` inside the
     build's sandbox; the judge published the link (`os.replace`), chmodded its target 0444 and copied the target into
     the candidate's folder, where the candidate read it (a 0600 file of the host printed in the verdict; the file
@@ -71,14 +71,14 @@ def test_a_load_inline_build_cannot_make_the_judge_read_or_chmod_a_host_file(vis
     secret.chmod(0o600)
     probe = tmp_path / "probe.py"
     probe.write_text(NINJA_SYMLINK.format(target=str(secret), flag_head="-L"))
-    judge = Judge("cpu", fast_config(visible_dir / "judge-cache-rt", sandbox="required"))
+    judge = Judge("cpu", fast_config(visible_cache, sandbox="required"))
     try:
         verdict = judge.evaluate(AFFINE, probe)
     finally:
         judge.close()
     assert "HOST_SECRET_4242" not in json.dumps(verdict.to_dict()), verdict.error
     assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600, oct(os.stat(secret).st_mode)
-    for published in (visible_dir / "judge-cache-rt" / "extensions").glob("*/*.so"):
+    for published in (visible_cache / "extensions").glob("*/*.so"):
         assert not published.is_symlink(), published
 
 
@@ -91,7 +91,7 @@ BURN = """constexpr unsigned long long burn(unsigned long long seed) {
 
 
 @needs_sandbox
-def test_a_workspace_build_of_many_slow_units_stops_at_the_build_budget(visible_dir, make_workspace, monkeypatch):
+def test_a_workspace_build_of_many_slow_units_stops_at_the_build_budget(visible_cache, make_workspace, monkeypatch):
     """Held out (red team, 2026-12-05): each unit's compile is stopped after COMPILE_TIMEOUT_S (600 s), but nothing
     bounds the workspace's build as a whole (`build_timeout_s`, documented as "one build (the workspace's
     objects...)", is never applied to it, nor `build_budget_s`): 255 kernel files each making g++ evaluate ~700
@@ -104,7 +104,7 @@ def test_a_workspace_build_of_many_slow_units_stops_at_the_build_budget(visible_
     for i in range(8):
         body = "".join(f"constexpr unsigned long long v{j} = burn({i * 100 + j});\n" for j in range(40))
         (ws / "kernels" / f"slow{i}.cpp").write_text(BURN + body)
-    judge = Judge("cpu", fast_config(visible_dir / "judge-cache-rt", sandbox="required", build_timeout_s=8,
+    judge = Judge("cpu", fast_config(visible_cache, sandbox="required", build_timeout_s=8,
                                      build_budget_s=8))
     judge.builder.jobs = 2
     try:
@@ -116,7 +116,7 @@ def test_a_workspace_build_of_many_slow_units_stops_at_the_build_budget(visible_
 
 
 @needs_sandbox
-def test_a_build_output_is_bounded_in_size_and_never_read_whole_into_the_judge(visible_dir, make_workspace):
+def test_a_build_output_is_bounded_in_size_and_never_read_whole_into_the_judge(visible_cache, make_workspace):
     """Held out (red team, 2026-12-05): a kernel's `.fill` of 1 GiB (the assembler writes it in about a second, in
     27 MB of memory) was cached in the shared objects folder for good (objects have no size limit and the cache no
     eviction; a compile may write files of up to 32 GiB, one per unit: a few candidates fill the judge's disk, and
@@ -128,17 +128,14 @@ def test_a_build_output_is_bounded_in_size_and_never_read_whole_into_the_judge(v
     (ws / "kernels" / "big.cpp").write_text(
         'asm(".section .data.big,\\"aw\\",@progbits\\n.fill 1073741824,1,0x5a\\n.previous\\n");\n'
         'extern "C" int big_marker() { return 1; }\n')
-    cache = visible_dir / "judge-cache-big"
-    judge = Judge("cpu", fast_config(cache, sandbox="required"))
+    judge = Judge("cpu", fast_config(visible_cache, sandbox="required"))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     try:
         verdict = judge.evaluate(AFFINE, ws)
         grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-        largest = max((p.stat().st_size for p in (cache / "build" / "objects").glob("*.o")), default=0)
+        largest = max((p.stat().st_size for p in (visible_cache / "build" / "objects").glob("*.o")), default=0)
     finally:
         judge.close()
-        import shutil
-        shutil.rmtree(cache, ignore_errors=True)
     assert largest < 256 << 20 and grew < 256 << 20, \
         f"a {largest >> 20} MiB object cached, the judge's memory grew by {grew >> 20} MiB ({verdict.error})"
 
@@ -152,7 +149,7 @@ def _spam_source(doublings: int, width: int = 4000) -> str:
 
 
 @needs_sandbox
-def test_a_compilers_output_is_bounded_in_the_judges_memory(visible_dir, make_workspace):
+def test_a_compilers_output_is_bounded_in_the_judges_memory(visible_cache, make_workspace):
     """Held out (red team, 2026-12-05): every compiler run's stdout+stderr is captured whole in the judge's process
     (`subprocess.run(stdout=PIPE, text=True)` in `sandbox.run`, then copied into the build log): a kernel of a
     few lines expanding `_Pragma("message ...")` 2**20 times prints ~9 GB in about 100 s, more than the judge's
@@ -161,7 +158,7 @@ def test_a_compilers_output_is_bounded_in_the_judges_memory(visible_dir, make_wo
 
     ws = make_workspace()
     (ws / "kernels" / "spam.cpp").write_text(_spam_source(16))
-    judge = Judge("cpu", fast_config(visible_dir / "judge-cache-rt", sandbox="required"))
+    judge = Judge("cpu", fast_config(visible_cache, sandbox="required"))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     try:
         from cuda_agent.workspace.candidate import load_candidate
@@ -262,7 +259,8 @@ class ModelNew(torch.nn.Module):
 
 @needs_sandbox
 @pytest.mark.parametrize("exists", [True, False])
-def test_the_judge_writes_a_load_inline_library_nowhere_the_candidate_points(visible_dir, tmp_path, exists):
+def test_the_judge_writes_a_load_inline_library_nowhere_the_candidate_points(visible_dir, visible_cache, tmp_path,
+                                                                             exists):
     """Held out (red team, 2026-12-05): the judge copies each `load_inline` library into
     `<run>/candidate/extensions/<module>/`, a folder the candidate's own process writes. A candidate that made
     `extensions` a link first had the judge (outside the sandbox, as its user) create `<module>/<module>.so` in any
@@ -273,7 +271,7 @@ def test_the_judge_writes_a_load_inline_library_nowhere_the_candidate_points(vis
         target.mkdir()
     probe = tmp_path / "probe.py"
     probe.write_text(EXTENSIONS_LINK.format(target=str(target)))
-    judge = Judge("cpu", fast_config(visible_dir / "judge-cache-rt", sandbox="required"))
+    judge = Judge("cpu", fast_config(visible_cache, sandbox="required"))
     try:
         verdict = judge.evaluate(AFFINE, probe)  # must end in a verdict, whatever the candidate did
     finally:
@@ -297,7 +295,7 @@ class ModelNew:
 
 
 @needs_sandbox
-def test_the_judge_never_reads_a_host_file_through_the_candidates_log(visible_dir, tmp_path):
+def test_the_judge_never_reads_a_host_file_through_the_candidates_log(visible_dir, visible_cache, tmp_path):
     """Held out (red team, 2026-12-05): a worker's log lies in the candidate's writable folder and the judge reads it
     again by its path for the verdict's last line when the worker exits (`BoundedLog.tail`): a candidate that
     replaced it with a link to a 0600 host file (or `/proc/self/environ`: the judge's own environment) and exited
@@ -307,7 +305,7 @@ def test_the_judge_never_reads_a_host_file_through_the_candidates_log(visible_di
     secret.chmod(0o600)
     probe = tmp_path / "probe.py"
     probe.write_text(LOG_LINK.format(target=str(secret)))
-    judge = Judge("cpu", fast_config(visible_dir / "judge-cache-rt", sandbox="required"))
+    judge = Judge("cpu", fast_config(visible_cache, sandbox="required"))
     try:
         verdict = judge.evaluate(AFFINE, probe)
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TASKS, fast_config, kept_processes
+from conftest import TASKS, fast_config, kept_processes, not_another_workers
 from cuda_agent import sandbox
 from cuda_agent.judge import Judge
 from cuda_agent.sandbox.cgroup import Cgroup, members
@@ -36,10 +36,9 @@ def candidate(folder: Path, init_body: str, forward_body: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def judges(visible_dir):
+def judges(visible_cache):
     """Sandboxed and plain judges whose cache lies outside /tmp (which the sandbox replaces anyway)."""
-    cache = visible_dir / "judge-cache"
-    return {mode: Judge("cpu", fast_config(cache, sandbox=mode, memory_limit_gb=8, max_processes=256))
+    return {mode: Judge("cpu", fast_config(visible_cache, sandbox=mode, memory_limit_gb=8, max_processes=256))
             for mode in ("required", "none")}
 
 
@@ -163,8 +162,9 @@ def test_fork_bomb_is_contained(judges, tmp_path):
     assert "process limit reached" in verdict.error or "Resource temporarily unavailable" in verdict.error, \
         verdict.error
     # candidate workers of this judge (other tests' judges keep spares of their own), but for its spares
-    left = set(subprocess.run(["pgrep", "-f", f"candidate_worker {judges['required'].cache_dir}"],
-                              capture_output=True, text=True).stdout.split())
+    pattern = f"candidate_worker {judges['required'].cache_dir}"
+    left = not_another_workers(set(subprocess.run(["pgrep", "-f", pattern], capture_output=True,
+                                                  text=True).stdout.split()))
     assert left <= kept_processes(*judges.values()), "fork bomb processes survived the evaluation"
 
 
@@ -343,9 +343,9 @@ def test_the_output_pool_library_stays_readable_to_a_sandboxed_candidate(visible
 
 
 @pytest.mark.skipif(Cgroup.layout() is None, reason="no writable cgroup here: host memory is bounded by rlimits only")
-def test_host_memory_is_bounded_by_the_cgroup_alone(visible_dir, tmp_path):
+def test_host_memory_is_bounded_by_the_cgroup_alone(visible_cache, tmp_path):
     """On the GPU backend the cgroup is the only bound on host memory (an address-space limit breaks CUDA)."""
-    judge = Judge("cpu", fast_config(visible_dir / "judge-cache", sandbox="required", memory_limit_gb=2))
+    judge = Judge("cpu", fast_config(visible_cache, sandbox="required", memory_limit_gb=2))
     judge.limits.address_space = False  # as on the GPU backend
     hog = candidate(tmp_path, "self.hog = torch.ones(4 << 30, dtype=torch.uint8)", "return x * 1")  # touched
     verdict = judge.evaluate(AFFINE, hog)
