@@ -256,7 +256,8 @@ class Evaluation:
         if not isinstance(findings, list):
             self.verdict.warnings.append(f"the op audit's call did not run: {str(audited.get('error', audited))[:300]}")
             return
-        self.verdict.strict_findings += [f"{RUNTIME_OPS}: {str(f)[:500]}" for f in findings]
+        # (the candidate's own report: as many and as long as a verdict should hold)
+        self.verdict.strict_findings += [f"{RUNTIME_OPS}: {str(f)[:500]}" for f in findings[:20]]
 
     def verify_and_time(self) -> TimingOutcome | None:
         """Verification beside other evaluations' shared device work (their compiles' runs, their verifications),
