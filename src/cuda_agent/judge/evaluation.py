@@ -39,7 +39,7 @@ from .wire.process import WorkerDied, WorkerProcess
 if TYPE_CHECKING:
     from .judge import Judge
 
-RUNTIME_OPS = "runtime ops (strict would fail)"  # a kernelbench verdict's finding of the op audit (`_audit_call`)
+RUNTIME_OPS = "runtime ops (strict would fail)"  # a kernelbench verdict's finding of the op audit (`audit_call`)
 
 
 class Phases:
