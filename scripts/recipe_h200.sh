@@ -13,16 +13,19 @@
 # the full weights.
 # To go on with a run on a later machine (a fresh one each session): put what came back (run.tar.gz or its parts,
 # adapters/) in a folder and `stash` it with RESTORE=that folder (a call of its own when part00 leaves no room); `run`
-# unpacks it into the run folder first. The actors are merged again from their adapters when needed (LORA_RANK > 0;
-# with full weights, the default since the eighth attempt, a stage's actor cannot travel: a run finishes on one warm
-# machine, or trains that stage again); a value or PPO critic cannot come back (full weights), so an unfinished PPO
-# starts again from value pretraining.
+# unpacks it into the run folder first. SFT trains every weight (SFT_LORA_RANK=0: the setting that passed, the
+# eighth attempt) and is trained again from its seed where its weights are not (the recipe's `_replay`: its inputs
+# travel); the later stages train LoRA adapters of rank LORA_RANK on it, actor and critic, merged again when needed,
+# and a stage cut by the time limit goes on from its last checkpoint's adapters, value head and trainer.pt (the
+# optimizers start afresh). With LORA_RANK=0 a critic cannot travel: an unfinished PPO starts again from value
+# pretraining.
 # Usage: scripts/recipe_h200.sh pack (here, once) | stash | prepare | run | start | collect SECONDS
 #        (JOB=sweep ... start: SFT settings and a held-out evaluation instead of the recipe: `sweep` below)
 #        (`start` runs the recipe in the background; `collect` waits up to SECONDS for it, then packs what it has:
 #        a run of TIME_LIMIT longer than one call, without dropping a reply at each call's end)
-#        (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48 HELD_TASKS=32 VALIDATION_TASKS=32 LORA_RANK=0
-#        ACTOR_LR=1e-4 SFT_LR=1e-4 SFT_STEPS=250 SFT_SHAPES=direct SFT_CORPUS=2000 (the SFT that passed 8 of 16
+#        (SMOL=.smol ARM=full SEED=0 TIME_LIMIT=1200 TRAIN_TASKS=48 HELD_TASKS=32 VALIDATION_TASKS=32 SFT_LORA_RANK=0
+#        LORA_RANK=8 (an adapter of rank 8 is ~10 MB, under the 16 MiB a file that comes back) ACTOR_LR=1e-4
+#        CRITIC_LR=1e-4 (the adapters' rate: LoRA wants ~1e-4 where the paper's full-weight rates are 3e-6 / 6e-6) SFT_LR=1e-4 SFT_STEPS=250 SFT_SHAPES=direct SFT_CORPUS=2000 (the SFT that passed 8 of 16
 #        held-out tasks, docs/training.md's eighth attempt; SFT_SHAPES= SFT_CORPUS= for every shape and no corpus)
 #        TEMPERATURE= (the recipe's default)
 #        BACKEND=cuda RESTORE= RECIPE_ARGS="..."
@@ -67,11 +70,17 @@ prepare() {  # the model (converted once a machine), the tasks, what RESTORE bro
       rel=$(basename "$f" .safetensors | tr . /).safetensors  # (stage.checkpoint-N.actor.adapter.adapter_model)
       mkdir -p "$run/$(dirname "$rel")" && cp "$f" "$run/$rel"
     done
-    # a trained critic does not travel: an unfinished PPO starts again from value pretraining; nor does a half-done
-    # stage's trainer state: it starts again (a half-done evaluation keeps its finished episodes)
-    if [[ ! -f $run/ppo/done.json ]]; then rm -rf "$run/value" "$run/value_check" "$run/ppo"; fi
+    # without LoRA a trained critic does not travel: an unfinished PPO starts again from value pretraining; a
+    # half-done stage goes on from its checkpoint when it has adapters, else starts again (a half-done evaluation
+    # keeps its finished episodes)
+    if (( ${LORA_RANK:-8} == 0 )) && [[ ! -f $run/ppo/done.json ]]; then
+      rm -rf "$run/value" "$run/value_check" "$run/ppo"
+    fi
     for step in "$run"/*/; do
-      if [[ ! -f $step/done.json ]] && compgen -G "$step/checkpoint-*" > /dev/null; then rm -rf "$step"; fi
+      if [[ ! -f $step/done.json ]] && compgen -G "$step/checkpoint-*" > /dev/null \
+          && ! compgen -G "$step/checkpoint-*/actor/adapter/adapter_model.safetensors" > /dev/null; then
+        rm -rf "$step"
+      fi
     done
     echo "restored $(find "$run" -name done.json | wc -l) finished steps from $restore"
   fi
@@ -90,7 +99,8 @@ recipe() {  # the recipe within TIME_LIMIT (inside a step too: a reply being sam
     --held-out "$keep/held_out.jsonl" --validation "$keep/validation.jsonl" --out "$run" --backend "${BACKEND:-cuda}" \
     --arm "${ARM:-full}" \
     --seed "${SEED:-0}" "${reuse[@]}" \
-    --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-0}" --actor-lr "${ACTOR_LR:-1e-4}" \
+    --time-limit "${TIME_LIMIT:-1200}" --lora-rank "${LORA_RANK:-8}" --sft-lora-rank "${SFT_LORA_RANK:-0}" \
+    --actor-lr "${ACTOR_LR:-1e-4}" --critic-lr "${CRITIC_LR:-1e-4}" \
     --sft-lr "${SFT_LR:-1e-4}" --sft-steps "${SFT_STEPS:-250}" ${TEMPERATURE:+--temperature "$TEMPERATURE"} \
     ${sft_shapes:+--shapes "$sft_shapes" --sft-shapes "$sft_shapes"} ${sft_corpus:+--sft-corpus "$sft_corpus"} \
     ${RECIPE_ARGS:---samples 2 --rft-samples 1 --value-steps 3 --ppo-steps 8 --max-turns 6 --max-new-tokens 4096 \
@@ -115,7 +125,8 @@ sweep() {  # SFT settings side by side (benchmarks/sft_sweep.py on the restored 
 pack() {  # what comes back (a file only under 16 MiB and at most two folders deep): run.tar.gz, the run folder's
   # small files in its layout (results, metrics, the evaluations' episodes: summary, trajectory, best kernel, what
   # the hand audit reads; every episode's trajectory and summary: what a stage trains on when a later machine goes
-  # on with the run; the tasks), split into 15 MiB parts when larger; the adapters' weights under adapters/; the log.
+  # on with the run; the tasks; each checkpoint's trainer.pt and value head), split into 15 MiB parts when larger;
+  # the adapters' weights (actor and critic) under adapters/; the log.
   # (-L: steps linked from another run come too; not the `checkpoint` links, which name a step folder again)
   if [[ -f $run.log ]]; then tail -25 "$run.log" && cp "$run.log" "$OUT/recipe.log"; fi
   if [[ -d $keep/sweep ]]; then  # (a sweep's results, its held-out episodes: no weights)
@@ -124,15 +135,16 @@ pack() {  # what comes back (a file only under 16 MiB and at most two folders de
       ! -name '*.pt' -print0 | tar --null -czf "$OUT/sweep.tar.gz" -T -)
   fi
   (cd "$run" && find -L . -name checkpoint -prune -o -type f \( -name recipe.json -o -name done.json \
-    -o -name metrics.jsonl -o -name episodes.jsonl -o -name 'eval.*' -o -path './tasks/*' -o -path './corpus/tasks/*' \
+    -o -name 'metrics*.jsonl' -o -name episodes.jsonl -o -name trainer.pt -o -name value_head.pt \
+    -o -name 'eval.*' -o -path './tasks/*' -o -path './corpus/tasks/*' \
     -o -path './eval_*/episodes/*' -o -name trajectory.jsonl -o -name summary.json \
-    -o -path '*/checkpoint-*/actor/adapter/adapter_config.json' \) ! -name '*.log' -print0 \
+    -o -path '*/checkpoint-*/adapter/adapter_config.json' \) ! -name '*.log' -print0 \
     | tar --null -czf "$OUT/run.tar.gz" -T -)
   if (( $(stat -c %s "$OUT/run.tar.gz") > 15 << 20 )); then
     split -b 15m -d "$OUT/run.tar.gz" "$OUT/run.tar.gz.part" && rm "$OUT/run.tar.gz"
   fi
   mkdir -p "$OUT/adapters"
-  (cd "$run" && find -L . -name checkpoint -prune -o -path '*/checkpoint-*/actor/adapter/adapter_model*' \
+  (cd "$run" && find -L . -name checkpoint -prune -o -path '*/checkpoint-*/adapter/adapter_model*' \
     -type f -print | while read -r f; do
     cp "$f" "$OUT/adapters/$(echo "${f#./}" | tr / .)"; done)
   du -sh "$OUT"

@@ -92,7 +92,7 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
             str(TASKS / "row_mean.py"), "--out", str(tmp_path / "run"), "--backend", "cpu", "--shapes", "direct",
             "--sft-steps", "1", "--rft-samples", "1", "--rft-steps", "1", "--value-steps", "1", "--ppo-steps", "1",
             "--batch", "2", "--samples", "1", "--max-turns", "1", "--max-new-tokens", "8", "--lora-rank", "2",
-            "--sft-corpus", "2", "--cache-dir", str(cache_dir)]
+            "--sft-lora-rank", "0", "--sft-corpus", "2", "--cache-dir", str(cache_dir)]
     shared = runner.invoke(app, [*args, "--validation", str(TASKS / "affine_relu.py")])
     assert shared.exit_code == 2 and "also train or held-out tasks" in shared.output, shared.output
     args += ["--validation", str(TASKS / "linear_gelu.py")]
@@ -163,19 +163,19 @@ def _another_arm_takes_the_steps_it_shares(args: list[str], tmp_path, report: di
 
 
 def _a_run_brought_back_with_its_adapters_only_is_rebuilt(args: list[str], tmp_path) -> None:
-    """What comes back from the device machine (scripts/recipe_h200.sh: no full weights, no links): a rerun there
-    merges each actor from its adapters and rebuilds the critic a supervised stage kept unchanged, equal to the
-    originals; a critic that trained (value's) cannot be rebuilt, and a step that needs it says so."""
+    """What comes back from the device machine (scripts/recipe_h200.sh: no full weights, no links; the adapters, the
+    value heads, trainer.pt): a rerun there trains the full-weight SFT again from its seed (the same weights on the
+    CPU), merges each later actor and critic from its adapter (equal to the originals) and trains PPO again from the
+    rebuilt value critic. A stage whose adapter did not come cannot be rebuilt, and a step that needs it says so."""
     from safetensors.torch import load_file
 
     moved = tmp_path / "moved"
     shutil.copytree(tmp_path / "run", moved, symlinks=True)
+    travels = {"trainer.pt", "value_head.pt", "adapter_config.json", "adapter_model.safetensors"}
     for step in moved.glob("*/checkpoint-*"):
         (step.parent / "checkpoint").unlink()
-        shutil.rmtree(step / "critic")
-        (step / "trainer.pt").unlink()
-        for path in (step / "actor").iterdir():
-            if path.is_file():
+        for path in step.rglob("*"):
+            if path.is_file() and path.name not in travels:
                 path.unlink()
     at = args.index("--out") + 1
     moved_args = [*args[:at], str(moved), *args[at + 1:]]
@@ -185,31 +185,40 @@ def _a_run_brought_back_with_its_adapters_only_is_rebuilt(args: list[str], tmp_p
     short = runner.invoke(app, moved_args)  # a corpus that came without its tasks is not read as a smaller one
     assert short.exit_code == 2 and "holds 1 of its 2 tasks" in short.output, short.output
     task.write_text(source)
-    again = runner.invoke(app, moved_args)  # every step done: no weights needed, none rebuilt
+    again = runner.invoke(app, moved_args)  # every step done: no weights needed, none made
     assert again.exit_code == 0 and again.output.count("done before") == 16, again.output
-    assert "merged from its adapter" not in again.output
-    shutil.rmtree(moved / "ppo")  # to be trained again: it needs the critic value trained
-    missing = runner.invoke(app, moved_args)
-    assert missing.exit_code == 2 and "the critic value trained did not come with its checkpoint" in missing.output
-    assert missing.output.count("merged from its adapter") == 1  # value's actor, from the chain of three adapters
-    shutil.rmtree(moved / "value")  # trained again from the RFT model and the critic beside it, both rebuilt
-    adapter = next(moved.glob("rft/checkpoint-*/actor/adapter/adapter_model.safetensors"))
-    weights = adapter.read_bytes()
-    adapter.unlink()  # (a run packed without its adapters' weights: their configs only)
+    assert "merged from its adapter" not in again.output and "trained again" not in again.output
+    shutil.rmtree(moved / "ppo")  # to be trained again: from value's actor and critic
+    adapters = {name: next(moved.glob(f"{name}/checkpoint-*/{part}/adapter/adapter_model.safetensors"))
+                for name, part in (("rft", "actor"), ("value", "critic"))}
+    kept = {name: path.read_bytes() for name, path in adapters.items()}
+    adapters["rft"].unlink()  # (a run packed without an adapter's weights: its config only)
     lost = runner.invoke(app, moved_args)
     assert lost.exit_code == 2 and "nor a LoRA adapter's to rebuild them: delete" in lost.output, lost.output
-    adapter.write_bytes(weights)
+    assert lost.output.count("trained again from its seed") == 1  # SFT first: RFT's adapter is merged into it
+    adapters["rft"].write_bytes(kept["rft"])
+    adapters["value"].unlink()
+    critic = runner.invoke(app, moved_args)
+    assert critic.exit_code == 2 and "the critic value trained did not come with its checkpoint" in critic.output
+    adapters["value"].write_bytes(kept["value"])
     again = runner.invoke(app, moved_args)
-    assert again.exit_code == 0 and again.output.count("done before") == 14, again.output
-    # (the SFT model's too: the critic RFT kept is the one beside it)
-    both = lost.output + again.output  # (the lost run rebuilt the SFT model before it reached RFT's adapter)
-    assert both.count("merged from its adapter") == 2 and both.count("kept unchanged, rebuilt") == 2
-    for part in ("actor", "critic"):
+    assert again.exit_code == 0 and again.output.count("done before") == 15, again.output
+    made = lost.output + critic.output + again.output
+    assert made.count("trained again from its seed") == 1 and "sft trained again: last loss" in made
+    assert made.count("actor's weights merged from its adapter") == 2  # rft's, value's
+    assert made.count("kept unchanged, rebuilt") == 1  # rft's (the SFT replay made its own)
+    assert made.count("critic's weights merged from its adapter") == 1  # value's
+    assert json.loads((moved / "sft" / "done.json").read_text())["replays"][0]["sft_loss"] > 0
+    first, replayed = ([{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in
+                        (moved / "sft" / name).read_text().splitlines()] for name in ("metrics.first-run.jsonl",
+                                                                                       "metrics.jsonl"))
+    assert first == replayed  # (on the CPU the same numbers, step by step)
+    for step, part in (("sft", "actor"), ("rft", "actor"), ("rft", "critic"), ("value", "actor"), ("value", "critic")):
         name = "model.safetensors"
-        original = load_file(tmp_path / "run" / "rft" / "checkpoint" / part / name)
-        rebuilt = load_file(moved / "rft" / "checkpoint" / part / name)
+        original = load_file(tmp_path / "run" / step / "checkpoint" / part / name)
+        rebuilt = load_file(moved / step / "checkpoint" / part / name)
         assert original.keys() == rebuilt.keys()
-        assert all(torch.allclose(original[k], rebuilt[k], atol=1e-6) for k in original), part
+        assert all(torch.allclose(original[k], rebuilt[k], atol=1e-6) for k in original), (step, part)
 
 
 def test_a_step_key_follows_what_the_step_depends_on_and_nothing_else(tmp_path):

@@ -121,17 +121,44 @@ def test_the_four_stages_run_and_hand_over_their_checkpoints(tiny_model, cache_d
     assert row["tokens"] > 0 and math.isfinite(row["policy_loss"]) and row["rollout_logp_gap"] < 1e-3
     assert (agentic / "episodes" / "step_0001" / "00" / "trajectory.jsonl").is_file()
 
-    value = tmp_path / "value"
-    actor_before = transformers.AutoModelForCausalLM.from_pretrained(agentic / "checkpoint" / "actor")
-    result = CliRunner().invoke(app, ["train", "--stage", "value", "--model", str(agentic / "checkpoint" / "actor"),
-                                      "--out", str(value), *common])
+    _value_pretraining_with_lora_goes_on_from_what_travels(agentic, tmp_path / "value", common)
+
+
+def _value_pretraining_with_lora_goes_on_from_what_travels(agentic, value, common):
+    """Value pretraining with LoRA (`--lora-rank 2`) trains the critic's updates and head, never the actor; its
+    checkpoint stripped to what travels from the device machine (scripts/recipe_h200.sh: adapters, the value head,
+    trainer.pt) is enough to go on with the stage from the critic it started from."""
+    from safetensors.torch import load_file
+
+    args = ["train", "--stage", "value", "--model", str(agentic / "checkpoint" / "actor"), "--out", str(value),
+            *common, "--lora-rank", "2", "--critic-lr", "1e-2"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    actor_before = transformers.AutoModelForCausalLM.from_pretrained(agentic / "checkpoint" / "actor")
     actor_after = transformers.AutoModelForCausalLM.from_pretrained(value / "checkpoint" / "actor")
     for (name, a), (_, b) in zip(actor_before.named_parameters(), actor_after.named_parameters()):
         assert torch.equal(a, b), f"value pretraining changed the actor's {name}"
+    critic = value / "checkpoint" / "critic"
     head_before = torch.load(agentic / "checkpoint" / "critic" / "value_head.pt")
-    head_after = torch.load(value / "checkpoint" / "critic" / "value_head.pt")
-    assert not torch.equal(head_before["bias"], head_after["bias"])  # the critic learned (from the agentic one)
+    assert not torch.equal(head_before["bias"], torch.load(critic / "value_head.pt")["bias"])  # the head learned
+    before, after = (load_file(folder / "model.safetensors") for folder in (agentic / "checkpoint" / "critic", critic))
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # and the backbone's updates
+    assert json.loads((critic / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+        (agentic / "checkpoint" / "critic").resolve())
+    step = (value / "checkpoint").resolve()
+    (value / "checkpoint").unlink()
+    travels = {"trainer.pt", "value_head.pt", "adapter_config.json", "adapter_model.safetensors"}
+    for path in step.rglob("*"):
+        if path.is_file() and path.name not in travels:
+            path.unlink()
+    at = args.index("--steps") + 1
+    again = CliRunner().invoke(app, [*args[:at], "2", *args[at + 1:-1], "0"])  # (critic lr 0: its updates kept)
+    assert again.exit_code == 0, again.output
+    assert "afresh" in again.output  # (no optimizer state travels)
+    rows = [json.loads(line) for line in (value / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    resumed = load_file(value / "checkpoint" / "critic" / "model.safetensors")
+    assert all(torch.allclose(after[k], resumed[k], atol=1e-6) for k in after)  # the adapter went on, not afresh
 
 
 def write_run(folder, reward):

@@ -16,7 +16,7 @@ from ..task import TaskError, task_files
 from . import common
 from .common import err, fail, integers, out, warn_unsandboxed, writable
 from .options import BACKEND_HELP, Backends
-from .train import ActorLr, LoraAlpha, LoraRank, train_app
+from .train import ActorLr, CriticLr, LoraAlpha, LoraRank, train_app
 
 DEFAULTS = RecipeConfig()
 
@@ -54,10 +54,15 @@ def train_recipe_cmd(
                                    "first replies SFT trains on too (unjudged; no held-out or validation task's "
                                    "operator set; 0: none)"),
     actor_lr: ActorLr = DEFAULTS.stage.train.actor_lr,
+    critic_lr: CriticLr = DEFAULTS.stage.train.critic_lr,
     sft_lr: Optional[float] = typer.Option(DEFAULTS.sft_lr, min=0, help="learning rate of the supervised stages (SFT, "
                                            "RFT, filter-and-fine-tune; default: --actor-lr)"),
     lora_rank: LoraRank = DEFAULTS.stage.train.lora_rank,
     lora_alpha: LoraAlpha = DEFAULTS.stage.train.lora_alpha,
+    sft_lora_rank: Optional[int] = typer.Option(
+        DEFAULTS.sft_lora_rank, min=0, help="SFT's LoRA rank (default: --lora-rank); 0 with --lora-rank > 0: SFT "
+        "trains every weight and the later stages adapters on it, which travel (a machine without SFT's weights "
+        "trains it again from its seed)"),
     controls: str = typer.Option(",".join(DEFAULTS.controls), help=f"controls after PPO, of {', '.join(CONTROLS)} "
                                  "(comma-separated; '' for none)"),
     reuse: list[Path] = typer.Option(
@@ -90,12 +95,13 @@ def train_recipe_cmd(
         limits = dict(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)
         config = RecipeConfig(arm=arm, seed=seed, expert_shapes=tuple(s.strip() for s in shapes.split(",")),
                               sft_shapes=tuple(s.strip() for s in sft_shapes.split(",") if s.strip()),
-                              sft_corpus=sft_corpus, sft_steps=sft_steps, sft_lr=sft_lr, rft_samples=rft_samples,
+                              sft_corpus=sft_corpus, sft_steps=sft_steps, sft_lr=sft_lr,
+                              sft_lora_rank=sft_lora_rank, rft_samples=rft_samples,
                               rft_steps=rft_steps, value_steps=value_steps, ppo_steps=ppo_steps,
                               time_limit_s=time_limit,
                               controls=tuple(c.strip() for c in controls.split(",") if c.strip()),
                               stage=replace(DEFAULTS.stage, batch=batch, **limits, train=replace(
-                                  DEFAULTS.stage.train, actor_lr=actor_lr, lora_rank=lora_rank,
+                                  DEFAULTS.stage.train, actor_lr=actor_lr, critic_lr=critic_lr, lora_rank=lora_rank,
                                   lora_alpha=lora_alpha)),
                               eval=replace(DEFAULTS.eval, samples=samples, **limits))
         train, held = task_files(data, out_dir / "tasks" / "train"), task_files(held_out, out_dir / "tasks" / "held")

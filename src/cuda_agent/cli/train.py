@@ -16,14 +16,15 @@ from .common import app, err, fail, integers, out, warn_unsandboxed, writable
 from .options import BACKEND_HELP, Backends, Stages
 
 ActorLr = Annotated[float, typer.Option(min=0.0, help="actor learning rate (the paper's)")]
-CriticLr = Annotated[float, typer.Option(min=0.0, help="critic learning rate (the paper's)")]
+CriticLr = Annotated[float, typer.Option(min=0.0, help="critic learning rate (the paper's; with LoRA: its updates')")]
 SaveEvery = Annotated[int, typer.Option(min=1, help="checkpoint every N steps (and at the end)")]
 KeepCheckpoints = Annotated[int, typer.Option(min=1, help="checkpoints kept: the newest N (OUT/checkpoint-STEP; "
                                               "OUT/checkpoint is the newest)")]
 Temperature = Annotated[float, typer.Option(min=0.01, help="sampling temperature of the rollouts (training "
                                             "recomputes log-probs at the same one)")]
 LoraRank = Annotated[int, typer.Option(min=0, help="train the actor's LoRA updates of this rank only, saved small "
-                                       "in checkpoint/actor/adapter (0: every weight)")]
+                                       "in checkpoint/actor/adapter, and a critic that trains its own and its head "
+                                       "(checkpoint/critic/adapter; 0: every weight)")]
 LoraAlpha = Annotated[float, typer.Option(min=0.0, help="LoRA's scale is alpha / rank")]
 SaveOptimizer = Annotated[bool, typer.Option("--save-optimizer/--no-save-optimizer", help="keep the optimizers' "
                                              "state in checkpoints (twice the weights' size; without it a resume "

@@ -69,16 +69,21 @@ def save(trainer: PPOTrainer, out: Path, tokenizer, extra: dict, *, keep: int, o
     return folder
 
 
-def rebuild(out: Path, start: Path, root: Path, supervised: bool, log: Callable[[str], None] = print) -> None:
-    """A finished stage folder brought from another machine with its adapters only (full weights do not travel):
-    link `checkpoint` to its newest step folder, merge the actor from its adapter chain on `root` (the tokenizer:
-    root's, which training never changes) and, with `supervised` (a stage that never trains the critic, whose
-    critic is needed), the critic it started with: the one beside `start`, else one started from `start` (as
-    `stages.run_stage` does). A critic that trained (value, PPO) cannot be rebuilt: what needs it says so
-    (stages.critic_beside). Nothing to do: no change."""
-    from transformers import AutoTokenizer
+def has_weights(folder: Path) -> bool:
+    """An actor's or critic's folder holds its weights (not only what travels: an adapter, a value head)."""
+    return (Path(folder) / "config.json").is_file()
 
-    from .lora import WEIGHTS, merged_model
+
+def rebuild(out: Path, start: Path, critic: bool, supervised: bool, log: Callable[[str], None] = print) -> None:
+    """A finished stage folder brought from another machine with its adapters only (full weights do not travel;
+    `start`, what the stage started from, has its own by now): link `checkpoint` to its newest step folder, merge the
+    actor's adapter into `start`'s weights (the tokenizer: start's, which training never changes) and, with
+    `critic`, the critic: for a `supervised` stage (which never trains it) the one it started with unchanged, else
+    its adapter merged into that one and its head as saved. A critic trained without LoRA cannot be rebuilt: what
+    needs it says so (stages.critic_beside). Nothing to do: no change."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .lora import WEIGHTS, merge
     from .models import Critic
     from .stages import critic_beside
 
@@ -88,17 +93,27 @@ def rebuild(out: Path, start: Path, root: Path, supervised: bool, log: Callable[
         return
     if not (out / LINK).exists():
         (out / LINK).symlink_to(folders[-1].name)
-    actor, critic = out / LINK / "actor", out / LINK / "critic"
-    if not (actor / "config.json").is_file():
+    actor, critic_dir = out / LINK / "actor", out / LINK / "critic"
+    if not has_weights(actor):
         if not (actor / "adapter" / WEIGHTS).is_file():  # (a run packed without its adapters: only their configs)
             raise FileNotFoundError(f"{actor} holds neither the actor's weights nor a LoRA adapter's to rebuild them: "
                                     f"delete {out} and the steps after it to train it again")
-        log(f"{out.name}: the actor's weights merged from its adapter on {root}")
-        merged_model(actor / "adapter", root).save_pretrained(actor)
-        AutoTokenizer.from_pretrained(root).save_pretrained(actor)
-    if supervised and not (critic / "config.json").is_file():
+        log(f"{out.name}: the actor's weights merged from its adapter on {start}")
+        model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32)
+        merge(model, actor / "adapter").save_pretrained(actor)
+        AutoTokenizer.from_pretrained(start).save_pretrained(actor)
+    if not critic or has_weights(critic_dir):
+        return
+    begun = critic_beside(Path(start))
+    if supervised:
         log(f"{out.name}: the critic it kept unchanged, rebuilt")
-        Critic.load(critic_beside(Path(start))).save(critic)
+        Critic.load(begun).save(critic_dir)
+    elif (critic_dir / "adapter" / WEIGHTS).is_file():
+        log(f"{out.name}: the critic's weights merged from its adapter on {begun}")
+        rebuilt = Critic.load(begun)
+        merge(rebuilt.backbone, critic_dir / "adapter")
+        rebuilt.head.load_state_dict(torch.load(critic_dir / "value_head.pt", map_location="cpu"))
+        rebuilt.save(critic_dir)
 
 
 def _disk_bytes(folder: Path) -> int:

@@ -47,7 +47,8 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     gradient_checkpointing: bool = True  # recompute each layer's activations in backward: memory for time
     bf16: bool | None = None  # bf16 autocast over fp32 weights; None: on CUDA only
-    lora_rank: int = 0  # > 0: the actor trains LoRA updates of this rank only (lora.py); 0: every weight
+    lora_rank: int = 0  # > 0: the actor, and a critic that trains, train LoRA updates of this rank only (lora.py)
+    # (and the critic its head); 0: every weight
     lora_alpha: float = 16.0  # their scale is lora_alpha / lora_rank
     ppo: PPOConfig = None  # type: ignore[assignment]
 

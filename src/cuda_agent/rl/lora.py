@@ -122,6 +122,11 @@ def merged_model(folder: Path, root: Path | None = None, dtype: torch.dtype = to
         if not (base / "config.json").is_file():
             raise FileNotFoundError(f"{folder}: its base model {base} is not here (give the root model's folder)")
         model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    return merge(model, folder)
+
+
+def merge(model: nn.Module, folder: Path) -> nn.Module:
+    """`model` (the one the adapter in `folder` was trained on) with the adapter's updates added into its weights."""
     lora = LoRA.load(model, folder)
     model.load_state_dict(lora.merged_state_dict())
     lora.detach()

@@ -141,6 +141,7 @@ class Critic(torch.nn.Module):
         self.head = torch.nn.Linear(hidden_size, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
+        self.lora: LoRA | None = None
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Critic:
@@ -153,8 +154,20 @@ class Critic(torch.nn.Module):
             critic.head.load_state_dict(torch.load(head, map_location=device))
         return critic
 
-    def save(self, path: str | Path) -> None:
-        self.backbone.save_pretrained(path)
+    def add_lora(self, rank: int, alpha: float, adapter: Path | None = None) -> None:
+        """Train the head and low-rank updates of the backbone only (`adapter`: continue the one saved there, on
+        the same backbone): what it learns then travels without its weights (checkpoints.rebuild)."""
+        self.lora = LoRA.load(self.backbone, adapter) if adapter is not None else LoRA(self.backbone, rank, alpha)
+        self.backbone.enable_input_require_grads()  # (gradient checkpointing then reaches the updates)
+
+    def save(self, path: str | Path, base: Path | None = None) -> None:
+        """An HF folder of the backbone and `value_head.pt` (with LoRA: the merged weights, and the adapter in
+        `adapter/`, trained on the critic at `base`)."""
+        if self.lora is None:
+            self.backbone.save_pretrained(path)
+        else:
+            self.backbone.save_pretrained(path, state_dict=self.lora.merged_state_dict())
+            self.lora.save(Path(path) / "adapter", base)
         torch.save(self.head.state_dict(), Path(path) / "value_head.pt")
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

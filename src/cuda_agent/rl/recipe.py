@@ -16,6 +16,7 @@ command continues.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -41,6 +42,17 @@ ARMS = ("full", "paper", "no_value", "speedup", "no_rft", "single_turn")
 
 
 @dataclass
+class Made:
+    """How a stage's actor was made: its folder, the model it started from, whether it was supervised (its critic:
+    the start's unchanged), its steps, and (a full-weight supervised stage) how to train it again."""
+    folder: Path
+    start: Path
+    supervised: bool
+    steps: int
+    replay: Callable[[], None] | None = None
+
+
+@dataclass
 class RecipeConfig:
     arm: str = "full"
     seed: int = 0
@@ -49,6 +61,9 @@ class RecipeConfig:
     sft_corpus: int = 0  # tasks composed beyond the train split whose expert first replies SFT trains on too
     # (expert/corpus.py: unjudged; no operator set of a held-out or validation task)
     sft_steps: int = 30
+    sft_lora_rank: int | None = None  # SFT's LoRA rank (None: the other stages'); 0 below their rank > 0: SFT trains
+    # every weight and the stages after it adapters on it (full weights do not travel: a machine without SFT's trains
+    # it again from its seed, its inputs having travelled)
     rft_samples: int = 2  # episodes of the SFT model per train task, its positives kept for RFT
     rft_steps: int = 10
     value_steps: int = 5
@@ -66,6 +81,8 @@ class RecipeConfig:
     def __post_init__(self):
         if self.arm not in ARMS:
             raise ValueError(f"unknown arm {self.arm!r} (choose from {', '.join(ARMS)})")
+        if self.sft_lora_rank is not None and self.sft_lora_rank < 0:
+            raise ValueError(f"--sft-lora-rank {self.sft_lora_rank}: a rank (0: every weight)")
         if self.sft_corpus < 0:
             raise ValueError(f"--sft-corpus {self.sft_corpus}: a number of tasks (0: none)")
         if set(self.sft_shapes) - set(self.expert_shapes):
@@ -75,10 +92,13 @@ class RecipeConfig:
         if unknown:
             raise ValueError(f"unknown control {sorted(unknown)[0]!r} (choose from {', '.join(CONTROLS)})")
 
-    def stage_config(self, stage: str, steps: int, batch: int | None = None) -> StageConfig:
-        """The arm's settings for one stage."""
+    def stage_config(self, stage: str, steps: int, batch: int | None = None,
+                     lora_rank: int | None = None) -> StageConfig:
+        """The arm's settings for one stage (`lora_rank`: in place of the stages' own)."""
         ppo = PPOConfig(lam=0.95, critic_lam=0.95) if self.arm == "paper" else self.stage.train.ppo
         train = replace(self.stage.train, ppo=ppo)
+        if lora_rank is not None:
+            train = replace(train, lora_rank=lora_rank)
         save_every = self.stage.save_every
         if stage == "rft":  # supervised: steps of about a second, checkpoints (the whole model) of several
             train = replace(train, actor_lr=self.sft_lr if self.sft_lr is not None else train.actor_lr)
@@ -113,7 +133,7 @@ class Recipe:
         self.train_key, self.held_key = tasks_key(train), tasks_key(held_out)
         self.model_keys = {self.base: model_key(self.base)}  # a model folder -> what made it (the base: its content)
         self.episodes: dict[str, list[str]] = {}  # a step -> the run folders of its episodes
-        self.made: dict[Path, tuple] = {}  # a stage's actor -> (its folder, what it started from, supervised)
+        self.made: dict[Path, Made] = {}  # a stage's actor -> how it was made
 
     def _evaluate(self, name: str, model: Path, samples: int | None = None) -> dict:
         config = replace(self.config.eval, seed=self.config.seed, samples=samples or self.config.eval.samples)
@@ -160,8 +180,33 @@ class Recipe:
                        runs=[self.steps.keys[step] for step in runs], judge=self.judge, **shapes)
         self.steps.run(name, step_key, run)
         actor = self.out / name / "checkpoint" / "actor"
-        self.model_keys[actor], self.made[actor] = step_key, (self.out / name, model, config.stage == "rft")
+        supervised = config.stage == "rft"
+        replay = (lambda: self._replay(name, run)) if supervised and not config.train.lora_rank else None
+        self.model_keys[actor] = step_key
+        self.made[actor] = Made(self.out / name, model, supervised, config.steps, replay)
         return actor
+
+    def _replay(self, name: str, run: Callable[[Path], dict]) -> None:
+        """A full-weight supervised stage done on another machine, trained again here from its seed (its inputs
+        travelled; its weights did not): the same run up to the GPU's nondeterminism. Its first run's metrics are
+        kept beside (`metrics.first-run.jsonl`), and each replay's last step in done.json's `replays`."""
+        folder = self.out / name
+        self.log(f"recipe: {name}'s weights are not on this machine (full weights do not travel): trained again "
+                 "from its seed")
+        for stale in [*folder.glob("checkpoint-*"), folder / checkpoints.LINK]:
+            if stale.is_symlink():
+                stale.unlink()
+            elif not checkpoints.has_weights(stale / "actor"):  # (a replay's own checkpoint stays: it resumes)
+                shutil.rmtree(stale, ignore_errors=True)
+        first = folder / "metrics.first-run.jsonl"
+        if not first.exists() and (folder / "metrics.jsonl").is_file():
+            (folder / "metrics.jsonl").rename(first)
+        last = run(folder)["last"]
+        done = json.loads((folder / "done.json").read_text())
+        done["replays"] = [*done.get("replays", []), last]
+        (folder / "done.json").write_text(json.dumps(done, indent=2, default=str))
+        loss = lambda record: f"{record['sft_loss']:.4g}" if record and "sft_loss" in record else "-"  # noqa: E731
+        self.log(f"recipe: {name} trained again: last loss {loss(last)} (first run {loss(done.get('last'))})")
 
     def _corpus(self) -> list[Path]:
         """The SFT corpus's tasks (expert/corpus.py), composed once a run: the seed's draw, resized to the train
@@ -182,13 +227,21 @@ class Recipe:
         return tasks
 
     def _ready(self, model: Path, critic: bool = False) -> None:
-        """A stage's output about to be used (`critic`: by a stage, which starts from the critic beside it too):
-        its weights rebuilt when its folder came from another machine (checkpoints.rebuild)."""
-        if model in self.made:
-            folder, start, supervised = self.made[model]
-            if critic and supervised:  # (an adapter chain rebuilds without the merged models before it)
-                self._ready(start, critic=True)
-            checkpoints.rebuild(folder, start, self.base, critic and supervised, self.log)
+        """A stage's output about to be used (`critic`: by a stage, which starts from the critic beside it too),
+        its weights made when its folder came from another machine: a full-weight supervised stage's trained again
+        (`_replay`), an adapter's merged into its start model's, made first (checkpoints.rebuild)."""
+        made = self.made.get(model)
+        if made is None:
+            return
+        latest = checkpoints.latest(made.folder)
+        if made.replay and (checkpoints.step_of(latest) < made.steps or not checkpoints.has_weights(latest / "actor")):
+            made.replay()
+            return
+        if latest is None or checkpoints.has_weights(latest / "actor") and (
+                not critic or checkpoints.has_weights(latest / "critic")):
+            return
+        self._ready(made.start, critic)
+        checkpoints.rebuild(made.folder, made.start, critic, made.supervised, self.log)
 
     def run(self) -> dict:
         """The arm's steps, then the controls; `recipe.json` (also when the time limit stops it: `stopped` says
@@ -215,8 +268,8 @@ class Recipe:
                                         log=self.log, compact=cfg.stage.compact, out_of_time=self.steps.out_of_time,
                                         deadline=time.monotonic() + self.steps.left("expert"))[0]]})
             self.episodes["expert"] = expert["runs"]
-            model = self._stage("sft", cfg.stage_config("rft", cfg.sft_steps, cfg.sft_batch), model, ("expert",),
-                                self._corpus() if cfg.sft_corpus else ())
+            model = self._stage("sft", cfg.stage_config("rft", cfg.sft_steps, cfg.sft_batch, cfg.sft_lora_rank), model,
+                                ("expert",), self._corpus() if cfg.sft_corpus else ())
             heldout["sft"] = self._evaluate("sft", model)
             self._sample("rft_samples", model, cfg.rft_samples, 1)
             model = self._stage("rft", cfg.stage_config("rft", cfg.rft_steps, cfg.sft_batch), model,
@@ -245,7 +298,7 @@ class Recipe:
         held = "rft" if "rft" in self.evals else "base"
 
         def run(folder: Path) -> dict:
-            self._ready(model)
+            self._ready(model, critic=True)
             return critic_explained_variance(model.parent, [Path(r.run_dir) for r in self.evals[held]],
                                              self.config.stage.compact, self.device)
         return self.steps.run("value_check", key("value_check", critic=self.model_keys[model],

@@ -57,9 +57,15 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = checkpoints.latest(out)
     resuming = checkpoint is not None
-    lora = config.train.lora_rank > 0  # the actor resumes as its start model and the adapter trained on it
+    # with LoRA the actor, and the critic of a stage that trains it, resume as their start and the adapters trained
+    # on it (a checkpoint's adapters, head and trainer.pt are all a machine needs to go on with a stage)
+    lora = config.train.lora_rank > 0
+    critic_lora = lora and config.stage != "rft"
     actor_dir = checkpoint / "actor" if resuming and not lora else Path(model)
-    critic_dir = checkpoint / "critic" if resuming else critic_beside(Path(model))
+    critic_dir = checkpoint / "critic" if resuming and not critic_lora else critic_beside(Path(model))
+    if resuming and critic_lora and not (checkpoint / "critic" / "adapter").is_dir():
+        raise FileNotFoundError(f"{checkpoint}: its critic has no adapter (an older version's LoRA checkpoint): "
+                                f"delete {out} to train the stage again")
     tokenizer = AutoTokenizer.from_pretrained(actor_dir)
     actor, critic = Actor.load(actor_dir, device), Critic.load(critic_dir, device)
     if not resuming:  # what draws from torch's generator (LoRA's initial updates, minibatch order) follows the seed
@@ -67,10 +73,15 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
     if lora:
         actor.add_lora(config.train.lora_rank, config.train.lora_alpha,
                        checkpoint / "actor" / "adapter" if resuming else None)
+    if critic_lora:
+        critic.add_lora(config.train.lora_rank, config.train.lora_alpha,
+                        checkpoint / "critic" / "adapter" if resuming else None)
+        if resuming:
+            critic.head.load_state_dict(torch.load(checkpoint / "critic" / "value_head.pt", map_location=device))
     # tools described in the system message, calls written as <tool_call> text (none in the single-turn warm-up)
     turns = TurnTokenizer(tokenizer, None if config.stage == "warmup" else schemas(config.compact), tool_format="text")
     trainer = PPOTrainer(actor, critic, config.train, lambda *a: None)  # the log-prob fn is set per batch
-    trainer.base = Path(model)
+    trainer.base, trainer.critic_base = Path(model), critic_dir
     restored = trainer.restore(checkpoint, log) if resuming else {}
     rng = random.Random(config.seed)
     if "rng" in restored:
@@ -110,7 +121,7 @@ def critic_beside(model: Path) -> Path:
     checkpoint without its critic (brought from another machine: a trained critic's weights do not travel) is an
     error, not a fresh critic."""
     critic = model.parent / "critic"
-    if model.name == "actor" and (critic / "value_head.pt").is_file():
+    if model.name == "actor" and (critic / "value_head.pt").is_file() and (critic / "config.json").is_file():
         return critic
     if model.name == "actor" and (model.parent / "trainer.pt").is_file() or (model / "adapter").is_dir():
         stage = model.resolve().parent.parent

@@ -51,8 +51,9 @@ class PPOTrainer:
         self.actor, self.critic, self.config, self.logprob_fn = actor, critic, config, logprob_fn
         self.actor_optim = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=config.actor_lr,
                                              weight_decay=0.0)  # (with LoRA: its updates only)
-        self.critic_optim = torch.optim.AdamW([
-            {"params": critic.backbone.parameters(), "lr": config.critic_lr},
+        self.critic_optim = torch.optim.AdamW([  # (with LoRA: its updates and the head)
+            {"params": [p for name, p in critic.named_parameters() if p.requires_grad and not name.startswith("head.")],
+             "lr": config.critic_lr},
             {"params": critic.head.parameters(), "lr": config.value_head_lr}], weight_decay=0.0)
         self.bf16 = config.bf16 if config.bf16 is not None else actor.device.type == "cuda"
         if config.gradient_checkpointing:
@@ -63,6 +64,7 @@ class PPOTrainer:
             self.reference = actor.frozen_copy()
         self.step = 0
         self.base: Path | None = None  # the model the actor started from (a LoRA adapter names it)
+        self.critic_base: Path | None = None  # the critic's
         self.updating = False  # the weights are being changed (a step's update begun, not ended): no checkpoint now
 
     def autocast(self):
@@ -166,7 +168,7 @@ class PPOTrainer:
             tokenizer.save_pretrained(staging / "actor")
             if self.actor.lora is not None:
                 tokenizer.save_pretrained(staging / "actor" / "adapter")
-        self.critic.save(staging / "critic")
+        self.critic.save(staging / "critic", self.critic_base)
         state = {"step": self.step, "torch_rng": torch.get_rng_state(), "extra": extra or {},
                  "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
         if optimizer:
