@@ -37,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 smol=${SMOL:-.smol}
-keep=/tmp/recipe-h200  # survives between two calls of one warm machine
+keep=${KEEP:-/tmp/recipe-h200}  # survives between two calls of one warm machine (the run: keep/run-ARM-SEED)
 mkdir -p "$keep"
 run=$keep/run-${ARM:-full}-${SEED:-0}
 OUT=${OUT:-$PWD/recipe-out}

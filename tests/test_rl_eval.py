@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import TASKS, fast_config
+from conftest import ROOT, TASKS, fast_config
 from cuda_agent.cli import app
 from cuda_agent.rl.expert.corpus import op_set
 from cuda_agent.rl.scores import EpisodeRecord, paired_difference, summary
@@ -89,7 +89,7 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     rerun does nothing again. (A tiny random model writes no tool call: every held-out reward is -1.)"""
     model = tiny_checkpoint
     args = ["train", "recipe", "--model", str(model), "--data", str(TASKS / "affine_relu.py"), "--held-out",
-            str(TASKS / "row_mean.py"), "--out", str(tmp_path / "run"), "--backend", "cpu", "--shapes", "direct",
+            str(TASKS / "row_mean.py"), "--out", str(tmp_path / "run-full-0"), "--backend", "cpu", "--shapes", "direct",
             "--sft-steps", "1", "--rft-samples", "1", "--rft-steps", "1", "--value-steps", "1", "--ppo-steps", "1",
             "--batch", "2", "--samples", "1", "--max-turns", "1", "--max-new-tokens", "8", "--lora-rank", "2",
             "--sft-lora-rank", "0", "--sft-corpus", "2", "--cache-dir", str(cache_dir)]
@@ -98,32 +98,32 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     args += ["--validation", str(TASKS / "linear_gelu.py")]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / "run" / "recipe.json").read_text())
+    report = json.loads((tmp_path / "run-full-0" / "recipe.json").read_text())
     assert list(report["heldout"]) == ["base", "sft", "rft", "ppo"] and report["arm"] == "full"
     assert all(row["mean_reward"] == -1 for row in report["heldout"].values())
     assert report["ppo_vs_sft"]["mean_reward"]["difference"] == 0
     assert report["critic_on_heldout"]["episodes"] == 1  # (its variance: none, every return is -1)
     for step in ("expert", "sft", "rft_samples", "rft", "value", "value_check", "ppo", "eval_best_of_2", "fft_samples",
                  "eval_fft", "expert_heldout"):
-        assert (tmp_path / "run" / step / "done.json").is_file(), step
+        assert (tmp_path / "run-full-0" / step / "done.json").is_file(), step
     controls = report["controls"]
     assert sorted(controls) == ["best_of_k", "expert_best", "expert_fast", "expert_random", "filter_finetune"]
     assert controls["best_of_k"]["episodes"] == 1 and controls["filter_finetune"]["mean_reward"] == -1
     assert "passes the RFT filter" in report["notes"]["filter_finetune"]  # the tiny model succeeded nowhere
-    assert not (tmp_path / "run" / "fft").exists()
+    assert not (tmp_path / "run-full-0" / "fft").exists()
     assert controls["expert_fast"]["pass_rate"] == 1  # the expert's kernel for the held-out row mean, judged
     assert controls["expert_best"]["mean_reward"] >= controls["expert_random"]["mean_reward"]
     assert report["ppo_vs_expert_best"]["mean_reward"]["difference"] < 0
-    ppo = [json.loads(line) for line in (tmp_path / "run" / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    ppo = [json.loads(line) for line in (tmp_path / "run-full-0" / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert {"policy_violations", "cut_share", "response_tokens_mean", "entropy"} <= set(ppo[-1])
     assert ppo[-1]["cut_share"] == 1  # 8 new tokens a turn: every reply is cut
     assert "a policy that imitates it is cut mid-reply" in result.output  # the expert's turns are > 8 tokens
-    composed = [t.read_text() for t in sorted((tmp_path / "run" / "corpus" / "tasks").glob("corpus_*.py"))]
+    composed = [t.read_text() for t in sorted((tmp_path / "run-full-0" / "corpus" / "tasks").glob("corpus_*.py"))]
     evaluated = {op_set((TASKS / name).read_text()) for name in ("row_mean.py", "linear_gelu.py")}
     assert len(composed) == 2 and None not in evaluated and not evaluated & {op_set(t) for t in composed}
     assert "sft trains on 1 episode(s) and 2 corpus task(s)' first replies and verify calls" in result.output, \
         result.output
-    sft = [json.loads(line) for line in (tmp_path / "run" / "sft" / "metrics.jsonl").read_text().splitlines()]
+    sft = [json.loads(line) for line in (tmp_path / "run-full-0" / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert sft[-1]["sft_loss"] > 0 and sft[-1]["reward_mean"] >= 1  # trained on the expert's judged episode
     assert sft[-1]["probe_replies"] == 1 and sft[-1]["probe_nll"] > 0  # the expert's reply on the validation task
     again = runner.invoke(app, args)
@@ -154,7 +154,7 @@ def _another_arm_takes_the_steps_it_shares(args: list[str], tmp_path, report: di
     """no_value on the same seed, with --reuse: the eight steps before the value stage are linked, not run."""
     at = args.index("--out") + 1
     arm = runner.invoke(app, [*args[:at], str(tmp_path / "no_value"), *args[at + 1:], "--arm", "no_value",
-                              "--controls", "", "--reuse", str(tmp_path / "run")])
+                              "--controls", "", "--reuse", str(tmp_path / "run-full-0")])
     assert arm.exit_code == 0, arm.output
     assert arm.output.count(f"taken from {tmp_path / 'run'}") == 8, arm.output
     assert (tmp_path / "no_value" / "rft").is_symlink() and not (tmp_path / "no_value" / "value").exists()
@@ -163,22 +163,35 @@ def _another_arm_takes_the_steps_it_shares(args: list[str], tmp_path, report: di
 
 
 def _a_run_brought_back_with_its_adapters_only_is_rebuilt(args: list[str], tmp_path) -> None:
-    """What comes back from the device machine (scripts/recipe_h200.sh: no full weights, no links; the adapters, the
-    value heads, trainer.pt): a rerun there trains the full-weight SFT again from its seed (the same weights on the
-    CPU), merges each later actor and critic from its adapter (equal to the originals) and trains PPO again from the
-    rebuilt value critic. A stage whose adapter did not come cannot be rebuilt, and a step that needs it says so."""
+    """What comes back from the device machine, packed by scripts/recipe_h200.sh (`collect`: no full weights, no
+    links; the adapters, the value heads, trainer.pt) and put back as a later machine does (`stash` with RESTORE=,
+    `prepare`) where the run was: a rerun there trains the full-weight SFT again from its seed (the same weights on
+    the CPU), merges each later actor and critic from its adapter (equal to the originals) and trains PPO again from
+    the rebuilt value critic. A stage whose adapter did not come cannot be rebuilt, and a step that needs it says
+    so."""
+    import os
+    import subprocess
+
     from safetensors.torch import load_file
 
-    moved = tmp_path / "moved"
-    shutil.copytree(tmp_path / "run", moved, symlinks=True)
-    travels = {"trainer.pt", "value_head.pt", "adapter_config.json", "adapter_model.safetensors"}
-    for step in moved.glob("*/checkpoint-*"):
-        (step.parent / "checkpoint").unlink()
-        for path in step.rglob("*"):
-            if path.is_file() and path.name not in travels:
-                path.unlink()
-    at = args.index("--out") + 1
-    moved_args = [*args[:at], str(moved), *args[at + 1:]]
+    moved, back = tmp_path / "run-full-0", tmp_path / "back"
+    back.mkdir()
+    (tmp_path / "data").mkdir()
+    for split in ("train", "held_out"):  # (what `prepare` cuts the task lists from; the rerun reads its own)
+        (tmp_path / "data" / f"{split}.jsonl").write_text("")
+    env = {**os.environ, "KEEP": str(tmp_path), "OUT": str(back), "SMOL": str(tmp_path / "no-smol"),
+           "DATA": str(tmp_path / "data")}
+    script = ROOT / "scripts" / "recipe_h200.sh"
+    for command in (["collect", "0"], ["stash"], ["prepare"]):
+        if command == ["stash"]:
+            moved.rename(tmp_path / "original")
+            env["RESTORE"] = str(back)
+            (tmp_path / "model").symlink_to(args[args.index("--model") + 1])  # (converted on a machine's first call)
+        done = subprocess.run(["bash", str(script), *command], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert "restored 16 finished steps" in done.stdout, done.stdout  # (the controls are steps too)
+    assert not list(moved.rglob("model.safetensors")) and not (moved / "sft" / "checkpoint").exists()
+    moved_args = args
     task = moved / "corpus" / "tasks" / "corpus_00001.py"
     source = task.read_text()
     task.unlink()
@@ -215,7 +228,7 @@ def _a_run_brought_back_with_its_adapters_only_is_rebuilt(args: list[str], tmp_p
     assert first == replayed  # (on the CPU the same numbers, step by step)
     for step, part in (("sft", "actor"), ("rft", "actor"), ("rft", "critic"), ("value", "actor"), ("value", "critic")):
         name = "model.safetensors"
-        original = load_file(tmp_path / "run" / step / "checkpoint" / part / name)
+        original = load_file(tmp_path / "original" / step / "checkpoint" / part / name)
         rebuilt = load_file(moved / step / "checkpoint" / part / name)
         assert original.keys() == rebuilt.keys()
         assert all(torch.allclose(original[k], rebuilt[k], atol=1e-6) for k in original), (step, part)
