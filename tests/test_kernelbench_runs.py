@@ -286,6 +286,38 @@ def test_a_failure_of_the_judge_on_one_solution_is_that_solution_s_verdict_and_i
     assert evaluate_suite(VerdictsByComment(), discover(tmp_path / "suite"), runs, store)[0]["verdict"]["reward"] == 3
 
 
+def test_a_reference_that_fails_here_is_counted_apart_and_judged_again_next_run(tmp_path, capsys):
+    """Measured on the H200 (2026-12-07, 14 evaluations at once): KernelBench's batched matmul reference failed with
+    CUBLAS_STATUS_INTERNAL_ERROR, and the stored failure would have stood for the solution on every rerun. A
+    reference's failure (TaskError) is the task's or the machine's: counted in `reference_errors`, not stored."""
+    import json
+
+    from cuda_agent.cli.common import print_report
+    from cuda_agent.task import TaskError
+
+    suite, runs = three_tasks_and_a_generation_folder(tmp_path)
+    (runs / "level_1_problem_1_sample_0_kernel.py").write_text("# reward 3 speedup 2\n")
+
+    class ReferenceFails(VerdictsByComment):
+        def submit(self, task, cand) -> Future:
+            future = Future()
+            future.set_exception(TaskError("Model.forward failed: CUDA error: CUBLAS_STATUS_INTERNAL_ERROR"))
+            return future
+
+    store = Store(tmp_path / "s.sqlite")
+    records = evaluate_suite(ReferenceFails(), discover(tmp_path / "suite"), runs, store)
+    assert records[0]["verdict"]["error"].startswith("reference error: Model.forward failed")
+    rep = report(records)
+    assert rep["overall"]["reference_errors"] == 1 and rep["overall"]["pass_rate"] == 0
+    print_report(rep, "suite", as_json=False)
+    assert "1 task(s) whose reference failed here" in " ".join(capsys.readouterr().out.split())
+    from cuda_agent.report import write_report
+
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    assert "reference failed here" in write_report(tmp_path / "report.json", tmp_path / "page.html")[0].read_text()
+    assert evaluate_suite(VerdictsByComment(), discover(tmp_path / "suite"), runs, store)[0]["verdict"]["reward"] == 3
+
+
 def test_stored_suite_verdicts_depend_on_the_clock_that_timed_them(monkeypatch):
     """Held out (red team, 2026-12-05): a suite judged with CUDA_AGENT_GPU_CLOCK=in-process (a clock the candidate
     can fool) left verdicts a later run with the trusted clock resumed as its own."""

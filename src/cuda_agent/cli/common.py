@@ -199,6 +199,10 @@ def print_report(rep: dict, title: str, as_json: bool) -> None:
                       f"agree on {pub['agree']} of {pub['n']} (published pass {pub['pass_rate_published']:.1%}, here "
                       f"{pub['pass_rate_here']:.1%})" + (f"; differ: {differ}" if differ else ""),
                       highlight=False, soft_wrap=True, markup=False)
+    if rep["overall"].get("reference_errors"):
+        out.print(f"{rep['overall']['reference_errors']} task(s) whose reference failed here (counted as failures; "
+                  "not stored: judged again next run; the task's or this machine's problem, not the solution's)",
+                  highlight=False, soft_wrap=True)
     if lenient and rep["overall"]["strict"]["findings_by_kind"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in rep["overall"]["strict"]["findings_by_kind"].items())
         out.print(f"passing KernelBench's rules but not the strict judge's checks: {kinds}", highlight=False,

@@ -148,8 +148,10 @@ def _published(suite: dict) -> str:
 
 
 def suite_view(suite: dict) -> View:
-    levels = table(["level"] + [label for _, label, _ in SUMMARY_KEYS],
-                   [[text(name)] + [_summary_cell(s.get(k), kind) for k, _, kind in SUMMARY_KEYS]
+    keys = SUMMARY_KEYS + ([("reference_errors", "reference failed here (the task's or the machine's)", None)]
+                           if any(s.get("reference_errors") for _, s in _levels(suite)) else [])
+    levels = table(["level"] + [label for _, label, _ in keys],
+                   [[text(name)] + [_summary_cell(s.get(k), kind) for k, _, kind in keys]
                     for name, s in _levels(suite)], text_columns=(0,))
     rows = [_task_row(r) for r in suite["tasks"]]
     episodes = any(r["turns"] is not None for r in rows)

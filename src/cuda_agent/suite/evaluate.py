@@ -82,6 +82,9 @@ def find_solution(solutions_dir: Path, task: SuiteTask) -> Path | None:
     return None
 
 
+REFERENCE_ERROR = "reference error"  # a verdict's error when the task's reference failed, not the solution
+
+
 def missing_verdict(backend: str, reason: str) -> Verdict:
     return Verdict(reward=-1, compiled=False, correct=False, error=reason, backend=backend)
 
@@ -122,7 +125,8 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
                    rejudge: Iterable[str] = ()) -> list[dict]:
     """Judge every task's solutions (reusing stored verdicts, except for the tasks whose names match a `rejudge`
     pattern, e.g. "level1/19_*"), as many at once as the pool takes; one record per solution (per sample in a
-    generation folder), in the suite's order. Each verdict is stored the moment it is known. Interrupted (Ctrl-C),
+    generation folder), in the suite's order. Each verdict is stored the moment it is known (not a failure of the
+    reference or of the judge, which is judged again next run). Interrupted (Ctrl-C),
     nothing new starts and the evaluations in flight finish and are stored; interrupted again, they are
     abandoned."""
     backend = pool.backend.name
@@ -140,9 +144,9 @@ def evaluate_suite(pool: JudgePool, tasks: list[SuiteTask], solutions_dir: Path,
         try:
             verdicts[i] = future.result()
             store.put("suite", key, verdicts[i].to_dict())
-        except TaskError as exc:
-            verdicts[i] = missing_verdict(backend, f"reference error: {exc}")
-            store.put("suite", key, verdicts[i].to_dict())
+        except TaskError as exc:  # the task's failure or this machine's (a CUDA error while the GPU is full): not
+            # the solution's, so not stored (judged again next run; `reference_errors` in the summary)
+            verdicts[i] = missing_verdict(backend, f"{REFERENCE_ERROR}: {exc}")
         except Exception as exc:  # the judge's own failure on this job: reported, not stored (judged again next run)
             verdicts[i] = missing_verdict(backend, f"the judge failed on this solution: {type(exc).__name__}: {exc}")
         del pending[future]
@@ -214,6 +218,7 @@ def summarize(verdicts: list[dict]) -> dict:
         "geomean_speedup_vs_eager": kernelbench_runs.geomean(eager),
         "geomean_speedup_vs_compile": kernelbench_runs.geomean(compiled),
         "mean_reward": sum(v["reward"] for v in verdicts) / n if n else None,
+        "reference_errors": sum(1 for v in verdicts if (v.get("error") or "").startswith(REFERENCE_ERROR)),
         "fast_p_vs_eager": kernelbench_runs.fast_p(verdicts, n, "speedup_vs_eager"),
         "fast_p_vs_compile": kernelbench_runs.fast_p(verdicts, n, "speedup_vs_compile"),
     }
