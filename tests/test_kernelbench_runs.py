@@ -268,20 +268,26 @@ def test_published_results_and_the_candidate_s_own_timing_are_read_only_when_sha
     assert not plausible([float("nan")], 100) and not plausible([1.0] * 101, 100) and not plausible("1", 100)
 
 
+class Raising(VerdictsByComment):
+    """A stand-in pool whose every evaluation raises `error`."""
+
+    def __init__(self, error: Exception):
+        super().__init__()
+        self.error = error
+
+    def submit(self, task, cand) -> Future:
+        future = Future()
+        future.set_exception(self.error)
+        return future
+
+
 def test_a_failure_of_the_judge_on_one_solution_is_that_solution_s_verdict_and_is_not_stored(tmp_path):
     """Held out (red team, 2026-12-05): an exception out of one evaluation (a forged timing once raised
     ZeroDivisionError) aborted the whole suite; now it is that sample's failure, judged again next run."""
     suite, runs = three_tasks_and_a_generation_folder(tmp_path)
     (runs / "level_1_problem_1_sample_0_kernel.py").write_text("# reward 3 speedup 2\n")
-
-    class Failing(VerdictsByComment):
-        def submit(self, task, cand) -> Future:
-            future = Future()
-            future.set_exception(ZeroDivisionError("division by zero"))
-            return future
-
     store = Store(tmp_path / "s.sqlite")
-    records = evaluate_suite(Failing(), discover(tmp_path / "suite"), runs, store)
+    records = evaluate_suite(Raising(ZeroDivisionError("division by zero")), discover(tmp_path / "suite"), runs, store)
     assert "the judge failed on this solution: ZeroDivisionError" in records[0]["verdict"]["error"]
     assert evaluate_suite(VerdictsByComment(), discover(tmp_path / "suite"), runs, store)[0]["verdict"]["reward"] == 3
 
@@ -297,15 +303,9 @@ def test_a_reference_that_fails_here_is_counted_apart_and_judged_again_next_run(
 
     suite, runs = three_tasks_and_a_generation_folder(tmp_path)
     (runs / "level_1_problem_1_sample_0_kernel.py").write_text("# reward 3 speedup 2\n")
-
-    class ReferenceFails(VerdictsByComment):
-        def submit(self, task, cand) -> Future:
-            future = Future()
-            future.set_exception(TaskError("Model.forward failed: CUDA error: CUBLAS_STATUS_INTERNAL_ERROR"))
-            return future
-
     store = Store(tmp_path / "s.sqlite")
-    records = evaluate_suite(ReferenceFails(), discover(tmp_path / "suite"), runs, store)
+    failing = Raising(TaskError("Model.forward failed: CUDA error: CUBLAS_STATUS_INTERNAL_ERROR"))
+    records = evaluate_suite(failing, discover(tmp_path / "suite"), runs, store)
     assert records[0]["verdict"]["error"].startswith("reference error: Model.forward failed")
     rep = report(records)
     assert rep["overall"]["reference_errors"] == 1 and rep["overall"]["pass_rate"] == 0
