@@ -720,6 +720,19 @@ def test_the_kernelbench_policy_allows_torch_ops_and_reports_what_strict_would_f
     assert mutated.correct and any("modified in place" in f for f in mutated.strict_findings), mutated.strict_findings
 
 
+def test_the_candidate_s_own_op_report_is_bounded_in_the_verdict(cache_dir, tmp_path):
+    """The run-time op audit's findings come from the candidate's own process: one that rewrites the worker's audit
+    (white box: it runs as the worker's `__main__`) to report 50 findings of 10,000 characters each puts at most 20,
+    of at most 500 characters, into the verdict, and its verdict is KernelBench's as before."""
+    forge = ("self.scale, self.shift = scale, shift\n        import sys\n        "
+             "sys.modules['__main__'].LoadedCandidate.audit_call = lambda self: ['x' * 10_000] * 50")
+    forged = python_candidate(tmp_path, "scale, shift", forge, "torch.relu(x * self.scale + self.shift) * 0.5")
+    verdict = Judge("cpu", fast_config(cache_dir, policy="kernelbench")).evaluate(AFFINE, forged)
+    assert verdict.correct and verdict.reward >= 1, verdict.error
+    ops = [f for f in verdict.strict_findings if f.startswith("runtime ops (strict would fail): ")]
+    assert len(ops) == 20 and set(ops) == {"runtime ops (strict would fail): " + "x" * 500}, ops[:1]
+
+
 def test_the_kernelbench_policy_reports_weights_ignored_after_construction(cache_dir, tmp_path):
     """Held out (red team, 2026-12-04): a transposed copy of the weight made in `__init__` and used instead of the
     parameter is right under KernelBench's seeded construction and wrong under strict (which loads Model's state
