@@ -118,10 +118,10 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
 
 def critic_beside(model: Path) -> Path:
     """A previous stage's checkpoint keeps the critic beside the actor; a plain model starts one from itself. A
-    checkpoint without its critic (brought from another machine: a trained critic's weights do not travel) is an
-    error, not a fresh critic."""
+    checkpoint without its critic (brought from another machine without it, or not yet rebuilt from its adapter) is
+    an error, not a fresh critic."""
     critic = model.parent / "critic"
-    if model.name == "actor" and (critic / "value_head.pt").is_file() and (critic / "config.json").is_file():
+    if model.name == "actor" and (critic / "value_head.pt").is_file() and checkpoints.has_weights(critic):
         return critic
     if model.name == "actor" and (model.parent / "trainer.pt").is_file() or (model / "adapter").is_dir():
         stage = model.resolve().parent.parent
