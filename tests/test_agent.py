@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent import sandbox
 from cuda_agent.agent import Environment, LoopConfig, OpenAIClient, ScriptedClient, run_episode
-from cuda_agent.llm import parse_text_tool_calls
+from cuda_agent.llm import ContextFull, LLMError, parse_text_tool_calls
 from cuda_agent.agent.loop import parse_files
 from cuda_agent.agent.tools import clip
 from cuda_agent.task import TaskError
@@ -340,6 +340,8 @@ class ScriptedEndpoint:
                 endpoint.requests.append(request)
                 if callable(endpoint.replies):
                     message = endpoint.replies(request)
+                    if "status" in message:  # an error the endpoint answers with
+                        return self._send({"error": message["error"]}, message["status"])
                 elif endpoint.replies:
                     message = endpoint.replies.pop(0)
                 else:
@@ -392,6 +394,23 @@ def test_a_whole_episode_over_http_through_the_openai_client(judge, tmp_path):
     assert [v["correct"] for v in verdicts] == [False, True, True]
     assert states[-1].best_reward >= 1 and states[-1].last_tool == "finish"
     assert json.loads((run_dir / "summary.json").read_text())["final_verdict"]["reward"] == final["reward"]
+
+
+def test_an_endpoint_s_refusal_of_a_conversation_longer_than_its_context_is_told_apart():
+    refusals = {"vllm": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.",
+                "sglang": "The input (9000 tokens) is longer than the model's context length (8192 tokens).",
+                "other": "Invalid value for 'temperature'."}
+    endpoint = ScriptedEndpoint(lambda request: {"status": 400, "error": {
+        "message": refusals[request["messages"][-1]["content"]], "type": "BadRequestError", "code": 400}})
+    try:
+        client = OpenAIClient("scripted", endpoint.url, api_key="test", max_retries=0)
+        for server in ("vllm", "sglang", "other"):
+            with pytest.raises(LLMError) as refused:
+                client.complete([{"role": "user", "content": server}], None)
+            assert isinstance(refused.value, ContextFull) == (server != "other"), refused.value
+    finally:
+        endpoint.close()
+    # (the loop ends an episode at its context limit on a ContextFull: tests/test_rl_stages.py's rollout test)
 
 
 def test_single_turn_mode_judges_the_files_of_one_reply(judge, tmp_path):

@@ -126,6 +126,7 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     sft = [json.loads(line) for line in (tmp_path / "run-full-0" / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert sft[-1]["sft_loss"] > 0 and sft[-1]["reward_mean"] >= 1  # trained on the expert's judged episode
     assert sft[-1]["probe_replies"] == 1 and sft[-1]["probe_nll"] > 0  # the expert's reply on the validation task
+    assert "sft step 1/" in result.output and "rft step 1/" in result.output  # each progress line names its step
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and again.output.count("done before") == 16, again.output
     bad = runner.invoke(app, [*args[:-2], "--arm", "sideways"])

@@ -74,6 +74,23 @@ def test_a_played_episode_is_the_conversation_the_template_renders(tiny_model, c
     assert sum(t.mask) == len(sampled) and all(lp == -1.0 for lp, m in zip(t.logprobs, t.mask) if m)
 
 
+def test_a_tool_result_that_fills_the_context_ends_the_episode_at_its_context_limit(tiny_model, cpu_judge,
+                                                                                     tmp_path):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    turns = TurnTokenizer(tokenizer, SCHEMAS, tool_format="text")
+    look = '<tool_call>\n{"name": "read_file", "arguments": {"path": "model.py"}}\n</tool_call>'
+
+    def episode(name, loop):
+        env = Environment(cpu_judge, tmp_path / name, use_sandbox=False)
+        return play(env, ScriptedActor(turns, [look, "more"]), turns, TASKS / "affine_relu.py", tmp_path / name,
+                    loop, max_new_tokens=64)
+
+    first = len(episode("one", LoopConfig(max_turns=1)).trajectory.ids)  # the prompt and the first reply
+    cut = episode("full", LoopConfig(max_turns=5, max_context=first + 4))  # model.py's text is longer than 4
+    assert cut.summary.stop == "context limit", (cut.summary.stop, cut.summary.stop_detail)
+    assert f"no room for a reply in {first + 4}" in cut.summary.stop_detail and cut.replies == 1
+
+
 def test_sampled_episodes_batch_up_and_the_trainer_recomputes_their_log_probs(tiny_model, cpu_judge, tmp_path):
     from cuda_agent.rl.models import Actor
 

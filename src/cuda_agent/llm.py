@@ -36,6 +36,11 @@ class LLMError(RuntimeError):
     """The endpoint could not be reached or answered with an error (after retries)."""
 
 
+class ContextFull(LLMError):
+    """The conversation no longer leaves the model room for a reply (the last tool result filled it): the episode
+    ends at its context limit, as when a reply fills it."""
+
+
 @dataclass
 class ToolCall:
     id: str
@@ -158,6 +163,16 @@ def reply_from(content: str | None, tool_calls: list[ToolCall], usage: dict[str,
     return Reply(content, tool_calls, usage, finish_reason, malformed)
 
 
+def context_exceeded(exc: Exception) -> bool:
+    """The endpoint refused the conversation as longer than its model's context: a 400 with OpenAI's code, or
+    vLLM's ("maximum context length") or SGLang's ("longer than the model's context length") words."""
+    if getattr(exc, "status_code", None) != 400:
+        return False
+    text = str(exc).lower()
+    return (getattr(exc, "code", None) == "context_length_exceeded" or "maximum context length" in text
+            or "context length" in text and "longer than" in text)
+
+
 TEMPERATURE, MAX_TOKENS = 1.0, 16384  # the agent's sampling unless told otherwise (the command line's defaults too)
 
 
@@ -215,7 +230,8 @@ class OpenAIClient:
             response = self.client.chat.completions.create(**kwargs)
         except self._errors as exc:
             base = getattr(self.client, "base_url", "")
-            raise LLMError(f"{type(exc).__name__} from {base}: {str(exc).splitlines()[0][:300]}") from exc
+            error = ContextFull if context_exceeded(exc) else LLMError
+            raise error(f"{type(exc).__name__} from {base}: {str(exc).splitlines()[0][:300]}") from exc
         if not response.choices:
             raise LLMError("the endpoint returned no choices")
         msg = response.choices[0].message

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from .config import LoopConfig
 from .environment import Environment, StepResult
-from ..llm import ChatClient, LLMError, Reply
+from ..llm import ChatClient, ContextFull, LLMError, Reply
 from .summary import EpisodeSummary, LoopState, Stop
 from .tools import ToolError, clip, parse_arguments
 
@@ -79,6 +79,8 @@ def run_episode(env: Environment, client: ChatClient, reference: str | Path, run
             _single_turn(env, client, messages, traj, state)
         else:
             _loop(env, client, messages, tools, traj, state, config, progress)
+    except ContextFull as exc:
+        state.stopped(Stop.CONTEXT_LIMIT, str(exc))
     except LLMError as exc:
         state.stopped(Stop.MODEL_ERROR, str(exc))
         traj.write("event", event="model_error", error=str(exc))

@@ -15,7 +15,7 @@ class Stop(str, Enum):
     CONTEXT_LIMIT = "context limit"
     NO_TOOL_CALL = "no tool call"  # replies in a row without one
     INVALID_TOOL_CALLS = "invalid tool calls"  # tool calls in a row that failed to run
-    MODEL_ERROR = "model error"  # the endpoint failed, or a rollout's token budget ran out
+    MODEL_ERROR = "model error"  # the endpoint (or a rollout's sampler) failed
     SINGLE_TURN = "single turn"  # single-turn mode: the reply's files judged once
     NO_FILES = "no files"  # single-turn mode: the reply held no `### FILE:` blocks
     EPISODE_FAILED = "episode failed"  # the episode raised (optimize-suite records it and goes on)

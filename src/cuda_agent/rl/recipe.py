@@ -166,7 +166,7 @@ class Recipe:
                 self.log(f"recipe: {name} trains on {len(episodes)} episode(s) and {len(extra)} corpus task(s)' first "
                          "replies and verify calls")
             history = run_stage(timed, model, self.train, folder, self.pool if config.stage != "rft" else None,
-                                self.device, episodes, self.log, probe, extra)
+                                self.device, episodes, self.log, probe, extra, name)
             reached = checkpoints.step_of(checkpoints.latest(folder))
             if reached < config.steps:  # stopped by the time limit, checkpointed: not done
                 raise TimeoutError(f"time limit reached in {name} after step {reached} of {config.steps}")

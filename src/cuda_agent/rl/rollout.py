@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from ..agent.environment import Environment
 from ..agent.loop import LoopConfig, run_episode
 from ..agent.summary import EpisodeSummary
-from ..llm import LLMError, Reply, reply_from
+from ..llm import ContextFull, LLMError, Reply, reply_from
 from .models import last_hidden
 from .tokens import TokenTrajectory, TurnTokenizer
 from .trainer import Batch
@@ -50,7 +50,8 @@ class PolicyClient:
             self.turns.observations(self.trajectory, messages[self._seen:])
         room = min(self.max_new_tokens, self.max_context - len(self.trajectory.ids))
         if room < 1:
-            raise LLMError(f"context full ({len(self.trajectory.ids)} tokens)")
+            raise ContextFull(f"{len(self.trajectory.ids)} tokens leave no room for a reply in "
+                              f"{self.max_context}")
         tokens, logprobs = self.sample(self.trajectory.ids, room, {self.turns.end_of_turn})
         if not tokens:
             raise LLMError("the sampler returned no tokens")

@@ -46,11 +46,12 @@ from .trainer import PPOTrainer
 def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, pool: JudgePool | None,
               device: str = "cpu", rft_runs: list[Path] | None = None,
               log: Callable[[str], None] = print, probe: list[list[dict]] = (),
-              extra: list[tuple[list[dict], float | None]] = ()) -> list[dict]:
+              extra: list[tuple[list[dict], float | None]] = (), name: str = "") -> list[dict]:
     """Train `config.steps` steps of one stage from `model` (an HF folder, or a previous stage's checkpoint/actor
     beside its checkpoint/critic); resumes from `out`'s latest checkpoint. rft needs `rft_runs` (episode folders);
     `probe` (conversations of tasks it does not train on: probe.py) is scored at its first step and at each
-    checkpoint's; rft trains on `extra` (conversations and their rewards, None where unjudged) too."""
+    checkpoint's; rft trains on `extra` (conversations and their rewards, None where unjudged) too. `name` heads its
+    progress lines (the recipe's step, e.g. sft for a supervised stage; the stage's own by default)."""
     from transformers import AutoTokenizer
 
     out = Path(out)
@@ -107,7 +108,7 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
         return record
 
     def describe(step: int, record: dict) -> str:
-        return f"{config.stage} step {step}/{config.steps}  " + "  ".join(
+        return f"{name or config.stage} step {step}/{config.steps}  " + "  ".join(
             f"{k} {v:.3g}" for k, v in record.items() if k in ("reward_mean", "pass_rate", "sft_loss", "probe_nll",
                                                                "probe_greedy_exact", "policy_loss", "value_loss",
                                                                "seconds"))
