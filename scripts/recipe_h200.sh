@@ -123,9 +123,10 @@ sweep() {  # SFT settings side by side (benchmarks/sft_sweep.py on the restored 
 }
 
 pack() {  # what comes back (a file only under 16 MiB and at most two folders deep): run.tar.gz, the run folder's
-  # small files in its layout (results, metrics, the evaluations' episodes: summary, trajectory, best kernel, what
-  # the hand audit reads; every episode's trajectory and summary: what a stage trains on when a later machine goes
-  # on with the run; the tasks; each checkpoint's trainer.pt and value head), split into 15 MiB parts when larger;
+  # small files in its layout (results; each step's key: a half-done step is not resumed under other settings;
+  # metrics; the evaluations' episodes: summary, trajectory, best kernel, what the hand audit reads; every
+  # episode's trajectory and summary: what a stage trains on when a later machine goes on with the run; the tasks;
+  # each checkpoint's trainer.pt and value head), split into 15 MiB parts when larger;
   # the adapters' weights (actor and critic) under adapters/; the log.
   # (-L: steps linked from another run come too; not the `checkpoint` links, which name a step folder again)
   if [[ -f $run.log ]]; then tail -25 "$run.log" && cp "$run.log" "$OUT/recipe.log"; fi
@@ -135,7 +136,7 @@ pack() {  # what comes back (a file only under 16 MiB and at most two folders de
       ! -name '*.pt' -print0 | tar --null -czf "$OUT/sweep.tar.gz" -T -)
   fi
   (cd "$run" && find -L . -name checkpoint -prune -o -type f \( -name recipe.json -o -name done.json \
-    -o -name 'metrics*.jsonl' -o -name episodes.jsonl -o -name trainer.pt -o -name value_head.pt \
+    -o -name 'metrics*.jsonl' -o -name episodes.jsonl -o -name trainer.pt -o -name value_head.pt -o -name key \
     -o -name 'eval.*' -o -path './tasks/*' -o -path './corpus/tasks/*' \
     -o -path './eval_*/episodes/*' -o -name trajectory.jsonl -o -name summary.json \
     -o -path '*/checkpoint-*/adapter/adapter_config.json' \) ! -name '*.log' -print0 \

@@ -34,6 +34,15 @@ def test_needs_are_admitted_while_they_fit_in_order_of_arrival():
     assert log.index(("a", "out")) < log.index(("big", "in")) < log.index(("small", "in")) < log.index(("big", "out"))
 
 
+def test_what_idle_warm_reference_workers_may_keep_is_not_promised_to_evaluations():
+    gb = 2**30
+    budget = MemoryBudget(kept_idle=16 * gb)  # the judge's default warm_memory_gb
+    budget.learn(80 * gb)  # an H100
+    assert budget.capacity == SHARE * 80 * gb - 16 * gb
+    budget.learn(20 * gb)  # a device smaller than that: half the share still goes to evaluations
+    assert budget.capacity == SHARE * 20 * gb / 2
+
+
 def test_a_need_larger_than_the_device_is_admitted_alone():
     budget, log = MemoryBudget(), []
     budget.learn(100 / SHARE)

@@ -121,6 +121,29 @@ def test_an_evaluation_judged_again_alone_waits_for_those_in_flight_and_none_sta
     assert [v.correct for v in verdicts] == [False, True, True, True]
 
 
+def test_an_evaluation_its_reference_worker_failed_beside_others_is_judged_again_alone(cache_dir):
+    """Seen on the H100: a reference worker ran out of memory beside 15 other evaluations, and its second try (the
+    judge's own) failed too with words that no longer say why ("exited with code 0"): a correct kernel scored -1.
+    An evaluation aborted by its reference worker's failure is judged again alone."""
+    calls = []
+
+    class Stub:
+        def evaluate(self, task, cand, alone=False, deadline=None):
+            calls.append(alone)
+            error = None if alone else "evaluation aborted: reference t.py: the reference worker exited with code 0"
+            return Verdict(reward=2 if alone else -1, compiled=True, correct=alone, error=error)
+
+        def close(self):
+            pass
+
+    with JudgePool("cpu", fast_config(cache_dir), workers=2) as pool:
+        pool.judges[0].close()
+        pool.judges[0] = Stub()
+        verdict = pool.evaluate(AFFINE, "ok")
+    assert calls == [False, True] and verdict.correct and verdict.reward == 2
+    assert verdict.warnings == ["its reference worker failed beside other evaluations: judged again alone"]
+
+
 def test_no_evaluation_is_judged_again_alone_past_the_caller_s_deadline(cache_dir):
     """Out of memory beside others, but the caller's deadline (an episode's time limit) has passed: the verdict
     stands, and the deadline reached the judge."""

@@ -40,6 +40,7 @@ def train_recipe_cmd(
     rft_samples: int = typer.Option(DEFAULTS.rft_samples, min=1, help="episodes per train task sampled for RFT"),
     rft_steps: int = typer.Option(DEFAULTS.rft_steps, min=1, help="RFT steps"),
     value_steps: int = typer.Option(DEFAULTS.value_steps, min=1, help="value pretraining steps"),
+    value_epochs: int = typer.Option(DEFAULTS.value_epochs, min=1, help="passes over each value pretraining batch"),
     ppo_steps: int = typer.Option(DEFAULTS.ppo_steps, min=1, help="PPO steps"),
     batch: int = typer.Option(DEFAULTS.stage.batch, min=1, help="episodes per PPO / value step"),
     samples: int = typer.Option(DEFAULTS.eval.samples, min=1, help="held-out episodes per task at each evaluation"),
@@ -55,6 +56,8 @@ def train_recipe_cmd(
                                    "operator set; 0: none)"),
     actor_lr: ActorLr = DEFAULTS.stage.train.actor_lr,
     critic_lr: CriticLr = DEFAULTS.stage.train.critic_lr,
+    value_head_lr: float = typer.Option(DEFAULTS.stage.train.value_head_lr, min=0, help="the critic's value head's "
+                                        "learning rate (value pretraining and PPO)"),
     sft_lr: Optional[float] = typer.Option(DEFAULTS.sft_lr, min=0, help="learning rate of the supervised stages (SFT, "
                                            "RFT, filter-and-fine-tune; default: --actor-lr)"),
     lora_rank: LoraRank = DEFAULTS.stage.train.lora_rank,
@@ -97,12 +100,12 @@ def train_recipe_cmd(
                               sft_shapes=tuple(s.strip() for s in sft_shapes.split(",") if s.strip()),
                               sft_corpus=sft_corpus, sft_steps=sft_steps, sft_lr=sft_lr,
                               sft_lora_rank=sft_lora_rank, rft_samples=rft_samples,
-                              rft_steps=rft_steps, value_steps=value_steps, ppo_steps=ppo_steps,
-                              time_limit_s=time_limit,
+                              rft_steps=rft_steps, value_steps=value_steps, value_epochs=value_epochs,
+                              ppo_steps=ppo_steps, time_limit_s=time_limit,
                               controls=tuple(c.strip() for c in controls.split(",") if c.strip()),
                               stage=replace(DEFAULTS.stage, batch=batch, **limits, train=replace(
-                                  DEFAULTS.stage.train, actor_lr=actor_lr, critic_lr=critic_lr, lora_rank=lora_rank,
-                                  lora_alpha=lora_alpha)),
+                                  DEFAULTS.stage.train, actor_lr=actor_lr, critic_lr=critic_lr,
+                                  value_head_lr=value_head_lr, lora_rank=lora_rank, lora_alpha=lora_alpha)),
                               eval=replace(DEFAULTS.eval, samples=samples, **limits))
         train, held = task_files(data, out_dir / "tasks" / "train"), task_files(held_out, out_dir / "tasks" / "held")
         checked = task_files(validation, out_dir / "tasks" / "validation") if validation else []

@@ -95,7 +95,7 @@ class Judge:
         self.references = ReferencePool(self.config.warm_references, self.cache_dir / "runs",
                                         self.config.warm_memory_gb * 2**30)
         self.device_lock = DeviceLock()  # timing: one evaluation at a time on the device
-        self.memory = MemoryBudget()  # its memory: what the evaluations in flight are expected to hold
+        self.memory = MemoryBudget(self.config.warm_memory_gb * 2**30)  # what evaluations in flight may hold
         self.spares = Spares(self.config.spare_candidates, self.cache_dir / "runs", self._start_candidate)
         self.cache_keeper = CacheKeeper(self.cache_dir, self.config.cache_budget_gb)
         self.on_phase: Callable[[str, float], None] | None = None  # (phase, seconds) as each phase ends

@@ -27,7 +27,7 @@ from ..workspace.build import BuildResult
 from ..workspace.candidate import Candidate
 from .config import JudgeConfig
 from .device_lock import DeviceLock
-from .judge import Judge, compile_threads
+from .judge import ABORTED, Judge, compile_threads
 from .verdict import Verdict
 
 # how running out of device memory reads: torch's allocator and the driver; cuBLAS and cuDNN creating a handle
@@ -85,20 +85,26 @@ class JudgePool:
                   deadline: float | None) -> Verdict:
         judge, turns = self.judges[index], self._turns[index]
 
-        def again(error: str) -> bool:  # short of memory beside the others, with time left to judge it alone
-            return self.workers > 1 and out_of_memory(error) and (deadline is None or time.monotonic() < deadline)
+        def again(error: str) -> bool:  # short of memory beside the others, or its reference worker failed there
+            # (twice: Judge.evaluate tried once more; the second failure's words may not say why: on the H100, 3 of
+            # 238 verdicts of the ninth attempt's second session), with time left to judge it alone
+            return self.workers > 1 and (out_of_memory(error) or error.startswith(ABORTED)) and (
+                deadline is None or time.monotonic() < deadline)
 
         try:
             with turns.shared():
                 verdict = judge.evaluate(reference, candidate, deadline=deadline)
-            if not again(verdict.error or ""):
+            error = verdict.error or ""
+            if not again(error):
                 return verdict
         except TaskError as exc:  # the reference itself could not run
-            if not again(str(exc)):
+            error = str(exc)
+            if not again(error):
                 raise
         with turns.exclusive():
             verdict = judge.evaluate(reference, candidate, alone=True, deadline=deadline)
-        verdict.warnings.append("ran out of device memory beside other evaluations: judged again alone")
+        why = "ran out of device memory" if out_of_memory(error) else "its reference worker failed"
+        verdict.warnings.append(f"{why} beside other evaluations: judged again alone")
         return verdict
 
     def compile(self, candidate: Candidate, deadline: float | None = None) -> BuildResult:

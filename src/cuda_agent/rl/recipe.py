@@ -67,6 +67,8 @@ class RecipeConfig:
     rft_samples: int = 2  # episodes of the SFT model per train task, its positives kept for RFT
     rft_steps: int = 10
     value_steps: int = 5
+    value_epochs: int = 8  # passes over each value-pretraining batch (the critic alone learns: no policy ratio to
+    # keep near 1, and a pass costs seconds where the batch's rollouts cost minutes)
     ppo_steps: int = 20
     sft_batch: int = 8  # conversations per supervised step
     sft_lr: float | None = None  # the supervised stages' (SFT, RFT, filter-and-fine-tune) learning rate; None: actor_lr
@@ -100,6 +102,8 @@ class RecipeConfig:
         if lora_rank is not None:
             train = replace(train, lora_rank=lora_rank)
         save_every = self.stage.save_every
+        if stage == "value":
+            train = replace(train, epochs=self.value_epochs)
         if stage == "rft":  # supervised: steps of about a second, checkpoints (the whole model) of several
             train = replace(train, actor_lr=self.sft_lr if self.sft_lr is not None else train.actor_lr)
             save_every = max(save_every, steps // 4)

@@ -108,7 +108,7 @@ class PPOTrainer:
             for first in range(0, size, per):
                 index = order[first:first + per]
                 mb = batch.rows(index)
-                with self.autocast():
+                with self.autocast(), torch.set_grad_enabled(train_actor):  # (the critic alone: no actor graph)
                     logp, token_entropy = self.logprob_fn(self.actor.model, mb.ids, mb.attention)
                 values = self._values(mb)
                 actor_loss, critic_loss, mb_stats = ppo_losses(
