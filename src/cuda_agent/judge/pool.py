@@ -86,8 +86,8 @@ class JudgePool:
         judge, turns = self.judges[index], self._turns[index]
 
         def again(error: str) -> bool:  # short of memory beside the others, or its reference worker failed there
-            # (twice: Judge.evaluate tried once more; the second failure's words may not say why: on the H100, 3 of
-            # 238 verdicts of the ninth attempt's second session), with time left to judge it alone
+            # (twice: Judge.evaluate tried once more, and the second failure's words need not say why: 3 episodes of
+            # the ninth recipe attempt on an H100 ended on such a verdict), with time left to judge it alone
             return self.workers > 1 and (out_of_memory(error) or error.startswith(ABORTED)) and (
                 deadline is None or time.monotonic() < deadline)
 
