@@ -267,6 +267,23 @@ def test_the_supervised_stages_take_their_own_learning_rate_and_checkpoint_less_
     assert RecipeConfig().stage_config("rft", 4).train.actor_lr == config.stage.train.actor_lr  # default: the actor's
 
 
+def test_a_rollout_temperature_changes_value_pretraining_and_ppo_only_and_their_keys():
+    """--rollout-temperature: value pretraining and PPO sample at it; SFT, RFT and the evaluations keep the run's
+    temperature, so their finished steps (and keys) stand; without it every key is what it was."""
+    from cuda_agent.rl.recipe import RecipeConfig
+    from cuda_agent.rl.step_keys import stage_settings
+
+    base = RecipeConfig(stage=replace(RecipeConfig().stage, temperature=0.3))
+    hot = replace(base, rollout_temperature=1.0)
+    for stage in ("value", "agentic", "warmup"):
+        assert base.stage_config(stage, 3).temperature == 0.3 and hot.stage_config(stage, 3).temperature == 1.0
+        assert stage_settings(base.stage_config(stage, 3)) != stage_settings(hot.stage_config(stage, 3))
+    assert stage_settings(hot.stage_config("rft", 30)) == stage_settings(base.stage_config("rft", 30))
+    assert hot.eval == base.eval
+    with pytest.raises(ValueError, match="rollout-temperature"):
+        RecipeConfig(rollout_temperature=0.0)
+
+
 def test_the_recipe_stops_at_its_time_limit_and_the_same_command_continues(tiny_checkpoint, tmp_path, cache_dir):
     """A clock that passes the 60 s limit as the base evaluation's first episode ends: nothing after it starts,
     recipe.json says where it stopped; the same recipe without the limit then continues from there."""

@@ -48,6 +48,9 @@ def train_recipe_cmd(
     max_new_tokens: int = typer.Option(DEFAULTS.stage.max_new_tokens, min=1, help="tokens per model turn"),
     temperature: float = typer.Option(DEFAULTS.stage.temperature, min=0.01, help="sampling temperature of every "
                                       "episode (rollouts, held-out evaluations, controls)"),
+    rollout_temperature: Optional[float] = typer.Option(
+        DEFAULTS.rollout_temperature, min=0.01, help="value pretraining's and PPO's sampling temperature (default: "
+        "--temperature; the evaluations, RFT's samples and the controls keep --temperature)"),
     shapes: str = typer.Option(",".join(DEFAULTS.expert_shapes), help="the expert's episode shapes"),
     sft_shapes: str = typer.Option(",".join(DEFAULTS.sft_shapes), help="the expert's shapes SFT and RFT train on "
                                    "(e.g. direct: one reply a prompt; default: every shape it played)"),
@@ -101,7 +104,8 @@ def train_recipe_cmd(
                               sft_corpus=sft_corpus, sft_steps=sft_steps, sft_lr=sft_lr,
                               sft_lora_rank=sft_lora_rank, rft_samples=rft_samples,
                               rft_steps=rft_steps, value_steps=value_steps, value_epochs=value_epochs,
-                              ppo_steps=ppo_steps, time_limit_s=time_limit,
+                              ppo_steps=ppo_steps, rollout_temperature=rollout_temperature,
+                              time_limit_s=time_limit,
                               controls=tuple(c.strip() for c in controls.split(",") if c.strip()),
                               stage=replace(DEFAULTS.stage, batch=batch, **limits, train=replace(
                                   DEFAULTS.stage.train, actor_lr=actor_lr, critic_lr=critic_lr,

@@ -70,6 +70,9 @@ class RecipeConfig:
     value_epochs: int = 8  # passes over each value-pretraining batch (the critic alone learns: no policy ratio to
     # keep near 1, and a pass costs seconds where the batch's rollouts cost minutes)
     ppo_steps: int = 20
+    rollout_temperature: float | None = None  # value pretraining's and PPO's sampling temperature (None: the
+    # stage's, as every other episode's): a policy that SFT made near-deterministic explores at a higher one, its
+    # held-out evaluations staying at theirs
     sft_batch: int = 8  # conversations per supervised step
     sft_lr: float | None = None  # the supervised stages' (SFT, RFT, filter-and-fine-tune) learning rate; None: actor_lr
     # episodes and their limits: a turn long enough for the expert's (its first, every file written, was up to 3,658
@@ -85,6 +88,8 @@ class RecipeConfig:
             raise ValueError(f"unknown arm {self.arm!r} (choose from {', '.join(ARMS)})")
         if self.sft_lora_rank is not None and self.sft_lora_rank < 0:
             raise ValueError(f"--sft-lora-rank {self.sft_lora_rank}: a rank (0: every weight)")
+        if self.rollout_temperature is not None and self.rollout_temperature <= 0:
+            raise ValueError(f"--rollout-temperature {self.rollout_temperature}: a temperature above 0")
         if self.sft_corpus < 0:
             raise ValueError(f"--sft-corpus {self.sft_corpus}: a number of tasks (0: none)")
         if set(self.sft_shapes) - set(self.expert_shapes):
@@ -104,12 +109,14 @@ class RecipeConfig:
         save_every = self.stage.save_every
         if stage == "value":
             train = replace(train, epochs=self.value_epochs)
+        rl = stage != "rft" and self.rollout_temperature is not None
+        temperature = self.rollout_temperature if rl else self.stage.temperature
         if stage == "rft":  # supervised: steps of about a second, checkpoints (the whole model) of several
             train = replace(train, actor_lr=self.sft_lr if self.sft_lr is not None else train.actor_lr)
             save_every = max(save_every, steps // 4)
         return replace(self.stage, stage=stage, steps=steps, seed=self.seed, batch=batch or self.stage.batch,
                        reward="speedup" if self.arm == "speedup" else self.stage.reward, train=train,
-                       save_every=save_every)
+                       save_every=save_every, temperature=temperature)
 
 
 def of_shapes(runs: list[str], shapes: tuple[str, ...]) -> list[str]:
