@@ -1,9 +1,12 @@
-"""The static decoder's step at the recipe's cache lengths, side by side in one run: its attention split over the
-cache (static_decode.SPLIT slots a block, now) against one fused attention call over the whole cache with a mask
-(before), each as a CUDA-graph replay of the whole step on a model of SmolLM2-135M's config. Per batch and cache
-length: ms a step, tokens/s, the ratio, and the largest difference of the two steps' logits.
+"""The static decoder's step at the recipe's cache lengths, side by side in one run, as CUDA-graph replays on a model
+of SmolLM2-135M's config: now (the slots in use attended in buckets of static_decode.BUCKET; q/k/v and gate/up one
+matrix product each; fused norms), the same over the whole cache (bucket = the cache: what the step read before the
+buckets), and the step before this session's change (three projections and two for the MLP, five-kernel norms, the
+whole cache). Per batch, cache length and slots filled: ms a step, tokens/s, the ratios, and the largest difference
+of the first step's logits from the step before.
 
-    python3 benchmarks/decode_attention.py [--batches 32,64] [--lengths 1024,4096,8192] [--steps 64] [--out FILE]
+    python3 benchmarks/decode_attention.py [--batches 16,32] [--cache 8192] [--fills 1024,2048,4096,8000]
+        [--steps 64] [--out FILE]
 """
 
 from __future__ import annotations
@@ -19,29 +22,57 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cuda_agent.rl.static_decode import StaticDecoder  # noqa: E402
+from cuda_agent.rl.static_decode import BUCKET, SPLIT, StaticDecoder  # noqa: E402
 from rollout_speed import SMOLLM2_135M  # noqa: E402
 
 
-def fused(self, q, k, v, hidden, blocks):
-    """The step's attention before: one SDPA call over the whole cache, the slots in use as its mask."""
-    grouped = q.reshape(q.shape[0], self.kv_heads, self.heads // self.kv_heads, self.head_dim)
-    mask = ~hidden.reshape(q.shape[0], 1, 1, -1)
-    return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)
+def before(self, length: int) -> torch.Tensor:
+    """The step before the change: each projection its own matrix product, the norms in five kernels."""
+    def norm(x, weight):
+        y = x.float()
+        return weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    w, b = self.w, self.token.shape[0]
+    angles = self.position.float()[:, :, None] * self.inv_freq[None, None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    cos, sin = (angles.cos() * self.scaling)[:, None], (angles.sin() * self.scaling)[:, None]
+    self.used.index_fill_(1, self.slot, True)
+    blocks = length // SPLIT
+    hidden = ~self.used[:, :length].reshape(b, 1, blocks, 1, SPLIT)
+    x = F.embedding(self.token, w["embed_tokens.weight"])
+    for i in range(self.layers):
+        p = f"layers.{i}."
+        h = norm(x, w[p + "input_layernorm.weight"])
+        q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(b, 1, self.heads, self.head_dim).transpose(1, 2)
+        k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self._rotate(q, cos, sin).to(x.dtype), self._rotate(k, cos, sin).to(x.dtype)
+        self.k[i].index_copy_(2, self.slot, k)
+        self.v[i].index_copy_(2, self.slot, v)
+        attended = self._attend(q, self.k[i][:, :, :length], self.v[i][:, :, :length], hidden, blocks)
+        x = x + F.linear(attended.reshape(b, 1, -1), w[p + "self_attn.o_proj.weight"])
+        h = norm(x, w[p + "post_attention_layernorm.weight"])
+        gated = F.silu(F.linear(h, w[p + "mlp.gate_proj.weight"])) * F.linear(h, w[p + "mlp.up_proj.weight"])
+        x = x + F.linear(gated, w[p + "mlp.down_proj.weight"])
+    logits = F.linear(norm(x, w["norm.weight"]), self.lm_head)[:, -1].float()
+    self.slot += 1
+    self.position += 1
+    return logits
 
 
-def timed(model, batch: int, length: int, steps: int, attention) -> tuple[float, torch.Tensor]:
-    """ms a step of a decoder whose cache is filled to `length - steps` slots, and the first step's logits."""
-    decoder = StaticDecoder(model, dict(model.state_dict()), batch, length)
-    if attention is not None:
-        decoder._attend = attention.__get__(decoder)
+def timed(model, batch: int, cache: int, filled: int, steps: int, bucket: int, step=None) -> tuple[float, torch.Tensor]:
+    """ms a step of a decoder of `cache` slots filled to `filled` (random keys and values), and its first logits."""
+    decoder = StaticDecoder(model, dict(model.state_dict()), batch, cache, bucket)
+    if step is not None:
+        decoder._step = step.__get__(decoder)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for cache in (decoder.k, decoder.v):
-        cache.normal_(generator=gen)
-    decoder.used[:, :length - steps] = True
-    decoder.slot.fill_(length - steps)
-    decoder.position.fill_(length - steps)
-    token = torch.randint(1, 49152, (batch, 1), device="cuda", generator=gen)
+    for kv in (decoder.k, decoder.v):
+        kv.normal_(generator=gen)
+    decoder.used[:, :filled] = True
+    decoder.slot.fill_(filled)
+    decoder.position.fill_(filled)
+    decoder.next = filled
+    token = torch.randint(1, SMOLLM2_135M["vocab_size"], (batch, 1), device="cuda", generator=gen)
     first = decoder.step(token).clone()
     torch.cuda.synchronize()
     began = time.perf_counter()
@@ -55,8 +86,9 @@ def main() -> None:
     import transformers
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", default="32,64")
-    parser.add_argument("--lengths", default="1024,4096,8192")
+    parser.add_argument("--batches", default="16,32")
+    parser.add_argument("--cache", type=int, default=8192, help="slots of each decoder's cache")
+    parser.add_argument("--fills", default="1024,2048,4096,8000", help="slots in use when the timed steps begin")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -65,12 +97,16 @@ def main() -> None:
     rows = []
     with torch.no_grad():
         for batch in map(int, args.batches.split(",")):
-            for length in map(int, args.lengths.split(",")):
-                split_ms, split_logits = timed(model, batch, length, args.steps, None)
-                fused_ms, fused_logits = timed(model, batch, length, args.steps, fused)
-                row = {"batch": batch, "cache": length, "split_ms": round(split_ms, 2), "fused_ms": round(fused_ms, 2),
-                       "split_tokens_per_s": round(batch * 1e3 / split_ms), "speedup": round(fused_ms / split_ms, 2),
-                       "max_logit_diff": (split_logits - fused_logits).abs().max().item()}
+            for filled in map(int, args.fills.split(",")):
+                if filled + args.steps > args.cache:
+                    raise SystemExit(f"--fills {filled} + --steps {args.steps} do not fit a cache of {args.cache}")
+                now_ms, now = timed(model, batch, args.cache, filled, args.steps, BUCKET)
+                whole_ms, _ = timed(model, batch, args.cache, filled, args.steps, args.cache)
+                before_ms, old = timed(model, batch, args.cache, filled, args.steps, args.cache, before)
+                row = {"batch": batch, "cache": args.cache, "filled": filled, "now_ms": round(now_ms, 2),
+                       "whole_cache_ms": round(whole_ms, 2), "before_ms": round(before_ms, 2),
+                       "now_tokens_per_s": round(batch * 1e3 / now_ms), "speedup": round(before_ms / now_ms, 2),
+                       "max_logit_diff": (now - old).abs().max().item()}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 torch.cuda.empty_cache()

@@ -233,9 +233,10 @@ def not_another_workers(pids: set[str]) -> set[str]:
     return {pid for pid in pids if not anothers(pid)}
 
 
-def static_decoder_follows_the_model(actor, device: str, steps: int, atol: float) -> None:
+def static_decoder_follows_the_model(actor, device: str, steps: int, atol: float, bucket: int | None = None) -> None:
     """Left-padded rows prefilled by the model, then `steps` tokens fed through the static decoder and through the
-    model's own cache: the same next-token logits at every step (the decoder's CUDA graph on a GPU)."""
+    model's own cache: the same next-token logits at every step (the decoder's CUDA graphs on a GPU: one for each
+    `bucket` of cache slots the rows reach)."""
     import torch
 
     from cuda_agent.rl import static_decode
@@ -247,7 +248,8 @@ def static_decoder_follows_the_model(actor, device: str, steps: int, atol: float
     position = positions(attention)
     with torch.no_grad():
         out = actor.model(input_ids=ids, attention_mask=attention, position_ids=position, use_cache=True)
-        decoder = static_decode.StaticDecoder(actor.model, actor.decoding_weights(), 2, 5 + steps)
+        decoder = static_decode.StaticDecoder(actor.model, actor.decoding_weights(), 2, 5 + steps,
+                                              bucket or static_decode.BUCKET)
         decoder.load_prefill(out.past_key_values, attention, position)
         past, position = out.past_key_values, position[:, -1:]
         for step in range(steps):
@@ -258,7 +260,8 @@ def static_decoder_follows_the_model(actor, device: str, steps: int, atol: float
                               use_cache=True)
             past = out.past_key_values
             assert torch.allclose(decoder.step(token), out.logits[:, -1].float(), atol=atol), step
-    assert (decoder.graph is not None) == (device == "cuda")
+    reached = -(-(5 + steps) // decoder.bucket)  # (the attended lengths: one bucket, two, ...)
+    assert decoder.next == 5 + steps and len(decoder.graphs) == (reached if device == "cuda" else 0)
 
 
 def sampled_logprobs_are_the_trainer_s(actor, prompt: list[int], tokens: list[int], logprobs: list[float],

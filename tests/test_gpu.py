@@ -578,13 +578,15 @@ def test_the_experts_cuda_kernels_are_judged_correct_with_every_knob_setting(gpu
 
 
 def test_the_static_decoder_s_cuda_graph_replays_the_model_s_steps(tiny_llama):
-    """The batch sampler's decode step captured as a CUDA graph gives the model's own next-token logits, step after
-    step, and a sampler using it the trainer's log-probs."""
+    """The batch sampler's decode step captured as CUDA graphs (one per bucket of attended slots: here three)
+    gives the model's own next-token logits, step after step, and a sampler using it the trainer's log-probs."""
     from cuda_agent.rl.batcher import BatchSampler
     from cuda_agent.rl.models import Actor
+    from cuda_agent.rl.static_decode import SPLIT
 
     actor = Actor.load(tiny_llama, "cuda")
     static_decoder_follows_the_model(actor, "cuda", steps=40, atol=1e-4)
+    static_decoder_follows_the_model(actor, "cuda", steps=600, atol=1e-4, bucket=SPLIT)
     sampler = BatchSampler(actor.model, pad_id=0, temperature=0.8, seed=3, weights=actor.decoding_weights)
     try:
         tokens, logprobs = sampler([5, 9, 11, 3], 30, {63})

@@ -14,7 +14,10 @@ the default type, grouped-query attention, SiLU-gated MLP), checked against it t
 Attention is split over the cache's length (`SPLIT` slots a block, one matrix product per block, then summed):
 one query token per row gives a fused attention kernel only batch x heads blocks of work, each streaming the whole
 cache alone, which on the H100 read a 12 GB cache (32 rows of 8,192 slots) at ~250 GB/s, 50 ms a step, and made
-the recipe's held-out evaluations of long turns take 14 minutes (docs/training.md, fortieth session).
+the recipe's held-out evaluations of long turns take 14 minutes (docs/training.md, fortieth session). A step
+attends only the cache's first slots that hold every row's tokens so far, in steps of `BUCKET` slots (a graph for
+each such length, captured when the batch first reaches it): a reply that fills a quarter of its cache reads a
+quarter of it. q, k and v are one matrix product, the MLP's gate and up another, the norms torch's fused `rms_norm`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from torch.nn import functional as F
 
 SPLIT = 256  # cache slots a block of the split attention; the cache's length is a multiple of it
+BUCKET = 1024  # a step attends the smallest multiple of this many slots that holds every slot in use (one graph each)
 
 
 def supports(model: torch.nn.Module) -> str | None:
@@ -49,26 +53,34 @@ def prefill_cache(past) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 class StaticDecoder:
-    def __init__(self, model: torch.nn.Module, weights: dict[str, torch.Tensor], batch: int, length: int):
-        """Buffers for `batch` rows of up to `length` tokens (prompt and reply) in the model's dtype."""
+    def __init__(self, model: torch.nn.Module, weights: dict[str, torch.Tensor], batch: int, length: int,
+                 bucket: int = BUCKET):
+        """Buffers for `batch` rows of up to `length` tokens (prompt and reply) in the model's dtype; a step attends
+        the cache in lengths of `bucket` slots (rounded up to SPLIT's multiple; `length`: always the whole cache)."""
         c = model.config
         self.layers, self.heads, self.kv_heads = c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.eps = c.rms_norm_eps
         self.w = {k.removeprefix("model."): v for k, v in weights.items()}
+        for i in range(self.layers):  # (copies: a few hundred MB for SmolLM2-135M in fp32, while the batch decodes)
+            p = f"layers.{i}."
+            self.w[p + "qkv"] = torch.cat([self.w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+            self.w[p + "gate_up"] = torch.cat([self.w[p + "mlp.gate_proj.weight"], self.w[p + "mlp.up_proj.weight"]])
         self.lm_head = self.w.get("lm_head.weight", self.w["embed_tokens.weight"])
         self.inv_freq = model.model.rotary_emb.inv_freq.float()
         self.scaling = float(getattr(model.model.rotary_emb, "attention_scaling", 1.0))
         device, dtype = self.lm_head.device, self.lm_head.dtype
         length = -(-length // SPLIT) * SPLIT
+        self.length, self.bucket = length, -(-bucket // SPLIT) * SPLIT
         shape = (self.layers, batch, self.kv_heads, length, self.head_dim)
         self.k, self.v = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
         self.used = torch.zeros(batch, length, dtype=torch.bool, device=device)  # slots a row attends to
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.position = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
-        self.logits: torch.Tensor | None = None
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.next = 0  # the slot the next step writes (the host's copy of `slot`)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # attended length -> graph, logits
+        self.pool = None  # the graphs' memory, shared (replayed one at a time, in the order captured)
 
     def load_prefill(self, past, attention: torch.Tensor, position: torch.Tensor) -> None:
         """The prompt's keys and values (its left-padded width of slots) and mask; the next step writes after it."""
@@ -79,43 +91,39 @@ class StaticDecoder:
         self.used.zero_()
         self.used[:, :width].copy_(attention.bool())
         self.slot.fill_(width)
+        self.next = width
         self.position.copy_(position[:, -1:] + 1)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * y.to(x.dtype)
+        return F.rms_norm(x.float(), weight.shape, weight.float(), self.eps).to(x.dtype)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + turned * sin
 
-    def _step(self) -> torch.Tensor:
-        """One token per row at `position`, its keys and values written at `slot` (then both move on): the next
-        token's logits (float)."""
-        w, b = self.w, self.token.shape[0]
+    def _step(self, length: int) -> torch.Tensor:
+        """One token per row at `position`, its keys and values written at `slot` (then both move on), attending the
+        cache's first `length` slots: the next token's logits (float)."""
+        w, b, heads, kv = self.w, self.token.shape[0], self.heads, self.kv_heads
         angles = self.position.float()[:, :, None] * self.inv_freq[None, None, :]  # (b, 1, half)
         angles = torch.cat((angles, angles), dim=-1)
         cos, sin = (angles.cos() * self.scaling)[:, None], (angles.sin() * self.scaling)[:, None]  # (b, 1, 1, d)
         self.used.index_fill_(1, self.slot, True)
-        blocks = self.used.shape[1] // SPLIT
-        hidden = ~self.used.view(b, 1, blocks, 1, SPLIT)  # slots a row does not attend to
+        blocks = length // SPLIT
+        hidden = ~self.used[:, :length].reshape(b, 1, blocks, 1, SPLIT)  # slots a row does not attend to
         x = F.embedding(self.token, w["embed_tokens.weight"])  # (b, 1, hidden)
         for i in range(self.layers):
             p = f"layers.{i}."
             h = self._norm(x, w[p + "input_layernorm.weight"])
-            q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(b, 1, self.heads, self.head_dim).transpose(1, 2)
-            k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = self._rotate(q, cos, sin).to(x.dtype), self._rotate(k, cos, sin).to(x.dtype)
-            self.k[i].index_copy_(2, self.slot, k)
-            self.v[i].index_copy_(2, self.slot, v)
-            attended = self._attend(q, self.k[i], self.v[i], hidden, blocks)
+            qkv = F.linear(h, w[p + "qkv"]).view(b, 1, heads + 2 * kv, self.head_dim).transpose(1, 2)
+            qk = self._rotate(qkv[:, :heads + kv], cos, sin).to(x.dtype)  # (b, heads + kv, 1, d)
+            self.k[i].index_copy_(2, self.slot, qk[:, heads:])
+            self.v[i].index_copy_(2, self.slot, qkv[:, heads + kv:])
+            attended = self._attend(qk[:, :heads], self.k[i][:, :, :length], self.v[i][:, :, :length], hidden, blocks)
             x = x + F.linear(attended.reshape(b, 1, -1), w[p + "self_attn.o_proj.weight"])
-            h = self._norm(x, w[p + "post_attention_layernorm.weight"])
-            gated = F.silu(F.linear(h, w[p + "mlp.gate_proj.weight"])) * F.linear(h, w[p + "mlp.up_proj.weight"])
-            x = x + F.linear(gated, w[p + "mlp.down_proj.weight"])
+            gate, up = F.linear(self._norm(x, w[p + "post_attention_layernorm.weight"]), w[p + "gate_up"]).chunk(2, -1)
+            x = x + F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
         logits = F.linear(self._norm(x, w["norm.weight"]), self.lm_head)[:, -1].float()
         self.slot += 1
         self.position += 1
@@ -136,25 +144,31 @@ class StaticDecoder:
         return (weights @ v).sum(2, dtype=torch.float32).to(v.dtype)  # (b, kv, g, head_dim): blocks summed in fp32
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        """Feed `token` (b, 1): the logits of the token after it. On CUDA the step is captured as a graph at its
-        first call (after one eager warm-up on a side stream, whose writes are undone) and replayed after."""
+        """Feed `token` (b, 1): the logits of the token after it. On CUDA each attended length's step is captured as
+        a graph when first needed (after one eager warm-up on a side stream, whose writes are undone) and replayed
+        after."""
         self.token.copy_(token)
+        length = min(-(-(self.next + 1) // self.bucket) * self.bucket, self.length)
+        self.next += 1
         if self.token.device.type != "cuda":
-            return self._step()
-        if self.graph is None:
-            self._capture()
-        self.graph.replay()
-        return self.logits
+            return self._step(length)
+        if length not in self.graphs:
+            self.graphs[length] = self._capture(length)
+        graph, logits = self.graphs[length]
+        graph.replay()
+        return logits
 
-    def _capture(self) -> None:
+    def _capture(self, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         saved = (self.slot.clone(), self.position.clone(), self.used.clone())
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._step()  # warm-up: kernels chosen, workspaces allocated, outside the graph
+            self._step(length)  # warm-up: kernels chosen, workspaces allocated, outside the graph
         torch.cuda.current_stream().wait_stream(stream)
         self.slot.copy_(saved[0]), self.position.copy_(saved[1]), self.used.copy_(saved[2])
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):  # episode threads go on meanwhile
-            self.logits = self._step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):  # episode threads go on
+            logits = self._step(length)
+        self.pool = self.pool or graph.pool()
         # capture recorded the step without running it: the state is where it was
+        return graph, logits
