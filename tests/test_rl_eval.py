@@ -415,3 +415,79 @@ def test_the_supervised_stages_read_the_expert_s_episodes_of_the_shapes_asked():
     assert of_shapes(runs, ("direct",)) == [runs[0], runs[3]]
     assert of_shapes(runs, ("improve", "fix")) == runs[1:3]
     assert of_shapes(runs, ()) == runs
+
+
+def _recipe_run(folder, arm: str, seed: int, rewards: dict[str, list[float]], half_done: tuple[str, ...] = ()):
+    """A `train recipe` folder as the table reads it: recipe.json, and per stage one episode a held-out task."""
+    folder.mkdir(parents=True)
+    (folder / "recipe.json").write_text(json.dumps({"arm": arm, "seed": seed, "heldout": {}}))
+    for stage, values in rewards.items():
+        step = folder / f"eval_{stage}"
+        step.mkdir()
+        (step / "episodes.jsonl").write_text("".join(json.dumps(
+            {"task": f"/tmp/run-{arm}-{seed}/tasks/held/t{i}.py", "sample": 0, "reward": r,
+             "speedup_vs_compile": 1.5 if r >= 1 else None, "turns": 4, "model_turns": 4, "malformed": 0,
+             "stop": "finish", "run_dir": "x"}) + "\n" for i, r in enumerate(values)))
+        if stage not in half_done:
+            (step / "done.json").write_text("{}")
+    return folder
+
+
+def test_the_recipe_table_combines_seeds_per_arm_and_pairs_ppo_with_the_earlier_stages(tmp_path):
+    """Mean and std over seeds, intervals over the tasks with both seeds pooled, PPO - SFT paired by task; a
+    half-done evaluation does not count; an arm's seed given twice, or a folder without recipe.json, is refused."""
+    from cuda_agent.rl.recipe_table import markdown, read_run, recipe_table
+
+    runs = [_recipe_run(tmp_path / "a", "full", 0, {"base": [-1, -1, -1, -1], "sft": [2, -1, 1, -1],
+                                                     "ppo": [2, 2, 1, -1], "rft": [3, 3, 3, 3]}, half_done=("rft",)),
+            _recipe_run(tmp_path / "b", "full", 1, {"base": [-1, -1, -1, -1], "sft": [2, 1, -1, -1],
+                                                     "ppo": [3, 2, 1, 1]}),
+            _recipe_run(tmp_path / "c", "paper", 0, {"base": [-1, -1, 1, -1]})]
+    table = recipe_table([read_run(r) for r in runs], resamples=500)
+    full = table["arms"]["full"]
+    assert full["seeds"] == [0, 1] and set(full["heldout"]) == {"base", "sft", "ppo"}  # (rft: not finished)
+    sft, ppo = full["heldout"]["sft"], full["heldout"]["ppo"]
+    assert sft["mean_reward_seeds"] == [0.25, 0.25] and sft["mean_reward"] == 0.25 and sft["mean_reward_std"] == 0
+    assert ppo["mean_reward_seeds"] == [1.0, 1.75] and ppo["mean_reward"] == 1.375
+    assert ppo["pass_rate_seeds"] == [0.75, 1.0] and ppo["episodes"] == 8 and ppo["tasks"] == 4
+    lo, hi = ppo["mean_reward_ci"]
+    assert lo <= 1.375 <= hi and lo < hi
+    diff = full["ppo_vs"]["sft"]["mean_reward"]
+    assert diff["tasks"] == 4 and diff["difference"] == 1.375 - 0.25 and full["ppo_vs"]["sft"]["seeds"] == [0, 1]
+    assert table["arms"]["paper"]["heldout"]["base"]["pass_rate"] == 0.25 and table["arms"]["paper"]["ppo_vs"] == {}
+    text = markdown(table)
+    assert "| full | ppo | 2 | 0.88 ± 0.18 [" in text and "full: PPO - sft over 2 seed(s), paired by task" in text
+
+    again = _recipe_run(tmp_path / "d", "full", 1, {"base": [-1, -1, -1, -1]})
+    with pytest.raises(ValueError, match="arm 'full' seed 1 given twice"):
+        recipe_table([read_run(r) for r in (*runs, again)])
+    (tmp_path / "e").mkdir()
+    with pytest.raises(ValueError, match="recipe.json"):
+        read_run(tmp_path / "e")
+
+    result = CliRunner().invoke(app, ["train", "table", str(runs[0]), str(runs[1]), "--out",
+                                      str(tmp_path / "t.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "t.json").read_text())["arms"]["full"]["heldout"]["ppo"]["mean_reward"] == 1.375
+    assert "| full | sft |" in (tmp_path / "t.md").read_text() and "| full | sft |" in result.output
+    refused = CliRunner().invoke(app, ["train", "table", str(tmp_path / "e")])
+    assert refused.exit_code != 0 and "recipe.json" in refused.output
+
+
+def test_an_interrupted_recipe_keeps_its_finished_evaluations_in_recipe_json(tmp_path):
+    """Ctrl-C (or the device script's `timeout -s INT`) mid-recipe: recipe.json says so and holds what was
+    evaluated, then the interruption goes on (the ninth attempt's second session left none)."""
+    from types import SimpleNamespace
+
+    from cuda_agent.rl.recipe import Recipe, RecipeConfig
+
+    def _run(heldout: dict) -> dict:
+        heldout["base"] = {"mean_reward": -1.0}
+        raise KeyboardInterrupt
+    fake = SimpleNamespace(config=RecipeConfig(seed=3), out=tmp_path, log=print, _run=_run)
+    fake._write = lambda result: Recipe._write(fake, result)
+    with pytest.raises(KeyboardInterrupt):
+        Recipe.run(fake)
+    saved = json.loads((tmp_path / "recipe.json").read_text())
+    assert saved["stopped"] == "interrupted" and saved["heldout"] == {"base": {"mean_reward": -1.0}}
+    assert saved["arm"] == "full" and saved["seed"] == 3

@@ -134,3 +134,28 @@ def train_recipe_cmd(
              f"{row['pass_rate']:.2f}" for name, row in result["controls"].items()]
     out.print("\n".join(["held-out:", *rows, json.dumps({k: v for k, v in result.items() if k.startswith("ppo_vs")}),
                          f"written: {out_dir / 'recipe.json'}"]), highlight=False, soft_wrap=True)
+
+
+@train_app.command("table")
+def train_table_cmd(
+    runs: list[Path] = typer.Argument(..., exists=True, file_okay=False, help="`train recipe` folders (any arms "
+                                      "and seeds; each arm's seeds are combined)"),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="the table as JSON (e.g. docs/data/recipe_h200.json; "
+                                            "the markdown beside it as .md)"),
+    resamples: int = typer.Option(DEFAULTS.eval.bootstrap, min=100, help="bootstrap resamples of the tasks"),
+) -> None:
+    """The held-out table over arms and seeds: mean ± std over seeds, intervals over tasks with every seed pooled,
+    PPO against each earlier stage paired by task."""
+    from ..rl.recipe_table import markdown, read_run, recipe_table
+
+    writable(out_file, "--out", file=True)
+    try:
+        table = recipe_table([read_run(r) for r in runs], resamples)
+    except ValueError as exc:
+        fail(str(exc))
+    text = markdown(table)
+    out.print(text, highlight=False, soft_wrap=True, markup=False)
+    if out_file:
+        out_file.write_text(json.dumps(table, indent=2))
+        out_file.with_suffix(".md").write_text(text + "\n")
+        err.print(f"written: {out_file} and {out_file.with_suffix('.md')}", highlight=False)

@@ -255,17 +255,26 @@ class Recipe:
         checkpoints.rebuild(made.folder, made.start, critic, made.supervised, self.log)
 
     def run(self) -> dict:
-        """The arm's steps, then the controls; `recipe.json` (also when the time limit stops it: `stopped` says
-        where, and the rerun continues)."""
+        """The arm's steps, then the controls; `recipe.json` (also when the time limit stops it or Ctrl-C
+        interrupts it: `stopped` says where, and the rerun continues)."""
         heldout: dict = {}
+
+        def stopped(why: str) -> dict:
+            return {"arm": self.config.arm, "seed": self.config.seed, "stopped": why, "heldout": heldout,
+                    "config": asdict(self.config)}
         try:
             result = self._run(heldout)
         except TimeoutError as exc:
             self.log(f"recipe: {exc}: the same command continues")
-            result = {"arm": self.config.arm, "seed": self.config.seed, "stopped": str(exc), "heldout": heldout,
-                      "config": asdict(self.config)}
-        (self.out / "recipe.json").write_text(json.dumps(result, indent=2, default=str))
+            result = stopped(str(exc))
+        except KeyboardInterrupt:  # (what the held-out evaluations finished is kept; then the interruption goes on)
+            self._write(stopped("interrupted"))
+            raise
+        self._write(result)
         return result
+
+    def _write(self, result: dict) -> None:
+        (self.out / "recipe.json").write_text(json.dumps(result, indent=2, default=str))
 
     def _run(self, heldout: dict) -> dict:
         cfg, arm = self.config, self.config.arm
