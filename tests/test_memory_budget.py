@@ -97,3 +97,26 @@ def test_an_evaluation_promises_its_processes_contexts_beside_its_task_s_need():
     data = known["peak"] + known["candidate"]
     assert 16 * data <= SHARE * known["total"]  # the peaks alone would have let all sixteen in
     assert len(most) == 16 and max(most) * (data + contexts) <= SHARE * known["total"] and max(most) < 16, most
+
+
+def test_an_evaluation_s_wait_for_memory_is_its_own_phase_not_its_build_s(cache_dir):
+    """A task judged before waits for its known need before anything else: `memory_queued` holds that wait and the
+    build's phase starts after it (the ninth recipe attempt's verdicts counted the wait twice, in both)."""
+    from conftest import CANDIDATES, TASKS, fast_config
+    from cuda_agent.judge import Judge
+
+    with Judge("cpu", fast_config(cache_dir)) as judge:
+        judge.evaluate(TASKS / "affine_relu.py", CANDIDATES / "affine_relu_ok")  # its memory learnt, its build cached
+        entered = threading.Event()
+
+        def hog():
+            with judge.memory.hold(judge.memory.capacity):
+                entered.set()
+                time.sleep(1.0)
+        thread = threading.Thread(target=hog)
+        thread.start()
+        entered.wait()
+        verdict = judge.evaluate(TASKS / "affine_relu.py", CANDIDATES / "affine_relu_ok")
+        thread.join()
+    assert verdict.correct, verdict.error
+    assert verdict.phases_s["memory_queued"] >= 0.8 and verdict.phases_s["build"] < 0.8, verdict.phases_s

@@ -95,11 +95,10 @@ class Evaluation:
         known = judge.store.get("memory", key) or {}
         if known:
             judge.memory.learn(known["total"])
-        waiting = time.perf_counter()
         need = evaluation_need(known, self.contexts)
         with judge.memory.hold(need):
-            if known:
-                self.verdict.phases_s["memory_queued"] = round(time.perf_counter() - waiting, 3)
+            if known:  # (its own phase: the build's starts after it)
+                self.phases.mark("memory_queued")
             with judge.references.reserve(self.task, request, judge.worker_env()) as self.ref:  # a cold one starts
                 self._phases(guess=not need and not self.alone)
         said = min((self.verdict.timing.get("baselines") or {}).get("candidate_memory_peak", 0), self.ref.device_total)
