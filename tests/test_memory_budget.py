@@ -112,11 +112,11 @@ def test_an_evaluation_s_wait_for_memory_is_its_own_phase_not_its_build_s(cache_
         def hog():
             with judge.memory.hold(judge.memory.capacity):
                 entered.set()
-                time.sleep(1.0)
+                time.sleep(3.0)
         thread = threading.Thread(target=hog)
         thread.start()
         entered.wait()
         verdict = judge.evaluate(TASKS / "affine_relu.py", CANDIDATES / "affine_relu_ok")
         thread.join()
     assert verdict.correct, verdict.error
-    assert verdict.phases_s["memory_queued"] >= 0.8 and verdict.phases_s["build"] < 0.8, verdict.phases_s
+    assert verdict.phases_s["memory_queued"] >= 2.5 > verdict.phases_s["build"], verdict.phases_s  # (a cached build)
