@@ -1,9 +1,9 @@
 """The static decoder's step at the recipe's cache lengths, side by side in one run, as CUDA-graph replays on a model
-of SmolLM2-135M's config: now (the slots in use attended in buckets of static_decode.BUCKET; q/k/v and gate/up one
-matrix product each; fused norms), the same over the whole cache (bucket = the cache: what the step read before the
-buckets), and the step before this session's change (three projections and two for the MLP, five-kernel norms, the
-whole cache). Per batch, cache length and slots filled: ms a step, tokens/s, the ratios, and the largest difference
-of the first step's logits from the step before.
+of SmolLM2-135M's config: now (the slots in use attended in buckets of static_decode.BUCKET from a block-major
+cache; q/k/v and gate/up one matrix product each; fused norms), the same over the whole cache (bucket = the cache:
+what the step read before the buckets), and the step before (three projections and two for the MLP, five-kernel
+norms, a row-major cache, the whole of it). Per batch, cache length and slots filled: ms a step, tokens/s, the
+ratios, and the largest difference of the first step's logits from the step before.
 
     python3 benchmarks/decode_attention.py [--batches 16,32] [--cache 8192] [--fills 1024,2048,4096,8000]
         [--steps 64] [--out FILE]
@@ -26,8 +26,22 @@ from cuda_agent.rl.static_decode import BUCKET, SPLIT, StaticDecoder  # noqa: E4
 from rollout_speed import SMOLLM2_135M  # noqa: E402
 
 
+def old_attend(self, q, k, v, hidden, blocks: int) -> torch.Tensor:
+    """The attention before the change, over a row-major cache (b, kv, length, d)."""
+    b, g = q.shape[0], self.heads // self.kv_heads
+    grouped = q.reshape(b, self.kv_heads, 1, g, self.head_dim)
+    k = k.view(b, self.kv_heads, blocks, SPLIT, self.head_dim)
+    v = v.view(b, self.kv_heads, blocks, SPLIT, self.head_dim)
+    scores = (grouped @ k.transpose(-1, -2)).float() * self.head_dim ** -0.5
+    scores = scores.masked_fill(hidden, float("-inf"))
+    weights = torch.softmax(scores.transpose(2, 3).reshape(b, self.kv_heads, g, -1), dim=-1)
+    weights = weights.view(b, self.kv_heads, g, blocks, SPLIT).transpose(2, 3).to(v.dtype)
+    return (weights @ v).sum(2, dtype=torch.float32).to(v.dtype)
+
+
 def before(self, length: int) -> torch.Tensor:
-    """The step before the change: each projection its own matrix product, the norms in five kernels."""
+    """The step before the change: each projection its own matrix product, the norms in five kernels, a row-major
+    cache (`k_old`, `v_old`)."""
     def norm(x, weight):
         y = x.float()
         return weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
@@ -47,9 +61,9 @@ def before(self, length: int) -> torch.Tensor:
         k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
         v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = self._rotate(q, cos, sin).to(x.dtype), self._rotate(k, cos, sin).to(x.dtype)
-        self.k[i].index_copy_(2, self.slot, k)
-        self.v[i].index_copy_(2, self.slot, v)
-        attended = self._attend(q, self.k[i][:, :, :length], self.v[i][:, :, :length], hidden, blocks)
+        self.k_old[i].index_copy_(2, self.slot, k)
+        self.v_old[i].index_copy_(2, self.slot, v)
+        attended = old_attend(self, q, self.k_old[i][:, :, :length], self.v_old[i][:, :, :length], hidden, blocks)
         x = x + F.linear(attended.reshape(b, 1, -1), w[p + "self_attn.o_proj.weight"])
         h = norm(x, w[p + "post_attention_layernorm.weight"])
         gated = F.silu(F.linear(h, w[p + "mlp.gate_proj.weight"])) * F.linear(h, w[p + "mlp.up_proj.weight"])
@@ -63,11 +77,13 @@ def before(self, length: int) -> torch.Tensor:
 def timed(model, batch: int, cache: int, filled: int, steps: int, bucket: int, step=None) -> tuple[float, torch.Tensor]:
     """ms a step of a decoder of `cache` slots filled to `filled` (random keys and values), and its first logits."""
     decoder = StaticDecoder(model, dict(model.state_dict()), batch, cache, bucket)
-    if step is not None:
-        decoder._step = step.__get__(decoder)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for kv in (decoder.k, decoder.v):
         kv.normal_(generator=gen)
+    if step is not None:  # (the same cache, row-major)
+        decoder._step = step.__get__(decoder)
+        decoder.k_old, decoder.v_old = (kv.permute(0, 2, 3, 1, 4, 5).reshape(
+            decoder.layers, batch, decoder.kv_heads, decoder.length, decoder.head_dim) for kv in (decoder.k, decoder.v))
     decoder.used[:, :filled] = True
     decoder.slot.fill_(filled)
     decoder.position.fill_(filled)

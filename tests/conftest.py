@@ -233,22 +233,24 @@ def not_another_workers(pids: set[str]) -> set[str]:
     return {pid for pid in pids if not anothers(pid)}
 
 
-def static_decoder_follows_the_model(actor, device: str, steps: int, atol: float, bucket: int | None = None) -> None:
-    """Left-padded rows prefilled by the model, then `steps` tokens fed through the static decoder and through the
-    model's own cache: the same next-token logits at every step (the decoder's CUDA graphs on a GPU: one for each
-    `bucket` of cache slots the rows reach)."""
+def static_decoder_follows_the_model(actor, device: str, steps: int, atol: float, bucket: int | None = None,
+                                     prompt: int = 5) -> None:
+    """Two rows of `prompt` tokens, one left-padded by two, prefilled by the model, then `steps` tokens fed through
+    the static decoder and through the model's own cache: the same next-token logits at every step (the decoder's
+    CUDA graphs on a GPU: one for each `bucket` of cache slots the rows reach)."""
     import torch
 
     from cuda_agent.rl import static_decode
     from cuda_agent.rl.models import positions
 
     assert static_decode.supports(actor.model) is None
-    ids = torch.tensor([[0, 0, 5, 9, 11], [7, 2, 3, 4, 8]], device=device)
-    attention = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], device=device)
+    ids = torch.tensor([[(7 * j + 3 * row) % 60 + 1 for j in range(prompt)] for row in range(2)], device=device)
+    attention = torch.ones_like(ids)
+    ids[0, :2], attention[0, :2] = 0, 0
     position = positions(attention)
     with torch.no_grad():
         out = actor.model(input_ids=ids, attention_mask=attention, position_ids=position, use_cache=True)
-        decoder = static_decode.StaticDecoder(actor.model, actor.decoding_weights(), 2, 5 + steps,
+        decoder = static_decode.StaticDecoder(actor.model, actor.decoding_weights(), 2, prompt + steps,
                                               bucket or static_decode.BUCKET)
         decoder.load_prefill(out.past_key_values, attention, position)
         past, position = out.past_key_values, position[:, -1:]
@@ -260,8 +262,8 @@ def static_decoder_follows_the_model(actor, device: str, steps: int, atol: float
                               use_cache=True)
             past = out.past_key_values
             assert torch.allclose(decoder.step(token), out.logits[:, -1].float(), atol=atol), step
-    reached = -(-(5 + steps) // decoder.bucket)  # (the attended lengths: one bucket, two, ...)
-    assert decoder.next == 5 + steps and len(decoder.graphs) == (reached if device == "cuda" else 0)
+    reached = -(-(prompt + steps) // decoder.bucket) - (prompt // decoder.bucket)  # (the attended lengths reached)
+    assert decoder.next == prompt + steps and len(decoder.graphs) == (reached if device == "cuda" else 0)
 
 
 def sampled_logprobs_are_the_trainer_s(actor, prompt: list[int], tokens: list[int], logprobs: list[float],

@@ -83,10 +83,12 @@ def test_the_static_decoder_computes_the_model_s_next_token_logits_step_by_step(
 
 
 def test_the_static_decoder_attends_the_slots_in_use_in_buckets_and_still_follows_the_model(actor):
-    """A step attends the cache's first slots in multiples of `bucket` (here SPLIT's 256): past one, the next."""
+    """A step attends the cache's first slots in multiples of `bucket` (here SPLIT's 256): past one, the next; a
+    prompt longer than a block of the block-major cache is laid in two."""
     from cuda_agent.rl.static_decode import SPLIT
 
     static_decoder_follows_the_model(actor, "cpu", steps=300, atol=1e-5, bucket=SPLIT)
+    static_decoder_follows_the_model(actor, "cpu", steps=230, atol=1e-5, bucket=SPLIT, prompt=SPLIT + 44)
 
 
 def test_the_static_decoder_reads_a_lora_actor_s_merged_weights_and_refuses_what_it_does_not_know(tiny_llama):

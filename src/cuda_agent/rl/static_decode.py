@@ -17,7 +17,10 @@ cache alone, which on the H100 read a 12 GB cache (32 rows of 8,192 slots) at ~2
 the recipe's held-out evaluations of long turns take 14 minutes (docs/training.md, fortieth session). A step
 attends only the cache's first slots that hold every row's tokens so far, in steps of `BUCKET` slots (a graph for
 each such length, captured when the batch first reaches it): a reply that fills a quarter of its cache reads a
-quarter of it. q, k and v are one matrix product, the MLP's gate and up another, the norms torch's fused `rms_norm`.
+quarter of it. The cache is laid out block-major (block, row, head, slot in block, dim), so the first blocks are one
+contiguous piece the block products read in place (row-major, a prefix of each row's cache is not: the products
+copied it first, which made a half-filled cache's step slower than the whole cache's, measured on the H100).
+q, k and v are one matrix product, the MLP's gate and up another, the norms torch's fused `rms_norm`.
 """
 
 from __future__ import annotations
@@ -72,8 +75,10 @@ class StaticDecoder:
         device, dtype = self.lm_head.device, self.lm_head.dtype
         length = -(-length // SPLIT) * SPLIT
         self.length, self.bucket = length, -(-bucket // SPLIT) * SPLIT
-        shape = (self.layers, batch, self.kv_heads, length, self.head_dim)
+        shape = (self.layers, length // SPLIT, batch, self.kv_heads, SPLIT, self.head_dim)  # (block-major)
         self.k, self.v = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+        # a slot's row in a layer's cache seen as (-1, dim), for each (row, head): block * this + these + offset
+        self.rows = torch.arange(batch * self.kv_heads, device=device) * SPLIT
         self.used = torch.zeros(batch, length, dtype=torch.bool, device=device)  # slots a row attends to
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.position = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -86,8 +91,10 @@ class StaticDecoder:
         """The prompt's keys and values (its left-padded width of slots) and mask; the next step writes after it."""
         width = attention.shape[1]
         for i, (keys, values) in enumerate(prefill_cache(past)):
-            self.k[i, :, :, :width].copy_(keys)
-            self.v[i, :, :, :width].copy_(values)
+            for block, start in enumerate(range(0, width, SPLIT)):
+                n = min(SPLIT, width - start)
+                self.k[i, block, :, :, :n].copy_(keys[:, :, start:start + n])
+                self.v[i, block, :, :, :n].copy_(values[:, :, start:start + n])
         self.used.zero_()
         self.used[:, :width].copy_(attention.bool())
         self.slot.fill_(width)
@@ -111,16 +118,17 @@ class StaticDecoder:
         cos, sin = (angles.cos() * self.scaling)[:, None], (angles.sin() * self.scaling)[:, None]  # (b, 1, 1, d)
         self.used.index_fill_(1, self.slot, True)
         blocks = length // SPLIT
-        hidden = ~self.used[:, :length].reshape(b, 1, blocks, 1, SPLIT)  # slots a row does not attend to
+        hidden = ~self.used[:, :length].view(b, blocks, SPLIT).transpose(0, 1)[:, :, None, None]  # not attended
+        written = self.slot // SPLIT * (b * kv * SPLIT) + self.rows + self.slot % SPLIT  # (b * kv,)
         x = F.embedding(self.token, w["embed_tokens.weight"])  # (b, 1, hidden)
         for i in range(self.layers):
             p = f"layers.{i}."
             h = self._norm(x, w[p + "input_layernorm.weight"])
             qkv = F.linear(h, w[p + "qkv"]).view(b, 1, heads + 2 * kv, self.head_dim).transpose(1, 2)
             qk = self._rotate(qkv[:, :heads + kv], cos, sin).to(x.dtype)  # (b, heads + kv, 1, d)
-            self.k[i].index_copy_(2, self.slot, qk[:, heads:])
-            self.v[i].index_copy_(2, self.slot, qkv[:, heads + kv:])
-            attended = self._attend(qk[:, :heads], self.k[i][:, :, :length], self.v[i][:, :, :length], hidden, blocks)
+            self.k[i].view(-1, self.head_dim).index_copy_(0, written, qk[:, heads:].reshape(b * kv, -1))
+            self.v[i].view(-1, self.head_dim).index_copy_(0, written, qkv[:, heads + kv:].reshape(b * kv, -1))
+            attended = self._attend(qk[:, :heads], self.k[i][:blocks], self.v[i][:blocks], hidden)
             x = x + F.linear(attended.reshape(b, 1, -1), w[p + "self_attn.o_proj.weight"])
             gate, up = F.linear(self._norm(x, w[p + "post_attention_layernorm.weight"]), w[p + "gate_up"]).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
@@ -129,19 +137,17 @@ class StaticDecoder:
         self.position += 1
         return logits
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor,
-                blocks: int) -> torch.Tensor:
-        """One token's attention over the cache, block by block: the query heads that share a key-value head
-        attend as that head's queries (one token: no causality); the softmax is over every block at once."""
-        b, g = q.shape[0], self.heads // self.kv_heads
-        grouped = q.reshape(b, self.kv_heads, 1, g, self.head_dim)
-        k = k.view(b, self.kv_heads, blocks, SPLIT, self.head_dim)
-        v = v.view(b, self.kv_heads, blocks, SPLIT, self.head_dim)
-        scores = (grouped @ k.transpose(-1, -2)).float() * self.head_dim ** -0.5  # (b, kv, blocks, g, SPLIT)
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """One token's attention over the cache's first blocks (k, v: (blocks, b, kv, SPLIT, d)), block by block: the
+        query heads that share a key-value head attend as that head's queries (one token: no causality); the softmax
+        is over every block at once."""
+        blocks, b, g = k.shape[0], q.shape[0], self.heads // self.kv_heads
+        grouped = q.reshape(b, self.kv_heads, g, self.head_dim)
+        scores = (grouped @ k.transpose(-1, -2)).float() * self.head_dim ** -0.5  # (blocks, b, kv, g, SPLIT)
         scores = scores.masked_fill(hidden, float("-inf"))
-        weights = torch.softmax(scores.transpose(2, 3).reshape(b, self.kv_heads, g, -1), dim=-1)
-        weights = weights.view(b, self.kv_heads, g, blocks, SPLIT).transpose(2, 3).to(v.dtype)
-        return (weights @ v).sum(2, dtype=torch.float32).to(v.dtype)  # (b, kv, g, head_dim): blocks summed in fp32
+        weights = torch.softmax(scores.permute(1, 2, 3, 0, 4).reshape(b, self.kv_heads, g, -1), dim=-1)
+        weights = weights.view(b, self.kv_heads, g, blocks, SPLIT).permute(3, 0, 1, 2, 4).to(v.dtype)
+        return (weights @ v).sum(0, dtype=torch.float32).to(v.dtype)  # (b, kv, g, head_dim): blocks summed in fp32
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """Feed `token` (b, 1): the logits of the token after it. On CUDA each attended length's step is captured as
