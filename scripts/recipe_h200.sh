@@ -127,7 +127,7 @@ pack() {  # what comes back (a file only under 16 MiB and at most two folders de
   # metrics; the evaluations' episodes: summary, trajectory, best kernel, what the hand audit reads; every
   # episode's trajectory and summary: what a stage trains on when a later machine goes on with the run; the tasks;
   # each checkpoint's trainer.pt and value head), split into 15 MiB parts when larger;
-  # the adapters' weights (actor and critic) under adapters/; the log.
+  # the adapters' weights (actor and critic) under adapters/; the log; the judge's learnt memory needs.
   # (-L: steps linked from another run come too; not the `checkpoint` links, which name a step folder again)
   if [[ -f $run.log ]]; then tail -25 "$run.log" && cp "$run.log" "$OUT/recipe.log"; fi
   if [[ -d $keep/sweep ]]; then  # (a sweep's results, its held-out episodes: no weights)
@@ -144,6 +144,10 @@ pack() {  # what comes back (a file only under 16 MiB and at most two folders de
   if (( $(stat -c %s "$OUT/run.tar.gz") > 15 << 20 )); then
     split -b 15m -d "$OUT/run.tar.gz" "$OUT/run.tar.gz.part" && rm "$OUT/run.tar.gz"
   fi
+  # what the judge learnt each task's evaluation holds on the device (its memory budget's admissions: memory_budget.py)
+  python3 -c 'import json, sys; from cuda_agent.judge.config import default_cache_dir; from cuda_agent.judge.store \
+import Store; db = default_cache_dir() / "judge.sqlite"; json.dump({k: v for k, v, _ in Store(db, read_only=True) \
+.entries("memory")} if db.is_file() else {}, open(sys.argv[1], "w"), indent=1)' "$OUT/judge_memory.json" || true
   mkdir -p "$OUT/adapters"
   (cd "$run" && find -L . -name checkpoint -prune -o -path '*/checkpoint-*/adapter/adapter_model*' \
     -type f -print | while read -r f; do
