@@ -38,7 +38,13 @@ VISIBLE_CACHE = "CUDA_AGENT_TEST_VISIBLE_CACHE"
 
 def pytest_configure(config):
     """The run's one judge cache outside /tmp (`visible_cache`), made before pytest-xdist's workers start (they
-    inherit its path) and removed when the run ends."""
+    inherit its path) and removed when the run ends. Torch in the test processes themselves computes on one thread:
+    two workers' OpenMP threads spinning on CI's two cores beside each other and the judges' worker processes made
+    the tests that train in-process 3.5x slower (46 vs 13 s, two value-pretraining tests run twice at once on the
+    dev machine); what the judges' workers run is theirs to set."""
+    import torch
+
+    torch.set_num_threads(1)
     parent = visible_parent()
     if not hasattr(config, "workerinput") and parent and VISIBLE_CACHE not in os.environ:
         os.environ[VISIBLE_CACHE] = config.visible_cache = tempfile.mkdtemp(prefix="cuda-agent-test-cache-",
