@@ -147,7 +147,8 @@ pack() {  # what comes back (a file only under 16 MiB and at most two folders de
   # what the judge learnt each task's evaluation holds on the device (its memory budget's admissions: memory_budget.py)
   python3 -c 'import json, sys; from cuda_agent.judge.config import default_cache_dir; from cuda_agent.judge.store \
 import Store; db = default_cache_dir() / "judge.sqlite"; json.dump({k: v for k, v, _ in Store(db, read_only=True) \
-.entries("memory")} if db.is_file() else {}, open(sys.argv[1], "w"), indent=1)' "$OUT/judge_memory.json" || true
+.entries("memory")} if db.is_file() else {}, open(sys.argv[1], "w"), indent=1)' "$OUT/judge_memory.json" \
+    || echo "judge_memory.json not written (above: why); the rest is packed" >&2
   mkdir -p "$OUT/adapters"
   (cd "$run" && find -L . -name checkpoint -prune -o -path '*/checkpoint-*/adapter/adapter_model*' \
     -type f -print | while read -r f; do
