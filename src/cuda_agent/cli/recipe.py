@@ -42,6 +42,9 @@ def train_recipe_cmd(
     value_steps: int = typer.Option(DEFAULTS.value_steps, min=1, help="value pretraining steps"),
     value_epochs: int = typer.Option(DEFAULTS.value_epochs, min=1, help="passes over each value pretraining batch"),
     ppo_steps: int = typer.Option(DEFAULTS.ppo_steps, min=1, help="PPO steps"),
+    epochs: int = typer.Option(DEFAULTS.stage.train.epochs, min=1, help="passes over each PPO batch (value "
+                               "pretraining's: --value-epochs)"),
+    minibatches: int = typer.Option(DEFAULTS.stage.train.minibatches, min=1, help="optimizer steps per pass"),
     batch: int = typer.Option(DEFAULTS.stage.batch, min=1, help="episodes per PPO / value step"),
     samples: int = typer.Option(DEFAULTS.eval.samples, min=1, help="held-out episodes per task at each evaluation"),
     max_turns: int = typer.Option(DEFAULTS.stage.max_turns, min=1, help="model turns per episode"),
@@ -109,7 +112,8 @@ def train_recipe_cmd(
                               controls=tuple(c.strip() for c in controls.split(",") if c.strip()),
                               stage=replace(DEFAULTS.stage, batch=batch, **limits, train=replace(
                                   DEFAULTS.stage.train, actor_lr=actor_lr, critic_lr=critic_lr,
-                                  value_head_lr=value_head_lr, lora_rank=lora_rank, lora_alpha=lora_alpha)),
+                                  value_head_lr=value_head_lr, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                                  epochs=epochs, minibatches=minibatches)),
                               eval=replace(DEFAULTS.eval, samples=samples, **limits))
         train, held = task_files(data, out_dir / "tasks" / "train"), task_files(held_out, out_dir / "tasks" / "held")
         checked = task_files(validation, out_dir / "tasks" / "validation") if validation else []
