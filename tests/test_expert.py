@@ -4,6 +4,7 @@ Environment and cpu judge, read back by rft.export."""
 
 import ctypes
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -229,8 +230,9 @@ def test_model_new_owns_the_tasks_parameters_under_their_names():
 
 def test_expert_episodes_are_judged_and_read_by_rft_export(cache_dir, tmp_path):
     """Played through the Environment and the cpu judge: the fix episode fails its first build, edits the planted
-    error away and passes (reward >= 1); rft.export keeps it; a task it cannot fuse is skipped with why; a rerun
-    resumes without playing again. (The direct episode: tests/test_rl_eval.py's recipe plays and trains on one.)"""
+    error away and passes (reward >= 1); the repair episode's first kernel builds but computes wrong values, and the
+    kernel written again passes; rft.export keeps both; a task it cannot fuse is skipped with why; a rerun resumes
+    without playing again. (The direct episode: tests/test_rl_eval.py's recipe plays and trains on one.)"""
     from conftest import fast_config
 
     from cuda_agent.judge.pool import JudgePool
@@ -243,17 +245,21 @@ def test_expert_episodes_are_judged_and_read_by_rft_export(cache_dir, tmp_path):
     linear.write_text(task(["torch.relu(x)", "self.op0(x)"], ["self.op0 = nn.Linear(37, 37)"]))
     out, heard = tmp_path / "runs", []
     with JudgePool("cpu", fast_config(cache_dir)) as pool:
-        episodes, skipped = play_expert(pool, [softmax, linear], out, ("fix",), log=heard.append)
+        episodes, skipped = play_expert(pool, [softmax, linear], out, ("fix", "repair"), log=heard.append)
         assert list(skipped) == [str(linear)] and "Linear" in skipped[str(linear)]
-        assert [(e.shape, e.stop) for e in episodes] == [("fix", "finish")]
+        assert [(e.shape, e.stop) for e in episodes] == [("fix", "finish"), ("repair", "finish")]
         assert all(e.reward >= 1 for e in episodes), episodes
         fix = (out / "softmax_task" / "fix-0" / "trajectory.jsonl").read_text()
         assert "compile error" in fix
-        again, _ = play_expert(pool, [softmax], out, ("fix",), log=heard.append)
+        records = [json.loads(line) for line in (out / "softmax_task" / "repair-0" / "trajectory.jsonl").open()]
+        verdicts = [r["message"]["content"] for r in records
+                    if r["type"] == "tool" and r["message"]["content"].startswith("compiled")]
+        assert "compiled: True\ncorrect: False" in verdicts[0] and "correct: True" in verdicts[1], verdicts
+        again, _ = play_expert(pool, [softmax], out, ("fix", "repair"), log=heard.append)
     assert [e.reward for e in again] == [e.reward for e in episodes] and heard[-1].endswith("(played before)")
-    assert len((out / "episodes.jsonl").read_text().splitlines()) == 1
-    counts = export([out / "softmax_task" / "fix-0"], tmp_path / "rft")
-    assert counts["kept"] == 1, counts
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 2
+    counts = export([out / "softmax_task" / "fix-0", out / "softmax_task" / "repair-0"], tmp_path / "rft")
+    assert counts["kept"] == 2, counts
 
 
 def test_no_expert_episode_starts_once_the_time_is_up(tmp_path):

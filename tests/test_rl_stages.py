@@ -351,7 +351,7 @@ def test_a_sampled_reply_is_scored_against_each_of_the_expert_s_first_replies(ti
     `sampled` plays a reply to each task's opening through the batch sampler (a random model: nothing of them)."""
     task = probe_tasks([TASKS / "affine_relu.py"], "cuda", True)[0]
     replies = [assistant_text(r) for r in task.replies.values()]
-    assert sorted(task.replies) == ["direct", "fix", "improve"] and len(set(replies)) == 3
+    assert sorted(task.replies) == ["direct", "fix", "improve", "repair"] and len(set(replies)) == 4
     assert closeness(replies[1], replies) == 1.0
     assert 0.45 < closeness(replies[0][:len(replies[0]) // 2], replies) < 0.55
     assert closeness(replies[0] + " ", replies) < 1.0 and closeness("nothing alike", replies) == 0

@@ -24,9 +24,10 @@ def train_expert_cmd(
     out_dir: Path = typer.Option(..., "--out", help="folder of run folders OUT/TASK/SHAPE-K and episodes.jsonl "
                                  "(rerun to resume)"),
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
-    shapes: str = typer.Option("direct,improve,fix", help="episode shapes, comma-separated: direct (write, verify, "
-                               "profile, finish), improve (slow knobs, profile, faster ones, profile), fix (a "
-                               "planted build error, verify, edit, verify)"),
+    shapes: str = typer.Option("direct,improve,fix,repair", help="episode shapes, comma-separated: direct (write, "
+                               "verify, profile, finish), improve (slow knobs, profile, faster ones, profile), fix (a "
+                               "planted build error, verify, edit, verify), repair (a planted wrong value, verify, "
+                               "the kernel written again, verify, profile)"),
     per_task: int = typer.Option(1, "--per-task", min=1, help="episodes of each shape per task"),
     parallel: int = typer.Option(1, min=1, help="episodes played at once"),
     compact: bool = typer.Option(False, "--compact/--full-tools", help="the compact tool set and prompt (as a "

@@ -1,9 +1,12 @@
 """The expert's episodes: its kernels written through the real agent loop, Environment and judge, as run folders like
-`optimize` writes (trajectory.jsonl, summary.json, snapshots), which `rft.export` reads. Three shapes:
+`optimize` writes (trajectory.jsonl, summary.json, snapshots), which `rft.export` reads. Four shapes:
 
 - direct: write the files, verify, profile, finish;
 - improve: write them with slow knobs, profile, rewrite the kernel with fast ones, profile, finish;
-- fix: write them with a planted compile error, verify (the build fails), edit it away, verify, finish.
+- fix: write them with a planted compile error, verify (the build fails), edit it away, verify, finish;
+- repair: write them with a planted wrong value (the output off by one), verify (incorrect), write the kernel again
+  from the plan, verify, profile, finish: what a failed verdict is answered with, the way a policy's own kernels
+  fail (wrong values, not builds).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,17 +27,18 @@ from ...judge.pool import JudgePool
 from ...llm import ScriptedClient
 from .formulas import Unsupported
 from .kernels import BREAKABLE, FAST, SLOW, kernel_path, kernel_source, workspace_files
-from .trace import Program, trace
+from .trace import Node, Program, trace
 
-SHAPES = ("direct", "improve", "fix")
+SHAPES = ("direct", "improve", "fix", "repair")
 SCRIPT_VERSION = 2  # of the replies' text (2: the first reply lays out each op's values before the code)
-STAGED = ("improve", "fix")  # shapes whose first reply is staged (slow knobs, a planted error): context for SFT
+STAGED = ("improve", "fix", "repair")  # shapes whose first reply is staged (slow knobs, a planted error): context
+# for SFT
 
 
 def staged_turns(run_dir: str | Path) -> int:
     """How many of an expert episode's first model turns are staged (TASK/SHAPE-K): SFT reads them as context and
-    learns what follows (profiling a slow kernel, repairing a failed build), never to write them, so every shape's
-    prompt has one first reply to learn (the `direct` one). Any other run folder: 0."""
+    learns what follows (profiling a slow kernel, repairing a failed build or wrong values), never to write them, so
+    every shape's prompt has one first reply to learn (the `direct` one). Any other run folder: 0."""
     return int(Path(run_dir).name.rsplit("-", 1)[0] in STAGED)
 
 
@@ -90,6 +94,13 @@ def _plan(program: Program) -> str:
     return "\n".join(lines) + f"\nThe output: {program.output}." + (f" Parameters: {params}." if params else "")
 
 
+def off_by_one(program: Program) -> Program:
+    """The program with a planted wrong value: its output plus one (never within any tolerance of the right one)."""
+    kind = "r" if program.reduced else "e"
+    name = f"{'v' if kind == 'e' else 'r'}{len(program.nodes) + 1}"
+    return replace(program, nodes=[*program.nodes, Node(name, kind, f"({program.output} + 1.f)")], output=name)
+
+
 def script(program: Program, backend: str, shape: str) -> list[dict]:
     """The replies of one episode of `shape` (each a reply with its tool calls)."""
     what, how = _describe(program)
@@ -122,6 +133,15 @@ def script(program: Program, backend: str, shape: str) -> list[dict]:
                       _call("edit", path=path, old=BREAKABLE[:-1] + "\n", new=BREAKABLE + "\n")),
                 _turn("Checking again.", _call("verify")),
                 _turn("Fixed and verified.", _call("finish", summary=summary))]
+    if shape == "repair":
+        return [_turn(f"The model is {what}: {how}.\n{plan}",
+                      *writes(FAST, kernel_source(off_by_one(program), backend, FAST))),
+                _turn("Checking correctness.", _call("verify")),
+                _turn("Wrong values: the kernel does not compute the plan. Writing it again from the plan, op by op.",
+                      _call("write_file", path=path, content=kernel_source(program, backend, FAST))),
+                _turn("Checking again.", _call("verify")),
+                _turn("Correct. Timing it against eager and torch.compile.", _call("profile")),
+                _turn("Repaired and verified.", _call("finish", summary=summary))]
     raise ValueError(f"unknown shape {shape!r} (choose from {', '.join(SHAPES)})")
 
 
