@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from cuda_agent.rl.algorithm import (PPOConfig, entropy, explained_variance, gae, kl_penalty, masked_whiten,
-                                     outcome_rewards, policy_loss, ppo_losses, token_logprobs, value_loss)
+from cuda_agent.rl.algorithm import (PPOConfig, entropy, explained_variance, gae, group_advantages, kl_penalty,
+                                     masked_whiten, outcome_rewards, policy_loss, ppo_losses, token_logprobs,
+                                     value_loss)
 
 
 def t(*rows):
@@ -124,3 +125,21 @@ def test_the_default_lambdas_carry_the_outcome_to_the_first_token_of_a_kernel_wr
 def test_the_value_loss_without_a_clip_is_the_plain_squared_error():
     loss, stats = value_loss(t([1.0]), t([0.5]), t([2.0]), t([1]), clip=None)
     assert float(loss) == pytest.approx(0.5) and stats["value_clip_fraction"] == 0.0
+
+
+def test_a_group_baseline_is_each_episode_s_score_less_its_task_group_s_mean():
+    """StageConfig.group: episodes 0-1 share a task (scores 3, -1: mean 1), episodes 2-3 another (2, 2: no contrast,
+    no advantage); on model tokens only."""
+    mask = t([1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1])
+    adv = group_advantages(t(3, -1, 2, 2), torch.tensor([0, 0, 1, 1]), mask)
+    assert torch.equal(adv, t([2, 2, 0], [-2, 0, 0], [0, 0, 0], [0, 0, 0]))
+
+
+def test_a_group_must_divide_the_batch_and_compare_outcomes():
+    from cuda_agent.rl.config import StageConfig, TrainConfig
+
+    assert StageConfig(batch=16, group=4).group == 4
+    with pytest.raises(ValueError, match="dividing the batch"):
+        StageConfig(batch=16, group=3)
+    with pytest.raises(ValueError, match="gamma 1"):
+        StageConfig(batch=4, group=2, train=TrainConfig(ppo=PPOConfig(gamma=0.9)))

@@ -76,6 +76,24 @@ def test_ppo_moves_probability_to_the_rewarded_option(setup):
     assert trainer.step == 4
 
 
+def test_with_groups_the_actor_learns_from_contrasts_within_a_group_only(setup):
+    """Two tasks of two episodes each, each task's pair scoring alike (1, 1 and -1, -1): the critic's baseline still
+    pushes the actor (the batch's returns differ), a group baseline gives it nothing to learn; the critic learns the
+    same either way."""
+    _, reply, prompt, actor, critic = setup
+    choices, logp = reply.sample(actor.model, prompt, 4, torch.Generator().manual_seed(5))
+    batch = _batch(reply, prompt, choices, logp, [1, 1, -1, -1])
+    trainer = PPOTrainer(actor, critic, TrainConfig(actor_lr=0.0, critic_lr=0.0, value_head_lr=0.0, epochs=1,
+                                                    minibatches=1), reply.logprob_fn(len(prompt)))
+    plain = trainer.update(batch)
+    batch.groups = torch.tensor([0, 0, 1, 1])
+    grouped = trainer.update(batch)
+    assert plain["actor_grad_norm"] > 0 and grouped["actor_grad_norm"] == 0 and grouped["policy_loss"] == 0
+    assert grouped["value_loss"] == pytest.approx(plain["value_loss"])
+    batch.groups = torch.tensor([0, 1, 0, 1])  # each group holds a 1 and a -1: a contrast to learn from
+    assert trainer.update(batch)["actor_grad_norm"] > 0
+
+
 def test_value_pretraining_at_the_recipe_s_settings_learns_returns_the_ninth_attempt_s_did_not(setup, tiny_smollm2):
     """The critic alone learns (value pretraining) on fresh batches: at the recipe's settings (head lr 1e-3, 8
     passes a batch) it foresees the next batch's returns after three; at the ninth attempt's (1e-4, 2 passes) its

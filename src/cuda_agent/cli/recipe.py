@@ -46,6 +46,9 @@ def train_recipe_cmd(
                                "pretraining's: --value-epochs)"),
     minibatches: int = typer.Option(DEFAULTS.stage.train.minibatches, min=1, help="optimizer steps per pass"),
     batch: int = typer.Option(DEFAULTS.stage.batch, min=1, help="episodes per PPO / value step"),
+    group: int = typer.Option(DEFAULTS.stage.group, min=1, help="episodes of one task in a PPO / value step (dividing "
+                              "--batch); > 1: an episode's advantage is its return less its group's mean, not the "
+                              "critic's value"),
     samples: int = typer.Option(DEFAULTS.eval.samples, min=1, help="held-out episodes per task at each evaluation"),
     max_turns: int = typer.Option(DEFAULTS.stage.max_turns, min=1, help="model turns per episode"),
     max_new_tokens: int = typer.Option(DEFAULTS.stage.max_new_tokens, min=1, help="tokens per model turn"),
@@ -110,7 +113,7 @@ def train_recipe_cmd(
                               ppo_steps=ppo_steps, rollout_temperature=rollout_temperature,
                               time_limit_s=time_limit,
                               controls=tuple(c.strip() for c in controls.split(",") if c.strip()),
-                              stage=replace(DEFAULTS.stage, batch=batch, **limits, train=replace(
+                              stage=replace(DEFAULTS.stage, batch=batch, group=group, **limits, train=replace(
                                   DEFAULTS.stage.train, actor_lr=actor_lr, critic_lr=critic_lr,
                                   value_head_lr=value_head_lr, lora_rank=lora_rank, lora_alpha=lora_alpha,
                                   epochs=epochs, minibatches=minibatches)),

@@ -72,6 +72,15 @@ def advantages_and_returns(rewards: torch.Tensor, values: torch.Tensor, mask: to
     return advantages, returns
 
 
+def group_advantages(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each episode's score less the mean of its group's (the episodes of one task in a step), on each of its model
+    tokens: the baseline a critic that explains none of the returns cannot give (with gamma 1 and an outcome reward,
+    a token's return is its episode's score)."""
+    sums = torch.zeros(int(groups.max()) + 1, dtype=scores.dtype, device=scores.device).index_add_(0, groups, scores)
+    means = sums / torch.bincount(groups).to(scores.dtype)
+    return (scores - means[groups]).unsqueeze(1) * mask
+
+
 def uniform(scores: torch.Tensor) -> bool:
     """Whether every episode of a batch scored the same."""
     return bool((scores == scores[0]).all())

@@ -115,6 +115,8 @@ class StageConfig(RunConfig):
     episode_time_s: float = 1800.0  # an episode's wall clock (LoopConfig.time_limit_s): a step waits for its last
     compact: bool = False  # the compact tool set, SKILL.md left in the workspace (agent/tools.py)
     reward: str = "milestone"  # or "speedup": the paper's ablation (rollout.speedup_reward)
+    group: int = 1  # episodes of one task in a PPO / value step (batch / group tasks); > 1: an episode's advantage is
+    # its return less its group's mean (the critic still learns, but is not the actor's baseline)
 
     def __post_init__(self):
         super().__post_init__()
@@ -124,6 +126,10 @@ class StageConfig(RunConfig):
             raise ValueError(f"unknown stage {self.stage!r} (choose from {', '.join(STAGES)})")
         if self.max_turns < 1 or self.max_new_tokens < 1 or self.tool_output_chars < 100 or self.episode_time_s <= 0:
             raise ValueError("max_turns and max_new_tokens must be >= 1, tool_output_chars >= 100, episode_time_s > 0")
+        if self.group < 1 or self.batch % self.group:
+            raise ValueError(f"group {self.group}: episodes of one task, >= 1 and dividing the batch ({self.batch})")
+        if self.group > 1 and self.train.ppo.gamma != 1.0:
+            raise ValueError("a group baseline compares episodes' outcomes: it needs gamma 1")
 
 
 @dataclass

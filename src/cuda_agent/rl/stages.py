@@ -137,7 +137,8 @@ def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, po
                       single_turn=config.stage == "warmup", tool_output_chars=config.tool_output_chars,
                       time_limit_s=config.episode_time_s)
     step = trainer.step + 1
-    picked = [tasks[rng.randrange(len(tasks))] for _ in range(config.batch)]
+    picked = [task for task in (tasks[rng.randrange(len(tasks))] for _ in range(config.batch // config.group))
+              for _ in range(config.group)]  # (group 1: the draws of a plain batch)
     sampler = BatchSampler(trainer.actor.model, turns.tokenizer.pad_token_id, config.temperature,
                            seed=int(torch.randint(2**62, (1,), generator=generator)),
                            weights=trainer.actor.decoding_weights)
@@ -171,6 +172,8 @@ def _ppo_step(trainer: PPOTrainer, turns: TurnTokenizer, config: StageConfig, po
                                   "turns": episode.summary.turns, "stop": episode.summary.stop,
                                   "tokens": len(episode.trajectory.response)}) + "\n")
     batch = batch_of(episodes, turns.tokenizer.pad_token_id)
+    if config.group > 1:
+        batch.groups = torch.arange(len(episodes)) // config.group
     trainer.logprob_fn = response_logprob_fn(batch.response_start, config.temperature,
                                              entropy_grad=config.train.ppo.entropy_coef > 0)
     stats = trainer.update(batch, train_actor=config.stage != "value")

@@ -49,6 +49,8 @@ def stage_settings(config: StageConfig) -> dict:
     PPO, reward and critic settings it never uses."""
     settings = asdict(config)
     settings.pop("time_limit_s")
+    if config.group == 1 or config.stage == "rft":  # (a plain batch: the keys of the runs made before `group`)
+        settings.pop("group")
     if config.stage == "rft":
         settings.pop("reward")
         for unused in ("ppo", "critic_lr", "value_head_lr"):

@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from .algorithm import (advantages_and_returns, explained_variance, masked_mean, masked_whiten, outcome_rewards,
-                        ppo_losses, uniform)
+from .algorithm import (advantages_and_returns, explained_variance, group_advantages, masked_mean, masked_whiten,
+                        outcome_rewards, ppo_losses, uniform)
 from .config import TrainConfig
 from .models import Actor, Critic
 
@@ -30,20 +30,22 @@ LogprobFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], tuple[torch.
 class Batch:
     """Episodes padded to one length: `ids` [B, L] (prompt, then the response from `response_start`), `attention`
     [B, L], over the response's T tokens `mask` [B, T] (1 on model tokens) and `old_logp` [B, T] (the sampler's),
-    and one `score` per episode (the milestone reward of its final verdict)."""
+    and one `score` per episode (the milestone reward of its final verdict); `groups` [B]: which episodes share a
+    task (StageConfig.group), None when the critic is the baseline."""
     ids: torch.Tensor
     attention: torch.Tensor
     response_start: int
     mask: torch.Tensor
     old_logp: torch.Tensor
     scores: torch.Tensor
+    groups: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.ids.shape[0]
 
     def rows(self, index: torch.Tensor) -> Batch:
         return Batch(self.ids[index], self.attention[index], self.response_start, self.mask[index],
-                     self.old_logp[index], self.scores[index])
+                     self.old_logp[index], self.scores[index], None if self.groups is None else self.groups[index])
 
 
 class PPOTrainer:
@@ -78,13 +80,15 @@ class PPOTrainer:
         return values[:, start:start + length].float()
 
     def update(self, batch: Batch, train_actor: bool = True) -> dict[str, float]:
-        """GAE from the critic's values before the update, then `epochs` x `minibatches` PPO steps. With
+        """GAE from the critic's values before the update (the actor's advantages from the groups' means instead
+        when the batch has `groups`), then `epochs` x `minibatches` PPO steps. With
         `train_actor=False` only the critic learns, unclipped (value pretraining); so it does on a batch whose
         episodes all scored the same (`PPOConfig.skip_uniform`, algorithm.py says why)."""
         cfg = self.config
         device = self.actor.device
         batch = Batch(batch.ids.to(device), batch.attention.to(device), batch.response_start,
-                      batch.mask.to(device).float(), batch.old_logp.to(device).float(), batch.scores.to(device).float())
+                      batch.mask.to(device).float(), batch.old_logp.to(device).float(), batch.scores.to(device).float(),
+                      None if batch.groups is None else batch.groups.to(device))
         with torch.no_grad(), self.autocast():
             old_values = self._values(batch)
             old_logp, _ = self.logprob_fn(self.actor.model, batch.ids, batch.attention)
@@ -93,6 +97,8 @@ class PPOTrainer:
         with torch.no_grad():
             rewards = outcome_rewards(batch.scores, batch.mask)
             advantages, returns = advantages_and_returns(rewards, old_values, batch.mask, cfg.ppo)
+            if batch.groups is not None:  # the critic learns its returns; the actor's baseline is the group's mean
+                advantages = group_advantages(batch.scores, batch.groups, batch.mask)
             if cfg.ppo.whiten_advantages:  # over the whole batch, not per minibatch
                 advantages = masked_whiten(advantages, batch.mask)
         skipped = train_actor and cfg.ppo.skip_uniform and uniform(batch.scores)
