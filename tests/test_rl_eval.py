@@ -96,6 +96,8 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
             "--cache-dir", str(cache_dir)]
     shared = runner.invoke(app, [*args, "--validation", str(TASKS / "affine_relu.py")])
     assert shared.exit_code == 2 and "also train or held-out tasks" in shared.output, shared.output
+    uneven = runner.invoke(app, [*args, "--group", "3"])  # (last: it replaces the 2 above)
+    assert uneven.exit_code == 2 and "dividing the batch (2)" in uneven.output, uneven.output
     args += ["--validation", str(TASKS / "linear_gelu.py")]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output

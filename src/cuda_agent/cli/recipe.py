@@ -16,7 +16,7 @@ from ..task import TaskError, task_files
 from . import common
 from .common import err, fail, integers, out, warn_unsandboxed, writable
 from .options import BACKEND_HELP, Backends
-from .train import ActorLr, CriticLr, LoraAlpha, LoraRank, train_app
+from .train import ActorLr, CriticLr, Group, LoraAlpha, LoraRank, train_app
 
 DEFAULTS = RecipeConfig()
 
@@ -46,9 +46,7 @@ def train_recipe_cmd(
                                "pretraining's: --value-epochs)"),
     minibatches: int = typer.Option(DEFAULTS.stage.train.minibatches, min=1, help="optimizer steps per pass"),
     batch: int = typer.Option(DEFAULTS.stage.batch, min=1, help="episodes per PPO / value step"),
-    group: int = typer.Option(DEFAULTS.stage.group, min=1, help="episodes of one task in a PPO / value step (dividing "
-                              "--batch); > 1: an episode's advantage is its return less its group's mean, not the "
-                              "critic's value"),
+    group: Group = DEFAULTS.stage.group,
     samples: int = typer.Option(DEFAULTS.eval.samples, min=1, help="held-out episodes per task at each evaluation"),
     max_turns: int = typer.Option(DEFAULTS.stage.max_turns, min=1, help="model turns per episode"),
     max_new_tokens: int = typer.Option(DEFAULTS.stage.max_new_tokens, min=1, help="tokens per model turn"),

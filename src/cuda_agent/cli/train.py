@@ -26,6 +26,9 @@ LoraRank = Annotated[int, typer.Option(min=0, help="train the actor's LoRA updat
                                        "in checkpoint/actor/adapter, and a critic that trains its own and its head "
                                        "(checkpoint/critic/adapter; 0: every weight)")]
 LoraAlpha = Annotated[float, typer.Option(min=0.0, help="LoRA's scale is alpha / rank")]
+Group = Annotated[int, typer.Option(min=1, help="episodes of one task in a PPO / value step (dividing --batch); > 1: "
+                                    "an episode's advantage is its return less its group's mean, not the critic's "
+                                    "value")]
 SaveOptimizer = Annotated[bool, typer.Option("--save-optimizer/--no-save-optimizer", help="keep the optimizers' "
                                              "state in checkpoints (twice the weights' size; without it a resume "
                                              "starts the optimizers afresh)")]
@@ -123,6 +126,7 @@ def train_cmd(
     backend: Backends = typer.Option("cuda", help=BACKEND_HELP),
     steps: int = typer.Option(StageConfig.steps, min=1, help="steps (in total, counting a resumed run's)"),
     batch: int = typer.Option(StageConfig.batch, min=1, help="episodes per step (rft: conversations)"),
+    group: Group = StageConfig.group,
     max_turns: int = typer.Option(StageConfig.max_turns, min=1, help="model turns per episode"),
     max_new_tokens: int = typer.Option(StageConfig.max_new_tokens, min=1, help="tokens per model turn"),
     max_context: int = typer.Option(StageConfig.max_context, min=64, help="tokens per episode"),
@@ -173,7 +177,7 @@ def train_cmd(
 
             detect_cuda_arch()  # no GPU: say so before loading a model
         tasks = task_files(data, out_dir / "tasks") if data is not None else []
-        config = StageConfig(stage=stage, steps=steps, batch=batch, max_turns=max_turns,
+        config = StageConfig(stage=stage, steps=steps, batch=batch, group=group, max_turns=max_turns,
                              max_new_tokens=max_new_tokens, max_context=max_context, seed=seed,
                              temperature=temperature, tool_output_chars=tool_output_chars, compact=compact,
                              episode_time_s=episode_time, save_every=save_every, keep_checkpoints=keep_checkpoints,
