@@ -185,6 +185,26 @@ def test_the_cuda_kernels_compute_what_the_task_computes_on_an_emulated_gpu(fami
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("family, traced, run", [("pointwise", "BATCH, 6, 37", (3, 5, 37)),
+                                                 ("softmax", "BATCH, 6, 16", (5, 7, 16)),
+                                                 ("mean", "BATCH, 64", (9, 64))])
+def test_the_repair_episodes_planted_kernel_is_wrong_by_exactly_one_everywhere(family, traced, run, lib_dir):
+    """The `repair` shape's first kernel (episodes.off_by_one) on the emulated GPU: the task's values plus one on
+    every element (or row), so its verify fails on any input, and the rest of the kernel is the expert's own."""
+    from cuda_agent.data.taskfile import load
+    from cuda_agent.rl.expert.episodes import off_by_one
+
+    source = task(*FAMILIES[family], shape=traced)
+    x = torch.randn(*run)
+    expected = load(source).Model()(x).detach()
+    out = torch.full_like(expected, float("nan"))
+    lib = emulated(kernel_source(off_by_one(trace(source)), "cuda", FAST), lib_dir)
+    getattr(lib, f"{NAME}_launcher")(ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(x.data_ptr()),
+                                     ctypes.c_int64(x.numel() // run[-1]), ctypes.c_int64(run[-1]), Params(),
+                                     ctypes.c_int(0), ctypes.c_void_p(None))
+    torch.testing.assert_close(out, expected + 1, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compiles only: no GPU runs it here)")
 @pytest.mark.parametrize("family", ["pointwise", "softmax", "layer_norm", "mean", "linear_softmax"])
 def test_the_cuda_kernels_compile(family, tmp_path):
