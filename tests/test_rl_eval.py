@@ -92,8 +92,8 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
             str(TASKS / "row_mean.py"), "--out", str(tmp_path / "run-full-0"), "--backend", "cpu", "--shapes", "direct",
             "--sft-steps", "1", "--rft-samples", "1", "--rft-steps", "1", "--value-steps", "1", "--ppo-steps", "1",
             "--batch", "2", "--samples", "1", "--max-turns", "1", "--max-new-tokens", "8", "--lora-rank", "2",
-            "--sft-lora-rank", "0", "--sft-corpus", "2", "--epochs", "3", "--minibatches", "1", "--group", "2",
-            "--cache-dir", str(cache_dir)]
+            "--sft-lora-rank", "0", "--sft-corpus", "2", "--sft-repeat", "3", "--epochs", "3", "--minibatches", "1",
+            "--group", "2", "--cache-dir", str(cache_dir)]
     shared = runner.invoke(app, [*args, "--validation", str(TASKS / "affine_relu.py")])
     assert shared.exit_code == 2 and "also train or held-out tasks" in shared.output, shared.output
     uneven = runner.invoke(app, [*args, "--group", "3"])  # (last: it replaces the 2 above)
@@ -105,6 +105,7 @@ def test_train_recipe_runs_every_stage_on_the_cpu_and_resumes(tiny_checkpoint, t
     assert list(report["heldout"]) == ["base", "sft", "rft", "ppo"] and report["arm"] == "full"
     assert report["config"]["stage"]["train"]["epochs"] == 3 and report["config"]["stage"]["train"]["minibatches"] == 1
     assert report["config"]["stage"]["group"] == 2
+    assert "sft: a pool of 5 conversations (1 episode(s) x 3, 2 first replies)" in result.output, result.output
     assert all(row["mean_reward"] == -1 for row in report["heldout"].values())
     assert report["ppo_vs_sft"]["mean_reward"]["difference"] == 0
     assert report["critic_on_heldout"]["episodes"] == 1  # (its variance: none, every return is -1)

@@ -58,6 +58,9 @@ def train_recipe_cmd(
     shapes: str = typer.Option(",".join(DEFAULTS.expert_shapes), help="the expert's episode shapes"),
     sft_shapes: str = typer.Option(",".join(DEFAULTS.sft_shapes), help="the expert's shapes SFT and RFT train on "
                                    "(e.g. direct: one reply a prompt; default: every shape it played)"),
+    sft_repeat: int = typer.Option(DEFAULTS.sft_repeat, min=1, help="with --sft-corpus: SFT's judged episodes "
+                                   "(whole conversations, e.g. a failed verdict repaired) counted this many times "
+                                   "beside the corpus's first replies"),
     sft_corpus: int = typer.Option(DEFAULTS.sft_corpus, min=0, help="tasks composed beyond --data whose expert "
                                    "first replies SFT trains on too (unjudged; no held-out or validation task's "
                                    "operator set; 0: none)"),
@@ -105,7 +108,7 @@ def train_recipe_cmd(
         limits = dict(max_turns=max_turns, max_new_tokens=max_new_tokens, temperature=temperature)
         config = RecipeConfig(arm=arm, seed=seed, expert_shapes=tuple(s.strip() for s in shapes.split(",")),
                               sft_shapes=tuple(s.strip() for s in sft_shapes.split(",") if s.strip()),
-                              sft_corpus=sft_corpus, sft_steps=sft_steps, sft_lr=sft_lr,
+                              sft_corpus=sft_corpus, sft_repeat=sft_repeat, sft_steps=sft_steps, sft_lr=sft_lr,
                               sft_lora_rank=sft_lora_rank, rft_samples=rft_samples,
                               rft_steps=rft_steps, value_steps=value_steps, value_epochs=value_epochs,
                               ppo_steps=ppo_steps, rollout_temperature=rollout_temperature,

@@ -60,6 +60,8 @@ class RecipeConfig:
     sft_shapes: tuple[str, ...] = ()  # the expert's shapes SFT and RFT train on (empty: every shape it played)
     sft_corpus: int = 0  # tasks composed beyond the train split whose expert first replies SFT trains on too
     # (expert/corpus.py: unjudged; no operator set of a held-out or validation task)
+    sft_repeat: int = 1  # with a corpus: SFT's judged episodes (whole conversations: verdicts read and answered, a
+    # failed one repaired) counted this many times in its pool beside the corpus's first replies
     sft_steps: int = 30
     sft_lora_rank: int | None = None  # SFT's LoRA rank (None: the other stages'); 0 below their rank > 0: SFT trains
     # every weight and the stages after it adapters on it (full weights do not travel: a machine without SFT's trains
@@ -92,6 +94,8 @@ class RecipeConfig:
             raise ValueError(f"--rollout-temperature {self.rollout_temperature}: a temperature above 0")
         if self.sft_corpus < 0:
             raise ValueError(f"--sft-corpus {self.sft_corpus}: a number of tasks (0: none)")
+        if self.sft_repeat < 1:
+            raise ValueError(f"--sft-repeat {self.sft_repeat}: times each episode counts (>= 1)")
         if set(self.sft_shapes) - set(self.expert_shapes):
             raise ValueError(f"--sft-shapes {','.join(self.sft_shapes)}: the expert plays only "
                              f"{','.join(self.expert_shapes)}")
@@ -177,7 +181,7 @@ class Recipe:
                 self.log(f"recipe: {name} trains on {len(episodes)} episode(s) and {len(extra)} corpus task(s)' first "
                          "replies and verify calls")
             history = run_stage(timed, model, self.train, folder, self.pool if config.stage != "rft" else None,
-                                self.device, episodes, self.log, probe, extra, name)
+                                self.device, episodes, self.log, probe, extra, name, repeat)
             reached = checkpoints.step_of(checkpoints.latest(folder))
             if reached < config.steps:  # stopped by the time limit, checkpointed: not done
                 raise TimeoutError(f"time limit reached in {name} after step {reached} of {config.steps}")
@@ -187,6 +191,9 @@ class Recipe:
             shapes["context_first"] = STAGED  # (the staged shapes' first replies: context, not trained on)
         if corpus:
             shapes["corpus"], shapes["corpus_turns"] = self.steps.keys["corpus"], CORPUS_TURNS
+        repeat = self.config.sft_repeat if corpus else 1
+        if repeat > 1:
+            shapes["repeat"] = repeat
         step_key = key(name, model=self.model_keys[model], stage=stage_settings(config), tasks=self.train_key,
                        runs=[self.steps.keys[step] for step in runs], judge=self.judge, **shapes)
         self.steps.run(name, step_key, run)

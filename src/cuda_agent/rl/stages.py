@@ -46,12 +46,13 @@ from .trainer import PPOTrainer
 def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, pool: JudgePool | None,
               device: str = "cpu", rft_runs: list[Path] | None = None,
               log: Callable[[str], None] = print, probe: list[list[dict]] = (),
-              extra: list[tuple[list[dict], float | None]] = (), name: str = "") -> list[dict]:
+              extra: list[tuple[list[dict], float | None]] = (), name: str = "", repeat: int = 1) -> list[dict]:
     """Train `config.steps` steps of one stage from `model` (an HF folder, or a previous stage's checkpoint/actor
     beside its checkpoint/critic); resumes from `out`'s latest checkpoint. rft needs `rft_runs` (episode folders);
     `probe` (conversations of tasks it does not train on: probe.py) is scored at its first step and at each
-    checkpoint's; rft trains on `extra` (conversations and their rewards, None where unjudged) too. `name` heads its
-    progress lines (the recipe's step, e.g. sft for a supervised stage; the stage's own by default)."""
+    checkpoint's; rft trains on `extra` (conversations and their rewards, None where unjudged) too, and on each of
+    `rft_runs`' conversations `repeat` times. `name` heads its progress lines (the recipe's step, e.g. sft for a
+    supervised stage; the stage's own by default)."""
     from transformers import AutoTokenizer
 
     out = Path(out)
@@ -94,8 +95,11 @@ def run_stage(config: StageConfig, model: Path, tasks: list[Path], out: Path, po
                                                  **asdict(config)}, indent=2, default=str))
     sft_rows = _rft_rows(rft_runs or [], out, log) if config.stage == "rft" and (rft_runs or not extra) else []
     conversations = [(conversation_ids(turns, json.loads(r["messages"]), staged_turns(r["run_dir"])),
-                      float(r["reward"])) for r in sft_rows]
+                      float(r["reward"])) for r in sft_rows] * repeat
     conversations += [(conversation_ids(turns, messages), reward) for messages, reward in extra]
+    if config.stage == "rft":
+        log(f"{name or config.stage}: a pool of {len(conversations)} conversations ({len(sft_rows)} episode(s)"
+            + (f" x {repeat}" if repeat > 1 else "") + f", {len(extra)} first replies)")
     for problem in unreachable(conversations, config):
         log(f"warning: {problem}")
 
