@@ -188,21 +188,21 @@ def test_the_cuda_kernels_compute_what_the_task_computes_on_an_emulated_gpu(fami
 @pytest.mark.parametrize("family, traced, run", [("pointwise", "BATCH, 6, 37", (3, 5, 37)),
                                                  ("softmax", "BATCH, 6, 16", (5, 7, 16)),
                                                  ("mean", "BATCH, 64", (9, 64))])
-def test_the_repair_episodes_planted_kernel_is_wrong_by_exactly_one_everywhere(family, traced, run, lib_dir):
-    """The `repair` shape's first kernel (episodes.off_by_one) on the emulated GPU: the task's values plus one on
-    every element (or row), so its verify fails on any input, and the rest of the kernel is the expert's own."""
+def test_the_repair_episodes_planted_kernel_computes_2v_plus_1(family, traced, run, lib_dir):
+    """The `repair` shape's first kernel (episodes.planted_wrong_value) on the emulated GPU: 2v + 1 for the task's
+    value v on every element (or row), off by |v + 1| however large v is, and otherwise the expert's own kernel."""
     from cuda_agent.data.taskfile import load
-    from cuda_agent.rl.expert.episodes import off_by_one
+    from cuda_agent.rl.expert.episodes import planted_wrong_value
 
     source = task(*FAMILIES[family], shape=traced)
     x = torch.randn(*run)
     expected = load(source).Model()(x).detach()
     out = torch.full_like(expected, float("nan"))
-    lib = emulated(kernel_source(off_by_one(trace(source)), "cuda", FAST), lib_dir)
+    lib = emulated(kernel_source(planted_wrong_value(trace(source)), "cuda", FAST), lib_dir)
     getattr(lib, f"{NAME}_launcher")(ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(x.data_ptr()),
                                      ctypes.c_int64(x.numel() // run[-1]), ctypes.c_int64(run[-1]), Params(),
                                      ctypes.c_int(0), ctypes.c_void_p(None))
-    torch.testing.assert_close(out, expected + 1, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, 2 * expected + 1, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compiles only: no GPU runs it here)")
@@ -251,8 +251,9 @@ def test_model_new_owns_the_tasks_parameters_under_their_names():
 def test_expert_episodes_are_judged_and_read_by_rft_export(cache_dir, tmp_path):
     """Played through the Environment and the cpu judge: the fix episode fails its first build, edits the planted
     error away and passes (reward >= 1); the repair episode's first kernel builds but computes wrong values, and the
-    kernel written again passes; rft.export keeps both; a task it cannot fuse is skipped with why; a rerun resumes
-    without playing again. (The direct episode: tests/test_rl_eval.py's recipe plays and trains on one.)"""
+    kernel written again passes; rft.export keeps both; a repair episode whose planted kernel passes anyway is not
+    kept; a task it cannot fuse is skipped with why; a rerun resumes without playing again. (The direct episode:
+    tests/test_rl_eval.py's recipe plays and trains on one.)"""
     from conftest import fast_config
 
     from cuda_agent.judge.pool import JudgePool
@@ -263,8 +264,13 @@ def test_expert_episodes_are_judged_and_read_by_rft_export(cache_dir, tmp_path):
     softmax.write_text(task(*FAMILIES["softmax"], shape="BATCH, 16, 64"))
     linear = tmp_path / "linear_task.py"
     linear.write_text(task(["torch.relu(x)", "self.op0(x)"], ["self.op0 = nn.Linear(37, 37)"]))
+    constant = tmp_path / "constant_task.py"  # its output is -1 everywhere: the planted 2v + 1 is right there
+    constant.write_text(task(["x * 0.0 - 1.0"]))
     out, heard = tmp_path / "runs", []
     with JudgePool("cpu", fast_config(cache_dir)) as pool:
+        dropped, _ = play_expert(pool, [constant], out, ("repair",), log=heard.append)
+        assert dropped == [] and heard[-1].endswith("its planted wrong value passed verify: not kept"), heard
+        assert not (out / "constant_task" / "repair-0").exists()
         episodes, skipped = play_expert(pool, [softmax, linear], out, ("fix", "repair"), log=heard.append)
         assert list(skipped) == [str(linear)] and "Linear" in skipped[str(linear)]
         assert [(e.shape, e.stop) for e in episodes] == [("fix", "finish"), ("repair", "finish")]

@@ -4,9 +4,9 @@
 - direct: write the files, verify, profile, finish;
 - improve: write them with slow knobs, profile, rewrite the kernel with fast ones, profile, finish;
 - fix: write them with a planted compile error, verify (the build fails), edit it away, verify, finish;
-- repair: write them with a planted wrong value (the output off by one), verify (incorrect), write the kernel again
+- repair: write them with a planted wrong value (2v + 1 for the output v), verify (incorrect), write the kernel again
   from the plan, verify, profile, finish: what a failed verdict is answered with, the way a policy's own kernels
-  fail (wrong values, not builds).
+  fail (wrong values, not builds). An episode whose planted kernel passed its verify is not kept.
 """
 
 from __future__ import annotations
@@ -94,11 +94,22 @@ def _plan(program: Program) -> str:
     return "\n".join(lines) + f"\nThe output: {program.output}." + (f" Parameters: {params}." if params else "")
 
 
-def off_by_one(program: Program) -> Program:
-    """The program with a planted wrong value: its output plus one (never within any tolerance of the right one)."""
+def planted_wrong_value(program: Program) -> Program:
+    """The program with a planted wrong value: 2v + 1 for its output v, off by |v + 1| (outside any tolerance of v
+    however large v is, unless v is -1 everywhere: `play_expert` drops such an episode)."""
     kind = "r" if program.reduced else "e"
     name = f"{'v' if kind == 'e' else 'r'}{len(program.nodes) + 1}"
-    return replace(program, nodes=[*program.nodes, Node(name, kind, f"({program.output} + 1.f)")], output=name)
+    return replace(program, nodes=[*program.nodes, Node(name, kind, f"(2.f * {program.output} + 1.f)")], output=name)
+
+
+def _planted_caught(run_dir: Path) -> bool:
+    """Whether a repair episode's first verdict found its planted wrong value."""
+    for line in (run_dir / "trajectory.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        content = str((record.get("message") or {}).get("content", ""))
+        if record.get("type") == "tool" and content.startswith("compiled:"):
+            return "correct: False" in content
+    return False
 
 
 def script(program: Program, backend: str, shape: str) -> list[dict]:
@@ -135,7 +146,7 @@ def script(program: Program, backend: str, shape: str) -> list[dict]:
                 _turn("Fixed and verified.", _call("finish", summary=summary))]
     if shape == "repair":
         return [_turn(f"The model is {what}: {how}.\n{plan}",
-                      *writes(FAST, kernel_source(off_by_one(program), backend, FAST))),
+                      *writes(FAST, kernel_source(planted_wrong_value(program), backend, FAST))),
                 _turn("Checking correctness.", _call("verify")),
                 _turn("Wrong values: the kernel does not compute the plan. Writing it again from the plan, op by op.",
                       _call("write_file", path=path, content=kernel_source(program, backend, FAST))),
@@ -172,7 +183,7 @@ def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str
     (out / "skipped.json").write_text(json.dumps(skipped, indent=1))
     lock = threading.Lock()
 
-    def play(job) -> ExpertEpisode:
+    def play(job) -> ExpertEpisode | None:
         task, shape, k, replies = job
         run_dir = out / task.stem / f"{shape}-{k}"
         if (run_dir / "summary.json").is_file():
@@ -191,6 +202,10 @@ def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str
         if summary.stop == Stop.TIME_LIMIT or (limit is not None and time.monotonic() >= deadline):
             shutil.rmtree(run_dir, ignore_errors=True)  # cut short (a judge call may have ended early): not kept
             raise TimeoutError(f"time limit reached in the expert's episodes ({out.name})")
+        if shape == "repair" and not _planted_caught(run_dir):  # its answer to a failure would follow a pass
+            shutil.rmtree(run_dir, ignore_errors=True)
+            log(f"{task.name} repair {k}: its planted wrong value passed verify: not kept")
+            return None
         episode = _episode(task, shape, run_dir, summary)
         with lock:
             with open(out / "episodes.jsonl", "a") as f:
@@ -199,5 +214,5 @@ def play_expert(pool: JudgePool, tasks: list[Path], out: Path, shapes: tuple[str
         return episode
 
     with ThreadPoolExecutor(max(1, parallel)) as executor:
-        episodes = list(executor.map(play, jobs))
+        episodes = [e for e in executor.map(play, jobs) if e is not None]
     return episodes, skipped
