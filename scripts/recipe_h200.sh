@@ -187,16 +187,24 @@ case "${1:-}" in
   start)  # in the background (a run longer than one call: `collect` in the next calls of this warm machine);
     # JOB=sweep runs `sweep` instead of the recipe
     [[ ${JOB:-recipe} == recipe || $JOB == sweep ]] || { echo "JOB=$JOB: recipe or sweep" >&2; exit 2; }
+    # (never two at once on one run folder: the earlier one, past its time limit, may not have ended yet)
+    if [[ -f $run.pid ]] && kill -0 "$(cat "$run.pid")" 2> /dev/null; then
+      echo "an earlier start on $run is still running (pid $(cat "$run.pid"), log $run.log): collect it first," \
+        "or stop it (kill -INT -- -$(cat "$run.pid"))" >&2
+      exit 1
+    fi
     prepare
     rm -f "$run.exit"
     setsid nohup bash "$0" _background < /dev/null > /dev/null 2>&1 &
     sleep 5 && echo "started: $run (log: $run.log)"
     ;;
-  _background)  # (start's own session, which outlives the call that started it)
+  _background)  # (start's own session, which outlives the call that started it; its pid, the session's, in run.pid)
+    echo $$ > "$run.pid"
     prepare > /dev/null
     status=0
     "${JOB:-recipe}" || status=$?
     echo "$status" > "$run.exit"
+    rm -f "$run.pid"
     ;;
   collect)  # wait up to $2 seconds for the background recipe to end, then pack what it has either way
     end=$(( $(date +%s) + ${2:-0} ))

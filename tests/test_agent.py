@@ -652,3 +652,28 @@ def test_profile_says_no_speedup_was_credited_where_the_timing_was_too_noisy(env
                     warnings=["timing too noisy to credit any speedup (a spread of 90%): reward for correctness only"])
     text = env.tools._speed(noisy)
     assert "no speedup credited (timing too noisy" in text and "reward: 1" in text, text
+
+
+def test_an_episode_cut_by_the_caller_s_clock_is_not_judged_again_nor_summarised(judge, tmp_path, monkeypatch):
+    """A batch sampler out of time raises TimeoutError mid-episode: the episode is dropped and played again, so its
+    best snapshot is not re-judged (work after the time limit) and no summary says it ended."""
+    class Cut(ScriptedClient):
+        def complete(self, messages, tools):
+            if self.calls == 2:
+                raise TimeoutError("time limit reached after 128 tokens of this reply")
+            return super().complete(messages, tools)
+
+    env = Environment(judge, tmp_path / "run", use_sandbox=SANDBOX)
+    rejudged = []
+    monkeypatch.setattr(env, "result", lambda: rejudged.append(1))
+    good = [{"role": "assistant", "content": "", "tool_calls": [
+        call("write_file", path="kernels/affine_relu.cpp", content=KERNEL),
+        call("write_file", path="kernels/affine_relu_binding.cpp", content=BINDING),
+        call("write_file", path="model_new.py", content=MODEL_NEW)]},
+        {"role": "assistant", "content": "", "tool_calls": [call("verify")]}]
+    with pytest.raises(TimeoutError):
+        run_episode(env, Cut(good + EPISODE[-1:]), AFFINE, tmp_path / "run", LoopConfig(max_turns=5))
+    assert env.best() is not None  # a verified snapshot existed when the clock cut the episode
+    assert not rejudged and not (tmp_path / "run" / "summary.json").exists()
+    last = json.loads((tmp_path / "run" / "trajectory.jsonl").read_text().splitlines()[-1])
+    assert last["event"] == "cut" and last["turn"] == 3

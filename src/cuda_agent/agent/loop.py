@@ -84,18 +84,28 @@ def run_episode(env: Environment, client: ChatClient, reference: str | Path, run
     except LLMError as exc:
         state.stopped(Stop.MODEL_ERROR, str(exc))
         traj.write("event", event="model_error", error=str(exc))
-    except KeyboardInterrupt:
-        state.stopped(Stop.INTERRUPTED, f"at turn {state.turn}")
+    except TimeoutError:  # the caller's clock cut a reply (a time-limited batch sampler): not an episode, so its
+        traj.write("event", event="cut", turn=state.turn)  # best snapshot is not judged again (the caller plays
+        traj.close()  # it again or drops it)
         raise
-    finally:
-        summary = EpisodeSummary(**vars(env.result()), reference=str(reference),
-                                 model=client.model,
-                                 stop=state.stop.value if state.stop else "", stop_detail=state.stop_detail,
-                                 turns=state.turn, context_tokens=state.context_tokens,
-                                 wall_s=round(time.monotonic() - traj.start, 1))
-        traj.write("result", summary=summary.to_dict())
-        traj.close()
-        (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2, default=str))
+    except BaseException as exc:  # Ctrl-C, SIGTERM or a failure: what the episode made is still judged and written
+        if isinstance(exc, KeyboardInterrupt):
+            state.stopped(Stop.INTERRUPTED, f"at turn {state.turn}")
+        _close(env, client, reference, run_dir, traj, state)
+        raise
+    return _close(env, client, reference, run_dir, traj, state)
+
+
+def _close(env: Environment, client: ChatClient, reference: str | Path, run_dir: Path, traj: Trajectory,
+           state: LoopState) -> EpisodeSummary:
+    """The episode's summary (its best snapshot judged again), written to the trajectory and summary.json."""
+    summary = EpisodeSummary(**vars(env.result()), reference=str(reference), model=client.model,
+                             stop=state.stop.value if state.stop else "", stop_detail=state.stop_detail,
+                             turns=state.turn, context_tokens=state.context_tokens,
+                             wall_s=round(time.monotonic() - traj.start, 1))
+    traj.write("result", summary=summary.to_dict())
+    traj.close()
+    (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2, default=str))
     return summary
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -19,6 +22,7 @@ from .options import BACKEND_HELP, Backends
 from .train import ActorLr, CriticLr, Group, LoraAlpha, LoraRank, train_app
 
 DEFAULTS = RecipeConfig()
+STACKS_AFTER_S = 30  # past --time-limit, the recipe's threads' stacks are logged (it should have stopped)
 
 
 @train_app.command("recipe")
@@ -121,11 +125,19 @@ def train_recipe_cmd(
                               eval=replace(DEFAULTS.eval, samples=samples, **limits))
         train, held = task_files(data, out_dir / "tasks" / "train"), task_files(held_out, out_dir / "tasks" / "held")
         checked = task_files(validation, out_dir / "tasks" / "validation") if validation else []
-        with JudgePool(backend, common.config(cache_dir), devices=integers(gpus, "--gpus")) as pool:
-            warn_unsandboxed(pool)
-            result = Recipe(config, model, train, held, out_dir, pool, device,
-                            lambda m: err.print(m, highlight=False, soft_wrap=True), reuse=reuse,
-                            validation=checked).run()
+        began = time.monotonic()
+
+        def log(message: str) -> None:  # (each line with the seconds since the start: against --time-limit)
+            err.print(f"[{time.monotonic() - began:6.0f} s] {message}", highlight=False, soft_wrap=True)
+        if time_limit is not None:  # still running well past its limit: every thread's stack, to see what holds it
+            faulthandler.dump_traceback_later(time_limit + STACKS_AFTER_S, file=sys.__stderr__)
+        try:
+            with JudgePool(backend, common.config(cache_dir), devices=integers(gpus, "--gpus")) as pool:
+                warn_unsandboxed(pool)
+                result = Recipe(config, model, train, held, out_dir, pool, device, log, reuse=reuse,
+                                validation=checked).run()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
     except (TaskError, BackendError, ValueError) as exc:
         fail(str(exc))
     except FileNotFoundError as exc:  # a step brought from another machine without weights it needs
