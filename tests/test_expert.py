@@ -205,6 +205,34 @@ def test_the_repair_episodes_planted_kernel_computes_2v_plus_1(family, traced, r
     torch.testing.assert_close(out, 2 * expected + 1, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("family, dropped", [("softmax", "gelu"), ("mean", "mish"), ("shrink", "logsigmoid")])
+def test_the_repair_episodes_planted_kernel_leaves_out_one_op_of_the_chain(family, dropped, lib_dir):
+    """The `repair` shape's first kernel (episodes.planted_dropped_op) on the emulated GPU computes the task with one
+    op left out (one without parameters or reductions, the same for the same task), as a policy that misread model.py's
+    chain would; the staged reply describes that chain, and the repair names the op and plans every op again."""
+    from cuda_agent.data.taskfile import load
+    from cuda_agent.rl.expert.episodes import planted_dropped_op, script
+
+    lines, init = FAMILIES[family]
+    program = trace(task(lines, init))
+    planted, op = planted_dropped_op(program)
+    cut = next(i for i, step in enumerate(program.steps) if step not in planted.steps)
+    assert op == dropped and planted.ops == program.ops[:cut] + program.ops[cut + 1:]
+    x = torch.randn(3, 5, 37)
+    expected = load(task(lines[:cut] + lines[cut + 1:], init)).Model()(x).detach()  # (one line an op here)
+    out = torch.full_like(expected, float("nan"))
+    lib = emulated(kernel_source(planted, "cuda", FAST), lib_dir)
+    getattr(lib, f"{NAME}_launcher")(ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(x.data_ptr()),
+                                     ctypes.c_int64(x.numel() // 37), ctypes.c_int64(37), Params(),
+                                     ctypes.c_int(0), ctypes.c_void_p(None))
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    first, _, repair = script(program, "cuda", "repair")[:3]
+    assert " -> ".join(planted.ops) in first["content"] and f"left out {op}" in repair["content"]
+    assert " -> ".join(program.ops) in repair["content"] and "The plan again" in repair["content"]
+    assert planted_dropped_op(trace(task(*FAMILIES["softmin"]))) is None  # one op: the 2v + 1 plant instead
+    assert "does not compute the plan" in script(trace(task(*FAMILIES["softmin"])), "cuda", "repair")[2]["content"]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compiles only: no GPU runs it here)")
 @pytest.mark.parametrize("family", ["pointwise", "softmax", "layer_norm", "mean", "linear_softmax"])
 def test_the_cuda_kernels_compile(family, tmp_path):
@@ -264,8 +292,8 @@ def test_expert_episodes_are_judged_and_read_by_rft_export(cache_dir, tmp_path):
     softmax.write_text(task(*FAMILIES["softmax"], shape="BATCH, 16, 64"))
     linear = tmp_path / "linear_task.py"
     linear.write_text(task(["torch.relu(x)", "self.op0(x)"], ["self.op0 = nn.Linear(37, 37)"]))
-    constant = tmp_path / "constant_task.py"  # its output is -1 everywhere: the planted 2v + 1 is right there
-    constant.write_text(task(["x * 0.0 - 1.0"]))
+    constant = tmp_path / "constant_task.py"  # relu twice: the chain without one of them computes the same
+    constant.write_text(task(["torch.relu(x)", "torch.relu(x)"]))
     out, heard = tmp_path / "runs", []
     with JudgePool("cpu", fast_config(cache_dir)) as pool:
         dropped, _ = play_expert(pool, [constant], out, ("repair",), log=heard.append)

@@ -4,17 +4,21 @@
 - direct: write the files, verify, profile, finish;
 - improve: write them with slow knobs, profile, rewrite the kernel with fast ones, profile, finish;
 - fix: write them with a planted compile error, verify (the build fails), edit it away, verify, finish;
-- repair: write them with a planted wrong value (2v + 1 for the output v), verify (incorrect), write the kernel again
-  from the plan, verify, profile, finish: what a failed verdict is answered with, the way a policy's own kernels
-  fail (wrong values, not builds). An episode whose planted kernel passed its verify is not kept.
+- repair: write them with one op of the chain left out (described, planned and coded without it; where no op can
+  go, a planted wrong value: 2v + 1 for the output v), verify (incorrect), name the op missed and plan every op
+  again, write the kernel again, verify, profile, finish: what a failed verdict is answered with, the way a policy's
+  own kernels fail (an op of model.py missed: wrong values, not builds). An episode whose planted kernel passed its
+  verify is not kept.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -30,7 +34,8 @@ from .kernels import BREAKABLE, FAST, SLOW, kernel_path, kernel_source, workspac
 from .trace import Node, Program, trace
 
 SHAPES = ("direct", "improve", "fix", "repair")
-SCRIPT_VERSION = 2  # of the replies' text (2: the first reply lays out each op's values before the code)
+SCRIPT_VERSION = 3  # of the replies' text (2: the first reply lays out each op's values before the code; 3: the
+# repair shape leaves an op out)
 STAGED = ("improve", "fix", "repair")  # shapes whose first reply is staged (slow knobs, a planted error): context
 # for SFT
 
@@ -102,6 +107,37 @@ def planted_wrong_value(program: Program) -> Program:
     return replace(program, nodes=[*program.nodes, Node(name, kind, f"(2.f * {program.output} + 1.f)")], output=name)
 
 
+def planted_dropped_op(program: Program) -> tuple[Program, str] | None:
+    """The program with one of its ops left out, and that op: the way a policy's own kernels go wrong (it reads
+    model.py's chain and misses an op). The op is one without parameters or reductions, never the only one, chosen
+    by the task's ops (so the same task drops the same op); None where no op can go."""
+    names = {n.name for n in program.nodes}
+    droppable = []
+    for i, (op, made) in enumerate(program.steps):
+        nodes = [n for n in program.nodes if n.name in made]
+        before = [m for _, step in program.steps[:i] for m in step]
+        if (len(program.steps) > 1 and op != "linear" and len(nodes) == len(made) and nodes
+                and not any(n.reduce or "p.p[" in n.expr for n in nodes)
+                and made[-1][0] == (before[-1] if before else "v0")[0]):  # (its value of the kind it took)
+            droppable.append(i)
+    if not droppable:
+        return None
+    i = droppable[zlib.crc32(" ".join(program.ops).encode()) % len(droppable)]
+    op, made = program.steps[i]
+    before = [m for _, step in program.steps[:i] for m in step]
+    source = before[-1] if before else "v0"
+    swap = lambda text: re.sub(rf"\b{made[-1]}\b", source, text)  # noqa: E731
+    nodes = [replace(n, expr=swap(n.expr), src=swap(n.src), of=swap(n.of)) for n in program.nodes
+             if n.name not in made]
+    if any(re.search(rf"\b{m}\b", n.expr + " " + n.src + " " + n.of) for m in made for n in nodes) or \
+            source not in names | {"v0"}:
+        return None  # (a value of the op used past it, besides its output: not a chain to cut)
+    kept = program.steps[:i] + program.steps[i + 1:]
+    planted = replace(program, nodes=nodes, output=swap(program.output), steps=kept,
+                      ops=[o for o, _ in kept] if len(kept) == len(program.ops) - 1 else program.ops)
+    return planted, op
+
+
 def _planted_caught(run_dir: Path) -> bool:
     """Whether a repair episode's first verdict found its planted wrong value."""
     for line in (run_dir / "trajectory.jsonl").read_text().splitlines():
@@ -145,11 +181,19 @@ def script(program: Program, backend: str, shape: str) -> list[dict]:
                 _turn("Checking again.", _call("verify")),
                 _turn("Fixed and verified.", _call("finish", summary=summary))]
     if shape == "repair":
-        return [_turn(f"The model is {what}: {how}.\n{plan}",
-                      *writes(FAST, kernel_source(planted_wrong_value(program), backend, FAST))),
+        dropped = planted_dropped_op(program)
+        if dropped:
+            planted, op = dropped
+            first = "The model is {}: {}.\n{}".format(*_describe(planted), _plan(planted))
+            answer = (f"Wrong values: model.py applies {' -> '.join(program.ops)}, and the kernel left out {op}. "
+                      f"The plan again, every op:\n{plan}")
+        else:
+            planted = planted_wrong_value(program)
+            first = f"The model is {what}: {how}.\n{plan}"
+            answer = "Wrong values: the kernel does not compute the plan. Writing it again from the plan, op by op."
+        return [_turn(first, *writes(FAST, kernel_source(planted, backend, FAST))),
                 _turn("Checking correctness.", _call("verify")),
-                _turn("Wrong values: the kernel does not compute the plan. Writing it again from the plan, op by op.",
-                      _call("write_file", path=path, content=kernel_source(program, backend, FAST))),
+                _turn(answer, _call("write_file", path=path, content=kernel_source(program, backend, FAST))),
                 _turn("Checking again.", _call("verify")),
                 _turn("Correct. Timing it against eager and torch.compile.", _call("profile")),
                 _turn("Repaired and verified.", _call("finish", summary=summary))]
