@@ -188,6 +188,23 @@ class Freezer:
         self.signal_stop()
         self.settle()
 
+    def switches(self) -> int | None:
+        """How many times the scheduler has given the candidate's threads a CPU (their schedstat counts, summed;
+        a stopped thread is given none); None where the kernel does not count (no schedstat, or zeros)."""
+        total = 0
+        for pid in self.pids:
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except FileNotFoundError:
+                return None
+            for tid in tids:
+                try:
+                    total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[2])
+                except (OSError, IndexError, ValueError):
+                    return None
+        self._confirm()
+        return total or None
+
     def cpu_ns(self) -> int:
         """The CPU time of all the candidate's processes so far (exact while they are stopped)."""
         return sum(self.cpu_by_pid().values())

@@ -112,8 +112,7 @@ class GpuCalls(Calls):
         host_ns = time.perf_counter_ns() - t0
         try:
             self.freezer.settle()
-            self.stopped_cpu = self.freezer.cpu_by_pid()
-            cpu1 = sum(self.stopped_cpu.values())
+            cpu1 = self._mark_stopped()
             reply = self._checked_reply(k, reply)
             self._map_blocks(reply.outputs, fds)
         except CandidateGone as exc:
@@ -175,7 +174,7 @@ class GpuCalls(Calls):
         finally:
             try:
                 self.freezer.stop()
-                self.stopped_cpu = self.freezer.cpu_by_pid()  # (its answer's CPU time is no work between calls)
+                self._mark_stopped()  # (its answer's CPU time is no work between calls)
             except CandidateGone:
                 pass
         if isinstance(reply, Failed) and reply.k == k:

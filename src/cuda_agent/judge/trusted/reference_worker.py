@@ -335,7 +335,8 @@ class Reference:
                    "clock_resolution_us": RESOLUTION_US,
                    "host_us_median": statistics.median(call.host_us for call in timed)}
         return {**summarize(windows, windows), "cpu_us_median": statistics.median(cpu),
-                "cpu_outside_calls_us": calls.outside_ns / 1e3, "memory_peak": calls.memory_peak(),
+                "cpu_outside_calls_us": calls.outside_ns / 1e3,
+                "cpu_booked_late_us": calls.late_ns / 1e3, "memory_peak": calls.memory_peak(),
                 **({"cpu_samples": calls.sampled()} if calls.sampled() else {}),
                 "checked_calls": sorted(picked), "calls_checked_for_their_length": len(forced), **gpu, **errors64,
                 "wrong_timed_calls": len(findings),

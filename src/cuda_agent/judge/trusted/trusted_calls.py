@@ -85,8 +85,10 @@ class Calls:
         self.calls = 0
         self.current: InputBuffer | None = None
         self.stopped_cpu: dict[int, int] | None = None  # each process's CPU clock at its last stop (None: ran since)
+        self.stopped_switches: int | None = None  # and how often its threads had been given a CPU (freezer.switches)
         self.outside: dict[int, int] = {}  # CPU time each process took while stopped, summed: zero unless resumed
         self.outside_gaps = 0  # the gaps between calls in which any of it was taken
+        self.late_ns = 0  # CPU time booked after its stop was read with no thread given a CPU since: the call's own
         # (cpu) bytes of the outputs of the last HELD_CALLS calls, at places drawn here: read again after each call
         self.probes: deque[tuple[int, list[tuple[str, int, int]], bytes]] = deque(maxlen=HELD_CALLS)
         self.sampler: CpuSampler | None = None
@@ -152,8 +154,7 @@ class Calls:
             self.freezer.wait_stopped()  # (the call ends there: held out, red team 2026-12-05: a copy in the kernel
             t1 = time.perf_counter_ns()  # after the stop was sent, outside the clock, its result read: reward 1 -> 3)
             self.freezer.settle()
-            self.stopped_cpu = self.freezer.cpu_by_pid()
-            cpu1 = sum(self.stopped_cpu.values())
+            cpu1 = self._mark_stopped()
             if self.sampler is not None:
                 self.sampler.collect()
         except (CandidateGone, FileNotFoundError, ProcessLookupError) as exc:
@@ -225,20 +226,33 @@ class Calls:
     def outside_ns(self) -> int:
         return sum(self.outside.values())
 
+    def _mark_stopped(self) -> int:
+        """Its CPU clocks and scheduling count as it stands stopped (what the next call's start compares); the sum
+        of the clocks."""
+        self.stopped_cpu = self.freezer.cpu_by_pid()
+        self.stopped_switches = self.freezer.switches()
+        return sum(self.stopped_cpu.values())
+
     def _cpu_before(self, k: int) -> int:
         """Its processes' CPU clock as call `k` starts, having checked they took none while stopped (CallFailed
         where they have ended meanwhile: killed at the judge's deadline, say; a verdict, never the reference
-        worker's crash)."""
+        worker's crash). A clock that moved while no thread was given a CPU is booked late, not run: the kernel books
+        a running thread's time at a tick or when it leaves its CPU, and a thread that shows stopped can still be on
+        it (the last to stop, say, notifying the parent under a contended lock): that time was the call's."""
         try:
             now = self.freezer.cpu_by_pid()
         except CandidateGone as exc:
             raise CallFailed(f"the process ended before call {k} ({exc})", "ended") from None
         if self.stopped_cpu is not None:
             moved = {pid: ns - self.stopped_cpu.get(pid, ns) for pid, ns in now.items()}
-            self.outside_gaps += any(moved.values())
-            for pid, ns in moved.items():
-                if ns:
-                    self.outside[pid] = self.outside.get(pid, 0) + ns
+            if any(moved.values()) and self.stopped_switches is not None \
+                    and self.freezer.switches() == self.stopped_switches:
+                self.late_ns += sum(moved.values())
+            else:
+                self.outside_gaps += any(moved.values())
+                for pid, ns in moved.items():
+                    if ns:
+                        self.outside[pid] = self.outside.get(pid, 0) + ns
         if self.outside_ns > OUTSIDE_LIMIT_NS:
             raise CallFailed(f"call {k}: the candidate's processes ran while stopped "
                              f"({self.outside_ns / 1e3:.0f} us of CPU between calls, {self._outside_detail(k)}): all "
@@ -247,7 +261,9 @@ class Calls:
 
     def _outside_detail(self, k: int) -> str:
         """Where the CPU time between calls went: in how many gaps, which process (and its threads' states now)."""
-        parts = [f"in {self.outside_gaps} of {k} gaps"]
+        parts = [f"in {self.outside_gaps} of {k} gaps, " + ("its threads given a CPU meanwhile"
+                                                              if self.stopped_switches is not None
+                                                              else "this kernel counting no schedules")]
         for pid, ns in sorted(self.outside.items(), key=lambda item: -item[1]):
             role = "its worker" if pid == self.worker_pid else f"process {pid}"
             states = "".join(sorted(thread_states(pid) or "?"))
@@ -282,7 +298,7 @@ class Calls:
         finally:
             try:
                 self.freezer.stop()
-                self.stopped_cpu = self.freezer.cpu_by_pid()
+                self._mark_stopped()
             except CandidateGone as exc:
                 raise CallFailed(f"preparing {fn}: the callee's process ended ({exc})", "ended") from None
         return reply.error if isinstance(reply, Prepared) else f"answered {str(reply)[:200]}"
