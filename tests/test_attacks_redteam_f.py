@@ -2,6 +2,7 @@
 too, came to be watched): each test fails without its defence. The candidate is modelled as one that forges the
 in-process audit's report (`audit_forged`, test_cpu_sampler.py): the sampler is the only line left."""
 
+import json
 import os
 
 import pytest
@@ -162,8 +163,8 @@ _as_own(b"libtorch_cpu.so")
 def assert_torch_compute_found(cpu_judge, ws, task=AFFINE) -> None:
     """The candidate judged: -1, its first violation the sampler's."""
     verdict = cpu_judge.evaluate(task, ws)
-    sampled = verdict.timing.get("candidate", {}).get("cpu_samples")
-    assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
+    sampled = json.dumps(verdict.timing.get("candidate", {}).get("cpu_samples"))  # (whole: a flake's counts, all)
+    assert verdict.reward == -1 and verdict.correct is False, f"reward {verdict.reward}, {verdict.error}: {sampled}"
     assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
         (verdict.error, verdict.policy_violations, sampled)
 
