@@ -390,7 +390,7 @@ def test_the_sft_corpus_is_the_expert_s_family_outside_the_excluded_operator_set
 def test_the_first_reply_lays_out_each_op_s_values_before_the_code_that_computes_them():
     """The plan: one line per op of the task, in order, with the values it makes as the kernel writes them (a
     reduction's as what it reduces), the output, and which state-dict entry each parameter pointer is."""
-    from cuda_agent.rl.expert.episodes import SHAPES, script
+    from cuda_agent.rl.expert.episodes import SHAPES, planted_dropped_op, script
 
     source = (HEADER + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
               "        self.op1 = nn.PReLU()\n\n    def forward(self, x):\n        x = torch.sin(x)\n"
@@ -407,7 +407,12 @@ def test_the_first_reply_lays_out_each_op_s_values_before_the_code_that_computes
             "The output: v6. Parameters: p.p[0] = op1.weight [1]."]
     kernel = workspace_files(program, "cuda", FAST)["kernels/fused.cu"]
     for shape in SHAPES:
-        first = script(program, "cuda", shape)[0]
-        assert first["content"].splitlines()[2:] == plan, shape
+        replies = script(program, "cuda", shape)
+        if shape == "repair":  # (staged: the chain without one op; the repair plans every op again)
+            assert planted_dropped_op(program)[1] == "tanh"  # (sin or tanh: prelu has a parameter, log_softmax a sum)
+            assert replies[0]["content"].splitlines()[2:] == plan[:3] + [plan[4].replace("v6", "v5")]
+            assert replies[2]["content"].splitlines()[2:] == plan
+        else:
+            assert replies[0]["content"].splitlines()[2:] == plan, shape
     for line in ("const float v1 = sinf(v0);", "const float v5 = (v4 > 0.f ? v4 : p.p[0][0] * v4);"):
         assert line in kernel  # the code writes what the plan said
