@@ -20,7 +20,7 @@ from conftest import CANDIDATES, TASKS, fast_config
 from cuda_agent import sandbox
 from cuda_agent.agent import Environment, LoopConfig, OpenAIClient, ScriptedClient, run_episode
 from cuda_agent.llm import ContextFull, LLMError, parse_text_tool_calls
-from cuda_agent.agent.loop import parse_files
+from cuda_agent.agent.loop import ReplyCut, parse_files
 from cuda_agent.agent.tools import clip
 from cuda_agent.task import TaskError
 from cuda_agent.cli import app
@@ -660,7 +660,7 @@ def test_an_episode_cut_by_the_caller_s_clock_is_not_judged_again_nor_summarised
     class Cut(ScriptedClient):
         def complete(self, messages, tools):
             if self.calls == 2:
-                raise TimeoutError("time limit reached after 128 tokens of this reply")
+                raise ReplyCut("time limit reached after 128 tokens of this reply")
             return super().complete(messages, tools)
 
     env = Environment(judge, tmp_path / "run", use_sandbox=SANDBOX)
@@ -671,7 +671,7 @@ def test_an_episode_cut_by_the_caller_s_clock_is_not_judged_again_nor_summarised
         call("write_file", path="kernels/affine_relu_binding.cpp", content=BINDING),
         call("write_file", path="model_new.py", content=MODEL_NEW)]},
         {"role": "assistant", "content": "", "tool_calls": [call("verify")]}]
-    with pytest.raises(TimeoutError):
+    with pytest.raises(ReplyCut):
         run_episode(env, Cut(good + EPISODE[-1:]), AFFINE, tmp_path / "run", LoopConfig(max_turns=5))
     assert env.best() is not None  # a verified snapshot existed when the clock cut the episode
     assert not rejudged and not (tmp_path / "run" / "summary.json").exists()

@@ -64,6 +64,10 @@ def parse_files(text: str) -> dict[str, str]:
     return {path: body + "\n" for path, body in FILE_BLOCK.findall(text or "")}
 
 
+class ReplyCut(TimeoutError):
+    """A client's reply cut by its caller's clock (a time-limited batch sampler): the episode is dropped."""
+
+
 def run_episode(env: Environment, client: ChatClient, reference: str | Path, run_dir: Path, config: LoopConfig,
                 progress: Callable[[LoopState], None] = lambda state: None) -> EpisodeSummary:
     """Play one episode; returns the summary (also written to run_dir/summary.json)."""
@@ -84,7 +88,7 @@ def run_episode(env: Environment, client: ChatClient, reference: str | Path, run
     except LLMError as exc:
         state.stopped(Stop.MODEL_ERROR, str(exc))
         traj.write("event", event="model_error", error=str(exc))
-    except TimeoutError:  # the caller's clock cut a reply (a time-limited batch sampler): not an episode, so its
+    except ReplyCut:  # the caller's clock cut a reply (a time-limited batch sampler): not an episode, so its
         traj.write("event", event="cut", turn=state.turn)  # best snapshot is not judged again (the caller plays
         traj.close()  # it again or drops it)
         raise

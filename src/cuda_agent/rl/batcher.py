@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from ..agent.loop import ReplyCut
 from . import static_decode
 from .models import positions
 
@@ -63,7 +64,7 @@ class BatchSampler:
         self._requests.put(request)
         request.done.wait()
         if isinstance(request.error, TimeoutError):
-            raise TimeoutError(str(request.error))
+            raise ReplyCut(str(request.error))
         if request.error is not None:
             raise RuntimeError(f"the batch sampler failed: {request.error}") from request.error
         return request.tokens, request.logprobs
