@@ -160,9 +160,13 @@ _as_own(b"libtorch_cpu.so")
 ''' + TORCH_FORWARD
 
 
-def assert_torch_compute_found(cpu_judge, ws, task=AFFINE) -> None:
-    """The candidate judged: -1, its first violation the sampler's."""
-    verdict = cpu_judge.evaluate(task, ws)
+def assert_torch_compute_found(cpu_judge, ws, task=AFFINE, attempts: int = 1) -> None:
+    """The candidate judged: -1, its first violation the sampler's. With `attempts`, judged again while the attack
+    crashed itself with SIGBUS (its own race, not the judge's finding)."""
+    for _ in range(attempts):
+        verdict = cpu_judge.evaluate(task, ws)
+        if "SIGBUS" not in (verdict.error or ""):
+            break
     sampled = json.dumps(verdict.timing.get("candidate", {}).get("cpu_samples"))  # (whole: a flake's counts, all)
     assert verdict.reward == -1 and verdict.correct is False, f"reward {verdict.reward}, {verdict.error}: {sampled}"
     assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
@@ -515,7 +519,8 @@ def test_torch_s_text_mapped_from_its_own_library_s_file_while_it_is_looked_at_i
         pytest.skip("no sandbox here")
     ws = make_workspace()
     (ws / "model_new.py").write_text(SWAPPED)
-    assert_torch_compute_found(cpu_judge, ws)
+    assert_torch_compute_found(cpu_judge, ws, attempts=3)  # (torch's code run while its text is the shorter
+    # file's, by Python's garbage collector say, is a SIGBUS: one in CI, 2026-12-07)
 
 
 MOVED = SWAPPED.replace('''def _map(own: bool) -> None:''', '''_libc.mremap.restype = ctypes.c_void_p

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,26 +58,37 @@ def cmdline(pid: int) -> str:
 
 def terminate_in_flight(args: list[str], env: dict[str, str],
                         times: int = 1) -> tuple[subprocess.CompletedProcess, list[int]]:
-    """Run the CLI, send it SIGTERM once its reference worker runs (`times` times, 3 s apart: two signals that land
-    before the CLI's main thread runs Python again make one call of its handler, as a loaded CI machine showed), and
-    return the result and the processes it started that still run after it ended (killed then: a failure leaves
-    none behind)."""
+    """Run the CLI, send it SIGTERM once its reference worker runs (`times` times: each after the command has said
+    it took the one before, since two signals that land before its main thread runs Python again make one call of
+    its handler, as a loaded CI machine showed even 3 s apart), and return the result and the processes it started
+    that still run after it ended (killed then: a failure leaves none behind)."""
     proc = subprocess.Popen([sys.executable, "-m", "cuda_agent", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    said: list[str] = []  # its stderr so far, and its stdout: read beside (neither pipe fills)
+    printed: list[str] = []
+    readers = [threading.Thread(target=lambda pipe=pipe, into=into: into.extend(iter(pipe.readline, "")), daemon=True)
+               for pipe, into in ((proc.stderr, said), (proc.stdout, printed))]
+    for reader in readers:
+        reader.start()
     seen: dict[int, tuple[str, str]] = {}
-    deadline, sent, last = time.monotonic() + 120, 0, 0.0
+    deadline, sent = time.monotonic() + 120, 0
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             for pid in descendants(proc.pid) - set(seen):
                 seen[pid] = started(pid)
-            if sent < times and time.monotonic() - last > 3 and \
+            taken = sum(line.startswith("cuda-agent: SIGTERM") for line in list(said))
+            if sent < times and taken == sent and \
                     any("reference_worker" in cmdline(pid) for pid in seen):  # (once it has exec'd)
                 proc.send_signal(signal.SIGTERM)
-                sent, last = sent + 1, time.monotonic()
+                sent += 1
             time.sleep(0.05)
-        stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        for reader in readers:
+            reader.join(timeout=5)
     finally:
         proc.kill()
+    stdout, stderr = "".join(printed), "".join(said)
+
     def alive() -> list[int]:
         return [pid for pid, first in seen.items() if first and (now := started(pid)) and now[0] == first[0]
                 and now[1] not in "ZX"]
@@ -126,8 +138,8 @@ def test_sigterm_finishes_the_evaluation_in_flight_and_exits_143(tmp_path):
 
 def test_a_second_sigterm_abandons_the_evaluation_in_flight(tmp_path):
     """As a second Ctrl-C does: the judge stops at once, nothing is stored, nothing is left running; exit 143. (The
-    reference sleeps 60 s, so the second signal, 3 s after the first, lands while it is in flight even on a loaded
-    machine; a 6 s sleep once ended first in CI.)"""
+    reference sleeps 60 s, so the second signal, sent once the first was taken, lands while it is in flight even on a
+    loaded machine; a 6 s sleep once ended first in CI.)"""
     args, cache = suite_args(tmp_path, sleep=60), tmp_path / "cache"
     result, left = terminate_in_flight(args, dict(os.environ), times=2)
     assert result.returncode == 143, result.stderr

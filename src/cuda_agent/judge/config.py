@@ -105,6 +105,10 @@ class JudgeConfig:
     max_spread: float = 0.5  # (p80 - p20) / median of the candidate's calls (less the clock's own spread) beyond
     # which its timing is retaken
     timing_attempts: int = 2  # timings of the candidate before the verdict says "too noisy" instead of a speedup
+    # (strict, cpu) the trusted CPU sampler's period: a sample per this much of a thread's CPU time, the candidate's
+    # and the baseline callee's alike (None: cpu_sampler.PERIOD_NS, 1 ms). Calls adding up to under 20 periods of
+    # compiled code decide nothing: lower it for kernels that short (each sample costs the thread ~20 us)
+    cpu_sample_period_us: float | None = None
     build_timeout_s: float = 900.0  # one build (the workspace's objects, or one load_inline call)
     build_budget_s: float = 600.0  # all of one evaluation's builds together (load_inline calls stop when it is spent)
     max_builds: int = 8  # load_inline calls one evaluation may build
@@ -132,7 +136,8 @@ class JudgeConfig:
         """What changes baseline timings besides task, device and torch version."""
         return f"tf32={self.allow_tf32};mode={self.compile_mode};warmup={self.warmup};" \
                f"iters={self.min_iters}-{self.max_iters};target={self.target_time_s};scaled={self.scaled_inputs};" \
-               "held-outputs-v5"  # (v5: the callee keeps two calls' outputs alive, eager's too)
+               "held-outputs-v6"  # (v5: the callee keeps two calls' outputs alive, eager's too; v6: the CPU
+        # flush at most 64 MiB)
 
     def verdict_key(self) -> str:
         """Every setting that can change a verdict (all but where files go and how many workers stay warm) and the

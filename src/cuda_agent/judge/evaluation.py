@@ -90,7 +90,8 @@ class Evaluation:
         request = {"backend": judge.backend.name, "allow_tf32": cfg.allow_tf32, "atol": cfg.atol, "rtol": cfg.rtol,
                    "max_relative_error": cfg.max_relative_error, "compile_mode": cfg.compile_mode,
                    "timing": judge.timing(), "trusted_clock": judge.backend.trusted_clock,
-                   "scaled_inputs": cfg.scaled_inputs, "output_pool": judge.output_pool, "policy": cfg.policy}
+                   "scaled_inputs": cfg.scaled_inputs, "output_pool": judge.output_pool, "policy": cfg.policy,
+                   "sample_period_ns": judge.sample_period_ns()}
         key = "|".join([self.task.hash, judge.backend.name, self.verdict.torch_version])
         known = judge.store.get("memory", key) or {}
         if known:

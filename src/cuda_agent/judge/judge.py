@@ -191,9 +191,14 @@ class Judge:
         clock = "trusted-clock" if self.backend.trusted_clock else "in-process-clock"
         if self.backend.name == "cpu" and self.backend.trusted_clock and self.config.policy == "strict" and \
                 cpu_sampler.unavailable() is None:
-            clock += f"|sampled-{cpu_sampler.PERIOD_NS}ns"
+            clock += f"|sampled-{self.sample_period_ns()}ns"
         return "|".join([task.hash, self.backend.name, str(verdict.device), verdict.torch_version,
                          self.config.timing_key(), clock])
+
+    def sample_period_ns(self) -> int:
+        """The trusted CPU sampler's period (`cpu_sample_period_us`)."""
+        period_us = self.config.cpu_sample_period_us
+        return cpu_sampler.PERIOD_NS if period_us is None else round(period_us * 1000)
 
     def compile_baseline(self, ref: ReferenceWorker, until: float = float("inf")) -> float:
         """torch.compile's first run, once the candidate is verified (one that fails never waits for it) and before

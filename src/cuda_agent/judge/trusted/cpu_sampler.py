@@ -4,10 +4,11 @@ The in-process op audit (a profiler in the candidate's own process) says whether
 ops; a candidate that rewrites the harness's report passes it. This sampler is the trusted side's own view: a
 `perf_event_open` task-clock event on every thread of the candidate's worker and every CPU, opened by the reference
 worker before the first call (the candidate stopped) and kept until its calls end, inherited by every thread it
-starts, samples the instruction pointer every `PERIOD_NS` of a thread's CPU time (the kernel's interrupt, which
-nothing in the process can switch off: `PR_TASK_PERF_EVENTS_DISABLE` only reaches events the caller created). The
-candidate runs only in its calls (it is stopped between them), so every call is watched, timed ones too, and the
-period runs on across calls (short calls add up). After each call (stopped) its samples are placed by the file their
+starts, samples the instruction pointer every period of a thread's CPU time (`PERIOD_NS` unless the judge's
+`cpu_sample_period_us` says otherwise: the kernel's interrupt, which nothing in the process can switch off:
+`PR_TASK_PERF_EVENTS_DISABLE` only reaches events the caller created). The candidate runs only in its calls (it is
+stopped between them), so every call is watched, timed ones too, and the period runs on across calls (short calls
+add up). After each call (stopped) its samples are placed by the file their
 address maps (`/proc/PID/smaps`), unless an executable mapping was made there during the call (the events record
 each: what ran at the sample's time is not known, so it is foreign):
 

@@ -407,7 +407,8 @@ class Reference:
                  for key in ("task_path", "backend", "allow_tf32", "compile_mode", "output_pool")}
                 | {"seed": self.req["init_seed"]}, BASELINE_READ_LIMIT, self.calls_class())
             if self.req.get("policy") == "strict" and not isinstance(self.baseline, GpuCalls):
-                self.baseline.sample(None)  # (its calls pay what the candidate's sampled calls pay: cpu_sampler.py)
+                self.baseline.sample(None, self.req["sample_period_ns"])  # (its calls pay what the candidate's
+                # sampled calls pay: cpu_sampler.py)
         if isinstance(self.baseline, GpuCalls) and (self.baseline.overhead_us is None
                                                     or self.baseline.calibration_problem):
             self.baseline.calibrate(make_inputs(self.module, secrets.randbelow(2**31), self.device),
@@ -613,7 +614,7 @@ def start(req: dict, chan: Channel) -> dict:
         side["calls"] = ref.calls_class()(sock, [cmd.worker_pid], cmd.worker_pid, cmd.read_limit, cgroup=cmd.cgroup,
                                           others=list(cmd.others))
         if cmd.own is not None and not isinstance(side["calls"], GpuCalls):
-            side["calls"].sample(Path(cmd.own))
+            side["calls"].sample(Path(cmd.own), ref.req["sample_period_ns"])
         if isinstance(side["calls"], GpuCalls):  # the clock's overheads, measured on the baseline callee
             side["calls"].clock = ref.baseline_calls()
         return Attached(scales=bool(ref.req.get("scaled_inputs")) and ref.scale_holds())

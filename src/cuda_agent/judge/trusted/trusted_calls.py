@@ -94,13 +94,13 @@ class Calls:
         self.sampler: CpuSampler | None = None
         self.sampler_unavailable: str | None = None
 
-    def sample(self, own: Path | None) -> None:
-        """(strict, cpu) Sample where every call spends its CPU time, `own` holding the libraries built for it
-        (`cpu_sampler.py`; None: the baseline callee, sampled to pay what the candidate pays); where the kernel
-        allows no perf events, the verdict's timing says why."""
+    def sample(self, own: Path | None, period_ns: int) -> None:
+        """(strict, cpu) Sample where every call spends its CPU time, a sample per `period_ns` of a thread's, `own`
+        holding the libraries built for it (`cpu_sampler.py`; None: the baseline callee, sampled to pay what the
+        candidate pays); where the kernel allows no perf events, the verdict's timing says why."""
         self.sampler_unavailable = unavailable()
         if self.sampler_unavailable is None:
-            self.sampler = CpuSampler(self.worker_pid, [own] if own is not None else [])
+            self.sampler = CpuSampler(self.worker_pid, [own] if own is not None else [], period_ns)
 
     def sampled(self) -> dict:
         """What the sampler saw (or why there was none); {} where none was asked for."""
