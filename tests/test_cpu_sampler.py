@@ -330,3 +330,20 @@ def test_torch_compute_only_in_calls_that_look_unwatched_is_found_when_the_audit
     assert verdict.reward == -1 and verdict.correct is False, (verdict.reward, verdict.error, sampled)
     assert verdict.policy_violations and verdict.policy_violations[0].startswith("torch compute: "), \
         (verdict.error, verdict.policy_violations, sampled)
+
+
+def test_the_sampler_s_period_is_the_judge_s_setting_and_one_that_would_sample_nothing_is_refused():
+    """`cpu_sample_period_us` sets the period (1 ms unset); under a microsecond it is refused, not run as an event that
+    counts and never samples (every candidate undecided)."""
+    from types import SimpleNamespace
+
+    from cuda_agent.judge.config import JudgeConfig
+    from cuda_agent.judge.judge import Judge
+
+    def period(us):
+        return Judge.sample_period_ns(SimpleNamespace(config=JudgeConfig(cpu_sample_period_us=us)))
+
+    assert period(None) == cpu_sampler.PERIOD_NS == 1_000_000 and period(250) == 250_000
+    for bad in (0, -5, 0.4, float("nan")):
+        with pytest.raises(ValueError, match="cpu_sample_period_us"):
+            period(bad)

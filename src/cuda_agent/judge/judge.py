@@ -196,8 +196,11 @@ class Judge:
                          self.config.timing_key(), clock])
 
     def sample_period_ns(self) -> int:
-        """The trusted CPU sampler's period (`cpu_sample_period_us`)."""
+        """The trusted CPU sampler's period (`cpu_sample_period_us`); ValueError under a microsecond (an event of
+        period 0 counts and samples nothing: every candidate would go undecided)."""
         period_us = self.config.cpu_sample_period_us
+        if period_us is not None and not period_us >= 1:
+            raise ValueError(f"cpu_sample_period_us must be at least 1, not {period_us}")
         return cpu_sampler.PERIOD_NS if period_us is None else round(period_us * 1000)
 
     def compile_baseline(self, ref: ReferenceWorker, until: float = float("inf")) -> float:

@@ -8,9 +8,9 @@ starts, samples the instruction pointer every period of a thread's CPU time (`PE
 `cpu_sample_period_us` says otherwise: the kernel's interrupt, which nothing in the process can switch off:
 `PR_TASK_PERF_EVENTS_DISABLE` only reaches events the caller created). The candidate runs only in its calls (it is
 stopped between them), so every call is watched, timed ones too, and the period runs on across calls (short calls
-add up). After each call (stopped) its samples are placed by the file their
-address maps (`/proc/PID/smaps`), unless an executable mapping was made there during the call (the events record
-each: what ran at the sample's time is not known, so it is foreign):
+add up). After each call (stopped) its samples are placed by the file their address maps (`/proc/PID/smaps`),
+unless an executable mapping was made there during the call (the events record each: what ran at the sample's time
+is not known, so it is foreign):
 
 - `own`: the libraries the judge built for it (its build folder, read-only to it), unless their pages were written
   (copy-on-write) or are byte for byte a foreign library's (red team F);
